@@ -1,0 +1,38 @@
+# Everyday verbs. `make demo` and `make test` are the two README commands.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test venv system-deps lint typecheck unit bench bench-quick clean
+
+$(BIN)/dcgm-enricher: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(BIN)/dcgm-enricher
+
+## demo: run the enricher on the built-in simulated node (no GPU, no cluster needed)
+demo: venv
+	$(BIN)/dcgm-enricher demo
+
+## system-deps: Debian packages the tests use (promtool/prometheus, kubectl, gcc)
+system-deps:
+	./.ci/system-deps
+
+## test: lint, type-check and run the whole suite
+test: system-deps venv lint typecheck unit
+
+lint:
+	$(BIN)/ruff check enricher tests bench
+	$(BIN)/ruff format --check enricher tests bench
+
+typecheck:
+	$(BIN)/mypy
+
+unit:
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

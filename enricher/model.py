@@ -1,0 +1,158 @@
+"""Immutable snapshots that the data sources produce and the pure enrichment step consumes.
+
+Every source module (``nvml``, ``procfs``, ``kube``, ``upstream``) returns these types; nothing
+here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+# --------------------------------------------------------------------------- NVML
+
+
+class ProcessKind(str, Enum):
+    """Which NVML list a process came from."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    MPS = "mps"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One physical GPU as NVML sees it."""
+
+    index: int
+    uuid: str  # "GPU-..."
+    name: str  # model name, e.g. "NVIDIA A100-SXM4-80GB"
+    mig_enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a GPU instance + compute instance) of a MIG-enabled GPU."""
+
+    gpu_uuid: str
+    gpu_index: int
+    gi_id: int  # GPU instance id: dcgm-exporter's GPU_I_ID label
+    ci_id: int  # compute instance id
+    uuid: str  # "MIG-..."
+    profile: str  # e.g. "1g.10gb"; "" when NVML's name does not say
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process on one GPU or MIG instance, deduplicated per (device, pid)."""
+
+    gpu_uuid: str
+    gpu_index: int
+    gi_id: int | None  # MIG GPU instance id, None on a full GPU
+    pid: int
+    used_memory_bytes: int | None  # None when NVML cannot tell (e.g. WDDM, not privileged)
+    sm_util_ratio: float | None  # 0..1 since the previous sample; None where NVML has no data
+    kinds: frozenset[ProcessKind] = frozenset({ProcessKind.COMPUTE})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """What NVML said on one scrape."""
+
+    devices: tuple[GpuDevice, ...] = ()
+    migs: tuple[MigDevice, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    driver_version: str = ""
+    taken_at: float = 0.0  # wall clock (time.time()) when the process lists were read
+    # Per-device problems on this read (a GPU lost, a call failing): the snapshot still holds
+    # every device that answered; a non-empty tuple makes the nvml source report an error.
+    errors: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- procfs
+
+
+class Runtime(str, Enum):
+    CONTAINERD = "containerd"
+    CRIO = "cri-o"
+    DOCKER = "docker"
+    UNKNOWN = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupRef:
+    """What a process's cgroup path says about its container.
+
+    ``pod_uid`` is normalised to the API form (dashes, lowercase); a static pod's
+    32-hex config hash is kept as is. ``container_id`` is the bare 64-hex id.
+    A host process has neither.
+    """
+
+    pod_uid: str | None
+    container_id: str | None
+    runtime: Runtime
+    path: str  # the cgroup path the answer came from
+
+
+class ProcError(str, Enum):
+    """Why a PID could not be read. The value is the ``reason`` label users see."""
+
+    EXITED = "process_exited"  # vanished before or while reading
+    REUSED = "pid_reused"  # the PID now belongs to a process newer than NVML's listing
+    UNREADABLE = "proc_unreadable"  # permission denied or malformed files
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    start_time_ticks: int  # field 22 of /proc/<pid>/stat
+    start_time: float  # wall clock seconds (btime + ticks / CLK_TCK)
+    comm: str
+    cgroup: CgroupRef | None  # None: the cgroup file had no line we understand
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The parts of a pod that the enricher uses. Built by ``kube.parse_pod``."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str = ""
+    workload_kind: str = ""
+    workload_name: str = ""
+    gpu_requested: bool = False
+    # Only the keys named by --kube.pod-labels / --kube.pod-annotations, sanitised later.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # Bare container id (no "containerd://" prefix) -> container name, from all status lists.
+    containers: Mapping[str, str] = field(default_factory=dict)
+    mirror_of: str = ""  # a mirror pod's kubernetes.io/config.mirror: the static pod's cgroup UID
+    pod_ip: str = ""
+    ready: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodIndex:
+    """An immutable view of the node's pods, swapped whole when the watch changes it."""
+
+    by_uid: Mapping[str, PodInfo] = field(default_factory=dict)  # includes mirror_of keys
+    by_container: Mapping[str, tuple[PodInfo, str]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- health
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """One source's state on one scrape, rendered as dcgm_enricher_source_* series."""
+
+    name: str  # upstream | nvml | procfs | kubernetes
+    up: bool
+    duration_seconds: float
+    errors_total: int
+    enabled: bool = True

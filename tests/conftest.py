@@ -1,0 +1,86 @@
+"""Shared test plumbing: golden-file switch, paths to ../shared fixtures, promtool."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+pytest_plugins = ["tests.nvmlfake"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DCGM = ROOT.parent / "shared" / "fixtures" / "dcgm"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+# CI (CI=true) runs many examples; a developer's default run stays quick.
+# HYPOTHESIS_PROFILE=ci|dev overrides.
+settings.register_profile(
+    "ci", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite tests/golden/*.out from the current output",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+def shared_dcgm_fixtures() -> list[Path]:
+    """The real dcgm-exporter captures in ../shared (not ours: read, never copied)."""
+    if not SHARED_DCGM.is_dir():
+        return []
+    return sorted(SHARED_DCGM.glob("*.prom"))
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing in CI: .ci/run must install Debian's prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    return path
+
+
+def promtool_check_metrics(promtool: str, text: str) -> subprocess.CompletedProcess[str]:
+    """Run ``promtool check metrics`` on exposition text (it lints and validates)."""
+    return subprocess.run(
+        [promtool, "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def assert_valid_exposition(promtool: str, text: str) -> None:
+    """promtool parses ``text``; its lint remarks concern only upstream names we must keep.
+
+    One remark on our own families is by design: they copy the exporter's camelCase device
+    labels (UUID, modelName, GPU_I_ID) so that joins with its series work.
+    """
+    res = promtool_check_metrics(promtool, text)
+    out = res.stdout + res.stderr
+    assert res.returncode in (0, 3), out
+    assert "error while linting" not in out, out
+    for line in out.splitlines():
+        if line.startswith(("gpu_", "dcgm_enricher_")):
+            assert "should be written in 'snake_case'" in line, line
