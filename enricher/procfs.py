@@ -1,0 +1,426 @@
+"""The procfs source: which pod and container a host PID belongs to.
+
+``parse_*`` functions are pure and take file contents; ``ProcReader`` does the reads under a
+configurable root (``--path.procfs``) so tests and the demo can point it at a simulated tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
+
+__all__ = ["ProcReader", "parse_btime", "parse_cgroup", "parse_stat"]
+
+log = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 64 * 1024
+MAX_LINE_CHARS = 4 * 1024
+# /proc/stat carries one "intr" line with a counter per IRQ; on large nodes that line alone can
+# exceed 64 KiB, and btime comes after it.
+MAX_PROC_STAT_BYTES = 1024 * 1024
+# btime has one-second resolution, so a start time computed from it may be up to a second late.
+START_SLACK_SECONDS = 1.0
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HIERARCHY_ID = re.compile(r"[0-9]{1,10}")
+_CONTROLLERS = re.compile(r"[A-Za-z0-9_,=.-]{0,256}")
+_DIGITS = re.compile(r"[0-9]{1,20}")
+# systemd driver: dashes separate slice levels, so the UID inside carries underscores.
+# kind prefixes another level ("kubelet-kubepods-..."); Guaranteed pods have no QoS word.
+_SLICE_POD = re.compile(r"(?:[a-z0-9_]+-)*kubepods(?:-[a-z]+)?-pod([0-9A-Fa-f_]+)\.slice")
+_CGROUPFS_POD = re.compile(r"pod([0-9A-Fa-f-]+)")
+# Segments that claim to be Kubernetes or container cgroups; when one of them is present but
+# nothing valid was found, the path is not a host process, it is one we do not understand.
+_SUSPECT = re.compile(
+    r".*kubepods.*|pod[0-9A-Fa-f_-]+|(?:cri-containerd|crio|docker|libpod)-.*|[0-9a-f]{60,}"
+)
+
+_SCOPE_PREFIXES: tuple[tuple[str, Runtime], ...] = (
+    ("cri-containerd-", Runtime.CONTAINERD),
+    ("crio-", Runtime.CRIO),
+    ("docker-", Runtime.DOCKER),
+    ("libpod-", Runtime.UNKNOWN),  # podman outside Kubernetes: a container, not the host
+)
+_COLON_PREFIXES: dict[str, Runtime] = {
+    "cri-containerd": Runtime.CONTAINERD,
+    "crio": Runtime.CRIO,
+    "docker": Runtime.DOCKER,
+}
+_CRIO_CONMON = "crio-conmon-"
+
+# --------------------------------------------------------------------------- pure parsing
+
+
+def _normalise_uid(raw: str) -> str | None:
+    uid = raw.replace("_", "-").lower()
+    if _UUID.fullmatch(uid) or _HEX32.fullmatch(uid):
+        return uid
+    return None
+
+
+def _pod_of(segment: str) -> str | None:
+    """The pod UID a single path segment names, if it is a pod-level cgroup."""
+    m = _SLICE_POD.fullmatch(segment)
+    if m is not None:
+        return _normalise_uid(m.group(1))
+    m = _CGROUPFS_POD.fullmatch(segment)
+    if m is not None:
+        return _normalise_uid(m.group(1))
+    return None
+
+
+# (container id or None for CRI-O's conmon, runtime); None when the segment is no container
+_Container = tuple[str | None, Runtime]
+
+
+def _container_of(segment: str, parent: str) -> _Container | None:
+    name = segment.removesuffix(".scope")
+    if name != segment:
+        if name.startswith(_CRIO_CONMON):
+            # conmon monitors the container from inside the pod's cgroup; it is not the workload.
+            if _HEX64.fullmatch(name[len(_CRIO_CONMON) :]):
+                return None, Runtime.CRIO
+            return None
+        for prefix, runtime in _SCOPE_PREFIXES:
+            if name.startswith(prefix) and _HEX64.fullmatch(name[len(prefix) :]):
+                return name[len(prefix) :], runtime
+        return None
+    for prefix in ("crio-", _CRIO_CONMON):
+        # CRI-O under the cgroupfs driver uses the same names without ".scope".
+        rest = name[len(prefix) :]
+        if name.startswith(prefix) and _HEX64.fullmatch(rest):
+            return (None if prefix == _CRIO_CONMON else rest), Runtime.CRIO
+    if _HEX64.fullmatch(name):
+        # A bare id is what both Docker and containerd write under the cgroupfs driver; only a
+        # "docker" parent settles which.
+        return name, (Runtime.DOCKER if parent == "docker" else Runtime.UNKNOWN)
+    return None
+
+
+def _colon_form(segment: str) -> tuple[str, _Container] | None:
+    """containerd's literal ``<slice>:<prefix>:<id>`` name, written when drivers disagree."""
+    parts = segment.split(":")
+    if len(parts) != 3:
+        return None
+    slice_name, prefix, cid = parts
+    pod = _pod_of(slice_name)
+    if pod is None:
+        return None
+    if prefix == "crio-conmon" and _HEX64.fullmatch(cid):
+        return pod, (None, Runtime.CRIO)
+    runtime = _COLON_PREFIXES.get(prefix)
+    if runtime is None or not _HEX64.fullmatch(cid):
+        return None
+    return pod, (cid, runtime)
+
+
+def _interpret_path(path: str) -> CgroupRef | None:
+    segments = [s for s in path.split("/") if s and s != "."]
+    if not segments or all(s == ".." for s in segments):
+        # "/" inside a cgroup namespace, or an ancestor outside it: nothing says where we are.
+        return None
+    pod: str | None = None
+    container: _Container | None = None
+    for i, segment in enumerate(segments):
+        if ":" in segment:
+            colon = _colon_form(segment)
+            if colon is None:
+                continue
+            if pod is None:
+                pod, container = colon
+                break
+            if container is None and colon[0] == pod:
+                container = colon[1]
+            break
+        parent = segments[i - 1] if i else ""
+        if pod is None:
+            found_pod = _pod_of(segment)
+            if found_pod is not None:
+                # The outermost pod is the one this node's kubelet knows; pods nested inside
+                # it (a kind node run as a pod) belong to another kubelet.
+                pod, container = found_pod, None
+                continue
+            found = _container_of(segment, parent)
+            if found is not None:
+                container = found  # outside a pod the innermost container wins
+        elif container is None:
+            container = _container_of(segment, parent)
+    if pod is None and container is None:
+        if any(_SUSPECT.fullmatch(s) for s in segments):
+            return None
+        return CgroupRef(pod_uid=None, container_id=None, runtime=Runtime.UNKNOWN, path=path)
+    cid, runtime = container if container is not None else (None, Runtime.UNKNOWN)
+    if pod is None and cid is None:
+        return None  # a conmon outside any pod: not a layout we know
+    return CgroupRef(pod_uid=pod, container_id=cid, runtime=runtime, path=path)
+
+
+def _line_priority(hierarchy: str, controllers: str) -> int:
+    names = controllers.split(",")
+    if "memory" in names:
+        return 3  # the controller kubelet enforces limits with, present on every v1 node
+    if hierarchy == "0" and controllers == "":
+        return 2
+    if "name=systemd" in names:
+        return 1
+    return 0
+
+
+def _score(ref: CgroupRef) -> int:
+    return (2 if ref.pod_uid is not None else 0) + (1 if ref.container_id is not None else 0)
+
+
+def parse_cgroup(text: str) -> CgroupRef | None:
+    """Work out the pod and container from the content of ``/proc/<pid>/cgroup``.
+
+    Handles cgroup v1 and v2, the kubelet's systemd and cgroupfs drivers, containerd, CRI-O and
+    Docker names, prefixes above ``kubepods`` and namespace-relative paths. Returns a host
+    ``CgroupRef`` (no pod, no container) for a recognised non-container path and ``None`` when
+    nothing can be told. Never raises.
+    """
+    if len(text) > MAX_FILE_BYTES:
+        # A cut line could name a shorter, different path; drop it.
+        text = text[:MAX_FILE_BYTES]
+        text = text[: text.rfind("\n") + 1]
+    best: CgroupRef | None = None
+    best_key = (-1, -1)
+    for line in text.split("\n"):
+        if not line or len(line) > MAX_LINE_CHARS:
+            continue
+        parts = line.split(":", 2)  # the path itself may hold colons
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        if not _HIERARCHY_ID.fullmatch(hierarchy) or not _CONTROLLERS.fullmatch(controllers):
+            continue
+        if not path.startswith("/") or not path.isprintable():
+            continue
+        ref = _interpret_path(path)
+        if ref is None:
+            continue
+        key = (_score(ref), _line_priority(hierarchy, controllers))
+        if key > best_key:
+            best, best_key = ref, key
+    return best
+
+
+def _parse_stat(text: str) -> tuple[str, int]:
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 1 or close_paren < open_paren:
+        raise ValueError("stat: no '(comm)' after the pid")
+    if not _DIGITS.fullmatch(text[:open_paren].strip()):
+        raise ValueError("stat: the pid is not a number")
+    comm = text[open_paren + 1 : close_paren]
+    fields = text[close_paren + 1 :].split()
+    # fields[0] is field 3 (state), so field 22 (starttime) is fields[19].
+    if len(fields) < 20:
+        raise ValueError(f"stat: {len(fields) + 2} fields, starttime is field 22")
+    state, starttime = fields[0], fields[19]
+    if len(state) != 1 or not state.isalpha():
+        raise ValueError(f"stat: bad state {state[:8]!r}")
+    if not _DIGITS.fullmatch(starttime):
+        raise ValueError(f"stat: bad starttime {starttime[:24]!r}")
+    return comm, int(starttime)
+
+
+def parse_stat(text: str) -> tuple[str, int]:
+    """Return ``(comm, starttime)`` from ``/proc/<pid>/stat``; starttime is in clock ticks.
+
+    comm runs from the first ``(`` to the last ``)``, so spaces and parentheses in it are
+    fine. Raises ``ValueError`` when the text is not a stat line.
+    """
+    return _parse_stat(text)
+
+
+def parse_btime(text: str) -> int:
+    """Return the boot time (Unix seconds) from the ``btime`` line of ``/proc/stat``.
+
+    Raises ``ValueError`` when there is no well-formed ``btime`` line.
+    """
+    for line in text.split("\n"):
+        if line.startswith("btime "):
+            fields = line.split()
+            if len(fields) == 2 and _DIGITS.fullmatch(fields[1]):
+                return int(fields[1])
+            raise ValueError(f"/proc/stat: bad btime line {line[:40]!r}")
+    raise ValueError("/proc/stat: no btime line")
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+class _NotRegularFileError(OSError):
+    pass
+
+
+def _read_bounded(path: str, limit: int) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes; return the data and whether the file had more."""
+    # O_NONBLOCK: a FIFO planted in a fake tree must not hang a scrape (regular files ignore it).
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotRegularFileError(f"{path}: not a regular file")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit:
+            chunk = os.read(fd, limit + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return data[:limit], len(data) > limit
+
+
+def _is_gone(exc: OSError) -> bool:
+    # ENOENT once the directory is gone; ESRCH when the process exits while a file is open.
+    return isinstance(exc, (FileNotFoundError, ProcessLookupError))
+
+
+class ProcReader:
+    """Reads ``<root>/<pid>/{stat,cgroup}`` and says which container a PID runs in.
+
+    The stat file is read on every call (it detects PID reuse); the parsed cgroup is kept in a
+    bounded LRU keyed by PID and start time. Safe to call from several threads.
+    """
+
+    def __init__(
+        self,
+        root: str = "/proc",
+        clk_tck: int | None = None,
+        cache_size: int = 8192,
+        *,
+        btime_max_age: float = 60.0,
+    ) -> None:
+        """``btime_max_age``: seconds between re-reads of ``<root>/stat`` (clock steps move it)."""
+        ticks = os.sysconf("SC_CLK_TCK") if clk_tck is None else clk_tck
+        if ticks <= 0:
+            raise ValueError(f"clk_tck must be positive, got {ticks}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must not be negative, got {cache_size}")
+        self.root = root
+        self.clk_tck = ticks
+        self.cache_size = cache_size
+        self.btime_max_age = btime_max_age
+        self.errors_total = 0
+        self._cache: OrderedDict[int, tuple[int, CgroupRef | None]] = OrderedDict()
+        self._btime: int | None = None
+        self._btime_read_at = 0.0
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def read(self, pid: int, listed_at: float | None = None) -> ProcInfo | ProcError:
+        """Return what procfs says about ``pid``, or why it cannot tell.
+
+        ``listed_at`` is the wall-clock time NVML listed the PID; a process that started more
+        than a second after it is a newer process reusing the PID (``ProcError.REUSED``).
+        """
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            return self._unreadable(f"invalid pid {pid!r}")
+        btime = self._boot_time()
+        if btime is None:
+            return ProcError.UNREADABLE
+        base = os.path.join(self.root, str(pid))
+        first = self._stat(base)
+        if isinstance(first, ProcError):
+            return first
+        comm, ticks = first
+        start = btime + ticks / self.clk_tck
+        late = listed_at is not None and start - listed_at > START_SLACK_SECONDS
+        if late:  # NaN compares false, so a bad listed_at never rejects a process
+            return ProcError.REUSED
+        hit, cgroup = self._cache_get(pid, ticks)
+        if not hit:
+            try:
+                raw, truncated = _read_bounded(os.path.join(base, "cgroup"), MAX_FILE_BYTES)
+            except OSError as exc:
+                if _is_gone(exc):
+                    return ProcError.EXITED
+                return self._unreadable(f"{base}/cgroup: {exc}")
+            if truncated:
+                raw = raw[: raw.rfind(b"\n") + 1]
+            second = self._stat(base)
+            if isinstance(second, ProcError):
+                return second
+            if second[1] != ticks:
+                return ProcError.REUSED
+            cgroup = parse_cgroup(raw.decode("utf-8", "replace"))
+            self._cache_put(pid, ticks, cgroup)
+        return ProcInfo(pid=pid, start_time_ticks=ticks, start_time=start, comm=comm, cgroup=cgroup)
+
+    def read_many(
+        self, pids: Iterable[int], listed_at: float | None = None
+    ) -> dict[int, ProcInfo | ProcError]:
+        """``read`` each distinct PID, all against the same ``listed_at``."""
+        return {pid: self.read(pid, listed_at) for pid in dict.fromkeys(pids)}
+
+    # ----------------------------------------------------------------------- internals
+
+    def _unreadable(self, why: str) -> ProcError:
+        with self._lock:
+            self.errors_total += 1
+            first, self._warned = not self._warned, True
+        log.log(logging.WARNING if first else logging.DEBUG, "procfs: %s", why)
+        return ProcError.UNREADABLE
+
+    def _stat(self, base: str) -> tuple[str, int] | ProcError:
+        path = os.path.join(base, "stat")
+        try:
+            raw, truncated = _read_bounded(path, MAX_FILE_BYTES)
+        except OSError as exc:
+            if _is_gone(exc):
+                return ProcError.EXITED
+            return self._unreadable(f"{path}: {exc}")
+        if truncated:
+            return self._unreadable(f"{path}: longer than {MAX_FILE_BYTES} bytes")
+        try:
+            return _parse_stat(raw.decode("utf-8", "replace"))
+        except ValueError as exc:
+            return self._unreadable(f"{path}: {exc}")
+
+    def _boot_time(self) -> int | None:
+        now = time.monotonic()
+        with self._lock:
+            if self._btime is not None and now - self._btime_read_at < self.btime_max_age:
+                return self._btime
+        path = os.path.join(self.root, "stat")
+        try:
+            raw, _ = _read_bounded(path, MAX_PROC_STAT_BYTES)
+            btime = parse_btime(raw.decode("ascii", "replace"))
+        except (OSError, ValueError) as exc:
+            self._unreadable(f"{path}: {exc}")
+            return None
+        with self._lock:
+            self._btime, self._btime_read_at = btime, now
+        return btime
+
+    def _cache_get(self, pid: int, ticks: int) -> tuple[bool, CgroupRef | None]:
+        with self._lock:
+            entry = self._cache.get(pid)
+            if entry is None or entry[0] != ticks:
+                return False, None
+            self._cache.move_to_end(pid)
+            return True, entry[1]
+
+    def _cache_put(self, pid: int, ticks: int, cgroup: CgroupRef | None) -> None:
+        if self.cache_size == 0:
+            return
+        with self._lock:
+            # Keyed by PID alone so a reused PID replaces its predecessor's entry.
+            self._cache[pid] = (ticks, cgroup)
+            self._cache.move_to_end(pid)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)

@@ -1,0 +1,766 @@
+"""Tests for the procfs source and the simulated /proc writer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enricher import fakeproc, procfs
+from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
+from enricher.procfs import ProcReader, parse_btime, parse_cgroup, parse_stat
+
+UID = "0b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e8"
+UID_ = UID.replace("-", "_")
+UID2 = "f0e1d2c3-b4a5-4968-8776-655443322110"
+STATIC = "6d5a1f0c2b9e4f3a8c7d6e5f4a3b2c1d"  # a static pod's config hash
+CID = hashlib.sha256(b"workload").hexdigest()
+CID2 = hashlib.sha256(b"sidecar").hexdigest()
+NODE = hashlib.sha256(b"kind-node").hexdigest()
+
+CD, CRIO, DOCKER, UNK = Runtime.CONTAINERD, Runtime.CRIO, Runtime.DOCKER, Runtime.UNKNOWN
+SYSD_BURST = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
+SYSD_BE = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice"
+SYSD_GUAR = f"/kubepods.slice/kubepods-pod{UID_}.slice"
+
+
+def ref(pod: str | None, cid: str | None, runtime: Runtime, path: str) -> CgroupRef:
+    return CgroupRef(pod_uid=pod, container_id=cid, runtime=runtime, path=path)
+
+
+def v2(path: str) -> tuple[str, CgroupRef | None]:
+    """A single-line v2 file; the answer must name that very path."""
+    return f"0::{path}\n", None
+
+
+def one(path: str, pod: str | None, cid: str | None, runtime: Runtime) -> tuple[str, CgroupRef]:
+    """A single-line v2 file and the answer it should give."""
+    return f"0::{path}\n", ref(pod, cid, runtime, path)
+
+
+def v1_file(memory: str, cpu: str = "/", systemd: str = "/") -> str:
+    return (
+        f"12:pids:/\n11:cpu,cpuacct:{cpu}\n10:memory:{memory}\n9:devices:/\n"
+        f"1:name=systemd:{systemd}\n"
+    )
+
+
+CGROUP_CASES = [
+    # --- systemd driver, cgroup v2
+    pytest.param(
+        *one(f"{SYSD_BURST}/cri-containerd-{CID}.scope", UID, CID, CD), id="v2-systemd-burstable"
+    ),
+    pytest.param(
+        *one(f"{SYSD_BE}/cri-containerd-{CID}.scope", UID, CID, CD), id="v2-systemd-besteffort"
+    ),
+    pytest.param(
+        *one(f"{SYSD_GUAR}/cri-containerd-{CID}.scope", UID, CID, CD), id="v2-systemd-guaranteed"
+    ),
+    pytest.param(*one(f"{SYSD_BURST}/crio-{CID}.scope", UID, CID, CRIO), id="v2-systemd-crio"),
+    pytest.param(
+        *one(f"{SYSD_BURST}/crio-conmon-{CID}.scope", UID, None, CRIO),
+        id="crio-conmon-not-workload",
+    ),
+    pytest.param(
+        *one(f"{SYSD_GUAR}/docker-{CID}.scope", UID, CID, DOCKER), id="v2-systemd-cri-dockerd"
+    ),
+    # --- cgroupfs driver
+    pytest.param(
+        *one(f"/kubepods/burstable/pod{UID}/{CID}", UID, CID, UNK), id="cgroupfs-burstable-bare-id"
+    ),
+    pytest.param(*one(f"/kubepods/pod{UID}/{CID}", UID, CID, UNK), id="cgroupfs-guaranteed"),
+    pytest.param(
+        *one(f"/kubepods/besteffort/pod{UID}/crio-{CID}", UID, CID, CRIO), id="cgroupfs-crio"
+    ),
+    pytest.param(
+        *one(f"/kubepods/besteffort/pod{UID}/crio-conmon-{CID}", UID, None, CRIO),
+        id="cgroupfs-crio-conmon",
+    ),
+    pytest.param(*one(f"/kubepods/burstable/pod{UID}", UID, None, UNK), id="pod-level-cgroup"),
+    # --- cgroup v1
+    pytest.param(
+        v1_file(*[f"/kubepods/burstable/pod{UID}/{CID}"] * 3),
+        ref(UID, CID, UNK, f"/kubepods/burstable/pod{UID}/{CID}"),
+        id="v1-cgroupfs-all-lines",
+    ),
+    pytest.param(
+        v1_file(f"/kubepods/pod{UID}/{CID}", f"/kubepods/pod{UID2}/{CID2}"),
+        ref(UID, CID, UNK, f"/kubepods/pod{UID}/{CID}"),
+        id="v1-memory-wins-disagreement",
+    ),
+    pytest.param(
+        v1_file("/", cpu=f"{SYSD_BURST}/cri-containerd-{CID}.scope"),
+        ref(UID, CID, CD, f"{SYSD_BURST}/cri-containerd-{CID}.scope"),
+        id="v1-cpu-cpuacct-line",
+    ),
+    pytest.param(
+        v1_file("/user.slice", systemd=f"/kubepods/pod{UID}/{CID}"),
+        ref(UID, CID, UNK, f"/kubepods/pod{UID}/{CID}"),
+        id="v1-container-beats-host-line",
+    ),
+    pytest.param(
+        f"5:memory:{SYSD_BURST}/cri-containerd-{CID}.scope\n0::/\n",
+        ref(UID, CID, CD, f"{SYSD_BURST}/cri-containerd-{CID}.scope"),
+        id="hybrid-v1-memory-v2-root",
+    ),
+    pytest.param(
+        v1_file("/user.slice", systemd="/user.slice/user-0.slice/session-1.scope"),
+        ref(None, None, UNK, "/user.slice"),
+        id="v1-host-memory-line",
+    ),
+    # --- levels below the container
+    pytest.param(
+        *one(f"{SYSD_BURST}/crio-{CID}.scope/container", UID, CID, CRIO), id="crun-container-sub"
+    ),
+    pytest.param(
+        *one(f"{SYSD_BURST}/cri-containerd-{CID}.scope/exec", UID, CID, CD), id="exec-sub"
+    ),
+    pytest.param(
+        *one(f"/kubepods/pod{UID}/{CID}/a/b.slice/c", UID, CID, UNK), id="deep-sub-cgroups"
+    ),
+    pytest.param(
+        *one(f"/kubepods/pod{UID}/{CID}/docker/{CID2}", UID, CID, UNK),
+        id="nested-runtime-in-pod-keeps-pod-container",
+    ),
+    # --- prefixes above kubepods
+    pytest.param(
+        *one(
+            "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+            f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope",
+            UID,
+            CID,
+            CD,
+        ),
+        id="kind-kubelet-slice",
+    ),
+    pytest.param(
+        *one(f"/docker/{NODE}/kubepods/burstable/pod{UID}/{CID}", UID, CID, UNK),
+        id="docker-node-prefix-not-the-container",
+    ),
+    pytest.param(
+        *one(
+            f"/system.slice/containerd.service{SYSD_BURST}/cri-containerd-{CID}.scope", UID, CID, CD
+        ),
+        id="containerd-service-prefix",
+    ),
+    # --- containerd's literal slice:prefix:id name
+    pytest.param(
+        *one(
+            f"/system.slice/containerd.service/kubepods-burstable-pod{UID_}.slice:cri-containerd:{CID}",
+            UID,
+            CID,
+            CD,
+        ),
+        id="colon-form-under-containerd-service",
+    ),
+    pytest.param(
+        f"9:memory:/kubepods-pod{UID_}.slice:cri-containerd:{CID}\n",
+        ref(UID, CID, CD, f"/kubepods-pod{UID_}.slice:cri-containerd:{CID}"),
+        id="colon-form-v1-split-first-two-colons",
+    ),
+    pytest.param(
+        *one(f"/kubepods-besteffort-pod{UID_}.slice:crio:{CID}", UID, CID, CRIO),
+        id="colon-form-crio",
+    ),
+    pytest.param(
+        *v2(f"/kubepods-besteffort-pod{UID_}.slice:cri-containerd:{CID[:60]}"),
+        id="colon-form-short-id",
+    ),
+    # --- cgroup namespaces
+    pytest.param(
+        *one(
+            f"/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope", UID, CID, CD
+        ),
+        id="namespace-relative-systemd",
+    ),
+    pytest.param(*one(f"/../pod{UID}/{CID}", UID, CID, UNK), id="namespace-relative-cgroupfs"),
+    pytest.param(*v2("/"), id="namespace-root-unknown"),
+    pytest.param(*v2("/../.."), id="namespace-ancestor-unknown"),
+    # --- static pods and UID forms
+    pytest.param(
+        *one(
+            f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{STATIC}.slice/"
+            f"cri-containerd-{CID}.scope",
+            STATIC,
+            CID,
+            CD,
+        ),
+        id="static-pod-systemd",
+    ),
+    pytest.param(*one(f"/kubepods/pod{STATIC}/{CID}", STATIC, CID, UNK), id="static-pod-cgroupfs"),
+    pytest.param(
+        *one(f"/kubepods/pod{UID.upper()}/{CID}", UID, CID, UNK), id="uppercase-uid-lowercased"
+    ),
+    # --- host processes and Docker outside Kubernetes
+    pytest.param(
+        *one("/user.slice/user-1000.slice/session-3.scope", None, None, UNK), id="host-user-slice"
+    ),
+    pytest.param(*one("/system.slice/sshd.service", None, None, UNK), id="host-system-service"),
+    pytest.param(*one("/init.scope", None, None, UNK), id="host-init-scope"),
+    pytest.param(*one(f"/docker/{CID}", None, CID, DOCKER), id="docker-outside-k8s-cgroupfs"),
+    pytest.param(
+        *one(f"/system.slice/docker-{CID}.scope", None, CID, DOCKER),
+        id="docker-outside-k8s-systemd",
+    ),
+    pytest.param(
+        *one(f"/docker/{NODE}/docker/{CID}", None, CID, DOCKER), id="docker-in-docker-innermost"
+    ),
+    # --- malformed container ids: the pod is still known, the container is not
+    pytest.param(*one(f"/kubepods/pod{UID}/{CID[:63]}", UID, None, UNK), id="container-id-63-hex"),
+    pytest.param(
+        *one(f"{SYSD_BURST}/cri-containerd-{CID}a.scope", UID, None, UNK), id="container-id-65-hex"
+    ),
+    pytest.param(
+        *one(f"{SYSD_BURST}/cri-containerd-{CID.upper()}.scope", UID, None, UNK),
+        id="container-id-uppercase",
+    ),
+    # --- negatives: nothing understood
+    pytest.param("", None, id="empty"),
+    pytest.param("hello world\n", None, id="garbage"),
+    pytest.param("\x00\xff\x7f\ufffd:\x01:\x02\n", None, id="binary-junk"),
+    pytest.param(f"0:/kubepods/pod{UID}/{CID}\n", None, id="one-colon-only"),
+    pytest.param(f"x::/kubepods/pod{UID}/{CID}\n", None, id="non-numeric-hierarchy"),
+    pytest.param(f"0::kubepods/pod{UID}/{CID}\n", None, id="relative-path-without-slash"),
+    pytest.param(f"0::/kubepods/pod{UID}/{CID}\x07\n", None, id="control-char-in-path"),
+    pytest.param(f"0::/kubepods/{'x' * 4100}/pod{UID}/{CID}\n", None, id="over-long-line"),
+    pytest.param(*v2("/kubepods/burstable"), id="kubepods-without-pod"),
+    pytest.param(*v2("/kubepods/burstable/pod1234"), id="pod-uid-too-short"),
+    pytest.param(*v2(f"/kubepods-burstable-pod{UID}.slice"), id="slice-uid-with-dashes"),
+    # A pod segment we cannot read does not hide the container: its id is exact.
+    pytest.param(
+        *one(f"/kubepods/pod{UID_}/{CID}", None, CID, UNK), id="cgroupfs-uid-with-underscores"
+    ),
+    pytest.param(*v2(f"/system.slice/crio-conmon-{CID}.scope"), id="conmon-outside-pod"),
+    pytest.param(*v2("/system.slice/cri-containerd-nothex.scope"), id="malformed-scope"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), CGROUP_CASES)
+def test_parse_cgroup(text: str, expected: CgroupRef | None) -> None:
+    assert parse_cgroup(text) == expected
+
+
+def test_parse_cgroup_ignores_text_beyond_64_kib() -> None:
+    good = f"0::/kubepods/pod{UID}/{CID}\n"
+    filler = "7:pids:/\n" * (procfs.MAX_FILE_BYTES // 9 + 1)
+    assert parse_cgroup(good + filler) == ref(UID, CID, UNK, f"/kubepods/pod{UID}/{CID}")
+    assert parse_cgroup(filler + good) is None
+
+
+def test_parse_cgroup_drops_a_line_cut_at_the_bound() -> None:
+    # The 64 KiB bound falls inside the container id: the cut line would still name the pod
+    # (a 54-hex id is no container), so a pod-only answer would show the cut line was used.
+    line = f"0::/kubepods/pod{UID}/{CID}\n"
+    pad = "#" * (procfs.MAX_FILE_BYTES - len(line) + 10) + "\n"
+    text = pad + line
+    assert text[: procfs.MAX_FILE_BYTES].endswith(CID[:54])
+    assert parse_cgroup(text) is None
+    assert parse_cgroup(line) is not None
+
+
+def test_parse_cgroup_is_fast_on_adversarial_lines() -> None:
+    nasty = [
+        "0::/" + "a-" * 2000 + "kubepods",
+        "0::/" + "kubepods-" * 450 + "pod",
+        "0::/" + "pod" + "_" * 4000,
+        "0::/" + "a:" * 2000,
+    ]
+    text = "\n".join(nasty * 4)
+    started = time.perf_counter()
+    for _ in range(10):
+        parse_cgroup(text)
+    assert time.perf_counter() - started < 2.0
+
+
+_HEX64_RE = re.compile(r"[0-9a-f]{64}")
+_UID_RE = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|[0-9a-f]{32}")
+
+
+def _check_invariants(text: str, result: CgroupRef | None) -> None:
+    if result is None:
+        return
+    assert result.path in text
+    assert result.container_id is None or _HEX64_RE.fullmatch(result.container_id)
+    assert result.pod_uid is None or _UID_RE.fullmatch(result.pod_uid)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=2000))
+def test_parse_cgroup_never_raises_on_arbitrary_text(text: str) -> None:
+    _check_invariants(text, parse_cgroup(text))
+
+
+_PIECES = st.sampled_from(
+    [
+        "kubepods",
+        "kubepods.slice",
+        "kubepods-burstable.slice",
+        f"kubepods-burstable-pod{UID_}.slice",
+        f"kubepods-pod{UID_[:20]}.slice",
+        f"pod{UID}",
+        f"pod{STATIC}",
+        "pod",
+        CID,
+        CID[:50],
+        f"cri-containerd-{CID}.scope",
+        f"crio-conmon-{CID}.scope",
+        f"crio-{CID}",
+        f"docker-{CID}.scope",
+        "docker",
+        f"kubepods-pod{UID_}.slice:cri-containerd:{CID}",
+        f"kubepods-pod{UID_}.slice:crio-conmon:{CID}",
+        "a:b:c",
+        "..",
+        ".",
+        "",
+        "user.slice",
+        "container",
+    ]
+)
+_LINES = st.builds(
+    lambda hid, ctl, segs: f"{hid}:{ctl}:/" + "/".join(segs),
+    st.sampled_from(["0", "4", "11", "x", ""]),
+    st.sampled_from(["", "memory", "cpu,cpuacct", "name=systemd", "bad ctl"]),
+    st.lists(_PIECES, max_size=8),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_LINES, max_size=6))
+def test_parse_cgroup_never_raises_on_cgroup_like_text(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    _check_invariants(text, parse_cgroup(text))
+
+
+# --------------------------------------------------------------------------- stat
+
+
+def stat_line(pid: str, comm: str, starttime: str = "22", fields: int = 52) -> str:
+    """A stat line whose field n holds the number n, except field 22 (starttime)."""
+    rest = ["S"] + [str(n) for n in range(4, fields + 1)]
+    if fields >= 22:
+        rest[22 - 3] = starttime
+    return f"{pid} ({comm}) {' '.join(rest)}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(stat_line("1", "systemd"), ("systemd", 22), id="plain"),
+        pytest.param(stat_line("77", "python3", "987654"), ("python3", 987654), id="starttime"),
+        pytest.param(stat_line("9", "tritonserver x"), ("tritonserver x", 22), id="comm-space"),
+        pytest.param(stat_line("9", "a) (b"), ("a) (b", 22), id="comm-parens"),
+        pytest.param(stat_line("9", ")"), (")", 22), id="comm-close-paren"),
+        pytest.param(stat_line("9", ") S 1 2"), (") S 1 2", 22), id="comm-looks-like-fields"),
+        pytest.param(stat_line("9", ""), ("", 22), id="comm-empty"),
+        pytest.param(stat_line("9", "naïve"), ("naïve", 22), id="comm-unicode"),
+        pytest.param(stat_line("9", "x", fields=22), ("x", 22), id="exactly-22-fields"),
+    ],
+)
+def test_parse_stat(text: str, expected: tuple[str, int]) -> None:
+    assert parse_stat(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("garbage\n", id="garbage"),
+        pytest.param(stat_line("9", "x").replace(")", ""), id="no-close-paren"),
+        pytest.param("9 x) " + stat_line("9", "x").split(") ", 1)[1], id="no-open-paren"),
+        pytest.param(stat_line("9", "x", fields=21), id="too-few-fields"),
+        pytest.param(stat_line("9", "x", starttime="abc"), id="starttime-not-number"),
+        pytest.param(stat_line("9", "x", starttime="-5"), id="starttime-negative"),
+        pytest.param(stat_line("nine", "x"), id="pid-not-number"),
+        pytest.param(stat_line("", "x"), id="pid-missing"),
+        pytest.param(stat_line("9", "x").replace(") S ", ") 17 "), id="state-not-letter"),
+    ],
+)
+def test_parse_stat_rejects_junk(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_stat(text)
+
+
+def test_parse_stat_reads_the_real_proc() -> None:
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        comm, ticks = parse_stat(f.read())
+    with open(f"/proc/{os.getpid()}/comm") as f:
+        assert comm == f.read().rstrip("\n")
+    assert ticks > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("cpu 1 2 3\nintr 5 0 0\nbtime 1700000123\nprocesses 9\n", 1700000123, id="ok"),
+        pytest.param("btime 0\n", 0, id="zero"),
+    ],
+)
+def test_parse_btime(text: str, expected: int) -> None:
+    assert parse_btime(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("cpu 1 2 3\nprocesses 9\n", id="missing"),
+        pytest.param("btime soon\n", id="not-number"),
+        pytest.param("btime 1 2\n", id="extra-field"),
+    ],
+)
+def test_parse_btime_rejects_junk(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_btime(text)
+
+
+# --------------------------------------------------------------------------- ProcReader
+
+BTIME = 1_700_000_000
+CLK = 100
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    fakeproc.write_proc_stat(tmp_path, BTIME)
+    return tmp_path
+
+
+def cg(pod: str = UID, cid: str = CID) -> str:
+    return fakeproc.cgroup_v2_systemd(pod, cid)
+
+
+def test_read_complete_process(root: Path) -> None:
+    fakeproc.write_process(root, 4242, comm="python (x)", cgroup=cg(), start_ticks=12_345)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    got = reader.read(4242)
+    assert isinstance(got, ProcInfo)
+    assert (got.pid, got.comm, got.start_time_ticks) == (4242, "python (x)", 12_345)
+    assert got.start_time == pytest.approx(BTIME + 123.45)
+    assert got.cgroup == parse_cgroup(cg())
+    assert got.cgroup is not None and (got.cgroup.pod_uid, got.cgroup.container_id) == (UID, CID)
+    assert reader.errors_total == 0
+
+
+def test_read_unknown_cgroup_is_info_not_error(root: Path) -> None:
+    fakeproc.write_process(root, 7, comm="w", cgroup="0::/\n", start_ticks=1)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    got = reader.read(7)
+    assert isinstance(got, ProcInfo) and got.cgroup is None
+    assert reader.errors_total == 0
+
+
+def test_read_missing_process_is_exited(root: Path) -> None:
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert reader.read(999) is ProcError.EXITED
+    assert reader.errors_total == 0
+
+
+def test_read_vanished_before_cgroup_read_is_exited(root: Path) -> None:
+    fakeproc.write_process(root, 5, comm="w", cgroup=cg(), start_ticks=1)
+    os.unlink(root / "5" / "cgroup")
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert reader.read(5) is ProcError.EXITED
+    assert reader.errors_total == 0
+
+
+def test_read_removed_process_is_exited(root: Path) -> None:
+    fakeproc.write_process(root, 5, comm="w", cgroup=cg(), start_ticks=1)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert isinstance(reader.read(5), ProcInfo)
+    fakeproc.remove_process(root, 5)
+    fakeproc.remove_process(root, 5)  # removing twice is fine
+    assert reader.read(5) is ProcError.EXITED
+
+
+def _race_after_cgroup_read(monkeypatch: pytest.MonkeyPatch, then: Callable[[], object]) -> None:
+    # The kernel reusing or reaping a PID in the microseconds between two reads cannot be
+    # produced on demand, so the real file reader is wrapped to change the tree at that moment.
+    real = procfs._read_bounded
+
+    def wrapped(path: str, limit: int) -> tuple[bytes, bool]:
+        result = real(path, limit)
+        if path.endswith("/cgroup"):
+            then()
+        return result
+
+    monkeypatch.setattr(procfs, "_read_bounded", wrapped)
+
+
+def test_read_pid_reused_between_stat_reads(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakeproc.write_process(root, 6, comm="old", cgroup=cg(), start_ticks=100)
+    _race_after_cgroup_read(
+        monkeypatch,
+        lambda: fakeproc.write_process(root, 6, comm="new", cgroup=cg(UID2), start_ticks=200),
+    )
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert reader.read(6) is ProcError.REUSED
+    assert reader.errors_total == 0
+
+
+def test_read_exited_after_cgroup_read(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakeproc.write_process(root, 6, comm="old", cgroup=cg(), start_ticks=100)
+    _race_after_cgroup_read(monkeypatch, lambda: fakeproc.remove_process(root, 6))
+    assert ProcReader(str(root), clk_tck=CLK).read(6) is ProcError.EXITED
+
+
+@pytest.mark.parametrize(
+    ("offset", "expected"),
+    [
+        pytest.param(-5.0, ProcError.REUSED, id="started-5s-after-listing"),
+        pytest.param(-1.5, ProcError.REUSED, id="started-1.5s-after-listing"),
+        pytest.param(-0.5, None, id="within-btime-resolution"),
+        pytest.param(0.0, None, id="same-instant"),
+        pytest.param(3600.0, None, id="listed-long-after-start"),
+        pytest.param(float("nan"), None, id="nan-ignored"),
+    ],
+)
+def test_read_listed_at(root: Path, offset: float, expected: ProcError | None) -> None:
+    fakeproc.write_process(root, 8, comm="w", cgroup=cg(), start_ticks=50_000)
+    start = BTIME + 50_000 / CLK
+    got = ProcReader(str(root), clk_tck=CLK).read(8, listed_at=start + offset)
+    if expected is None:
+        assert isinstance(got, ProcInfo) and got.start_time == pytest.approx(start)
+    else:
+        assert got is expected
+
+
+def test_read_many_shares_listed_at_and_dedupes(root: Path) -> None:
+    fakeproc.write_process(root, 10, comm="a", cgroup=cg(), start_ticks=100)
+    fakeproc.write_process(root, 11, comm="b", cgroup=cg(UID2, CID2), start_ticks=90_000)
+    got = ProcReader(str(root), clk_tck=CLK).read_many([10, 11, 12, 10], listed_at=BTIME + 10)
+    assert list(got) == [10, 11, 12]
+    assert isinstance(got[10], ProcInfo) and got[10].comm == "a"
+    assert got[11] is ProcError.REUSED
+    assert got[12] is ProcError.EXITED
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        pytest.param("dir", id="stat-is-a-directory"),
+        pytest.param("junk", id="stat-unparsable"),
+        pytest.param("fifo", id="stat-is-a-fifo"),
+        pytest.param("symlink", id="stat-is-a-symlink"),
+        pytest.param("huge", id="stat-over-64-kib"),
+        pytest.param("cgroup-dir", id="cgroup-is-a-directory"),
+    ],
+)
+def test_read_unreadable(root: Path, breakage: str) -> None:
+    # Tests run as root, so chmod 000 would not stop the read; break the files instead.
+    fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=1)
+    stat_path = root / "3" / "stat"
+    if breakage == "cgroup-dir":
+        os.unlink(root / "3" / "cgroup")
+        os.mkdir(root / "3" / "cgroup")
+    elif breakage == "junk":
+        stat_path.write_text("3 (w) S 1 2\n")
+    elif breakage == "huge":
+        stat_path.write_text(stat_line("3", "x" * procfs.MAX_FILE_BYTES))
+    else:
+        os.unlink(stat_path)
+        if breakage == "dir":
+            os.mkdir(stat_path)
+        elif breakage == "fifo":
+            os.mkfifo(stat_path)
+        else:
+            (root / "elsewhere").write_text(stat_line("3", "w"))
+            os.symlink(root / "elsewhere", stat_path)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert reader.read(3) is ProcError.UNREADABLE
+    assert reader.read(3) is ProcError.UNREADABLE
+    assert reader.errors_total == 2
+
+
+@pytest.mark.parametrize("pid", [0, -1, True])
+def test_read_invalid_pid(root: Path, pid: int) -> None:
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert reader.read(pid) is ProcError.UNREADABLE
+    assert reader.errors_total == 1
+
+
+def test_read_without_btime_is_unreadable(tmp_path: Path) -> None:
+    fakeproc.write_process(tmp_path, 3, comm="w", cgroup=cg(), start_ticks=1)
+    reader = ProcReader(str(tmp_path), clk_tck=CLK)
+    assert reader.read(3) is ProcError.UNREADABLE
+    assert reader.errors_total == 1
+    fakeproc.write_proc_stat(tmp_path, BTIME)  # a failed btime read is retried
+    assert isinstance(reader.read(3), ProcInfo)
+
+
+def test_btime_is_cached_then_refreshed(root: Path) -> None:
+    fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=100)
+    cached = ProcReader(str(root), clk_tck=CLK)
+    fresh = ProcReader(str(root), clk_tck=CLK, btime_max_age=0.0)
+    for reader in (cached, fresh):
+        assert isinstance(got := reader.read(3), ProcInfo) and got.start_time == BTIME + 1
+    fakeproc.write_proc_stat(root, BTIME + 7)
+    assert isinstance(got := cached.read(3), ProcInfo) and got.start_time == BTIME + 1
+    assert isinstance(got := fresh.read(3), ProcInfo) and got.start_time == BTIME + 8
+
+
+def test_cache_keeps_cgroup_until_start_time_changes(root: Path) -> None:
+    fakeproc.write_process(root, 20, comm="w", cgroup=cg(UID, CID), start_ticks=100)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    first = reader.read(20)
+    assert isinstance(first, ProcInfo) and first.cgroup is not None
+    # Same process (same start time): the cgroup file is not read again.
+    (root / "20" / "cgroup").write_text(cg(UID2, CID2))
+    again = reader.read(20)
+    assert isinstance(again, ProcInfo) and again.cgroup == first.cgroup
+    # A new process under the same PID: read afresh.
+    fakeproc.write_process(root, 20, comm="w2", cgroup=cg(UID2, CID2), start_ticks=101)
+    newer = reader.read(20)
+    assert isinstance(newer, ProcInfo) and newer.comm == "w2"
+    assert newer.cgroup is not None and newer.cgroup.pod_uid == UID2
+
+
+def test_cache_is_bounded_lru(root: Path) -> None:
+    for pid in (1, 2, 3):
+        fakeproc.write_process(root, pid, comm="w", cgroup=cg(UID, CID), start_ticks=pid)
+    reader = ProcReader(str(root), clk_tck=CLK, cache_size=2)
+    for pid in (1, 2, 1, 3):  # 2 is now the least recently used
+        reader.read(pid)
+    for pid in (1, 2, 3):
+        (root / str(pid) / "cgroup").write_text(cg(UID2, CID2))
+    pods = {}
+    for pid in (1, 3, 2):
+        got = reader.read(pid)
+        assert isinstance(got, ProcInfo) and got.cgroup is not None
+        pods[pid] = got.cgroup.pod_uid
+    assert pods == {1: UID, 3: UID, 2: UID2}
+    assert len(reader._cache) == 2
+
+
+def test_cache_size_zero_always_reads(root: Path) -> None:
+    fakeproc.write_process(root, 1, comm="w", cgroup=cg(UID, CID), start_ticks=1)
+    reader = ProcReader(str(root), clk_tck=CLK, cache_size=0)
+    reader.read(1)
+    (root / "1" / "cgroup").write_text(cg(UID2, CID2))
+    got = reader.read(1)
+    assert isinstance(got, ProcInfo) and got.cgroup is not None and got.cgroup.pod_uid == UID2
+
+
+@pytest.mark.parametrize("kwargs", [{"clk_tck": 0}, {"clk_tck": -100}, {"cache_size": -1}], ids=str)
+def test_reader_rejects_bad_config(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        ProcReader("/proc", **kwargs)
+
+
+# --------------------------------------------------------------------------- the real /proc
+
+
+def test_real_proc_own_process() -> None:
+    reader = ProcReader()
+    before = time.time()
+    got = reader.read(os.getpid(), listed_at=before)
+    assert isinstance(got, ProcInfo)
+    with open("/proc/self/comm") as f:
+        assert got.comm == f.read().rstrip("\n")
+    with open("/proc/uptime") as f:
+        boot = before - float(f.read().split()[0])
+    assert boot - 2 <= got.start_time <= before + 1
+    with open("/proc/self/cgroup") as f:
+        assert got.cgroup == parse_cgroup(f.read())
+    # A listing made well before this process started means the PID was reused.
+    assert reader.read(os.getpid(), listed_at=got.start_time - 30) is ProcError.REUSED
+    assert reader.errors_total == 0
+
+
+def test_real_proc_child_exits() -> None:
+    sleep = shutil.which("sleep")
+    if sleep is None:
+        pytest.skip("no sleep binary")
+    reader = ProcReader()
+    child = subprocess.Popen([sleep, "30"])  # noqa: S603
+    try:
+        deadline = time.monotonic() + 5
+        got = reader.read(child.pid)
+        # Right after fork the child may still carry the parent's name until exec.
+        while isinstance(got, ProcInfo) and got.comm != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
+            got = reader.read(child.pid)
+        assert isinstance(got, ProcInfo) and got.comm == "sleep"
+    finally:
+        child.kill()
+        child.wait()
+    assert reader.read(child.pid) is ProcError.EXITED
+    assert reader.errors_total == 0
+
+
+def test_real_proc_stat_has_btime() -> None:
+    with open("/proc/stat") as f:
+        btime = parse_btime(f.read())
+    assert 0 < btime <= time.time()
+
+
+# --------------------------------------------------------------------------- fakeproc
+
+
+@pytest.mark.parametrize("qos", ["burstable", "besteffort", "guaranteed"])
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [("containerd", CD), ("cri-o", CRIO), ("docker", DOCKER), (Runtime.CRIO, CRIO)],
+)
+def test_fakeproc_v2_systemd_round_trips(qos: str, runtime: str, expected: Runtime) -> None:
+    got = parse_cgroup(fakeproc.cgroup_v2_systemd(UID, CID, qos=qos, runtime=runtime))
+    assert got is not None
+    assert (got.pod_uid, got.container_id, got.runtime) == (UID, CID, expected)
+    assert ("-burstable" in got.path, "-besteffort" in got.path) == (
+        qos == "burstable",
+        qos == "besteffort",
+    )
+
+
+@pytest.mark.parametrize("qos", ["burstable", "besteffort", "guaranteed"])
+def test_fakeproc_v1_cgroupfs_round_trips(qos: str) -> None:
+    text = fakeproc.cgroup_v1_cgroupfs(STATIC, CID, qos=qos)
+    got = parse_cgroup(text)
+    assert got is not None and (got.pod_uid, got.container_id) == (STATIC, CID)
+    assert any(line.split(":")[1] == "memory" for line in text.splitlines())
+
+
+def test_fakeproc_host_is_host() -> None:
+    got = parse_cgroup(fakeproc.cgroup_host("/user.slice/user-1000.slice/session-2.scope"))
+    assert got is not None and (got.pod_uid, got.container_id) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: fakeproc.cgroup_v2_systemd(UID, CID, qos="platinum"),
+        lambda: fakeproc.cgroup_v2_systemd(UID, CID, runtime="rkt"),
+        lambda: fakeproc.cgroup_v1_cgroupfs(UID, CID, qos="gold"),
+    ],
+    ids=["bad-qos", "bad-runtime", "bad-qos-v1"],
+)
+def test_fakeproc_rejects_unknown_names(call: Callable[[], str]) -> None:
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_fakeproc_write_process_matches_kernel_format(tmp_path: Path) -> None:
+    fakeproc.write_process(tmp_path, 31, comm="a-very-long-command", cgroup="0::/\n", start_ticks=9)
+    # Same field layout as this machine's real stat file.
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        real = f.read()
+    fake = (tmp_path / "31" / "stat").read_text()
+    assert len(fake.rsplit(")", 1)[1].split()) == len(real.rsplit(")", 1)[1].split())
+    assert parse_stat(fake) == ("a-very-long-com", 9)
+    assert (tmp_path / "31" / "comm").read_text() == "a-very-long-com\n"
+    assert (tmp_path / "31" / "cgroup").read_text() == "0::/\n"
+    assert not [p for p in os.listdir(tmp_path / "31") if p.startswith(".tmp")]
+
+
+def test_fakeproc_proc_stat(tmp_path: Path) -> None:
+    fakeproc.write_proc_stat(tmp_path / "proc", 1234567890)
+    assert parse_btime((tmp_path / "proc" / "stat").read_text()) == 1234567890
