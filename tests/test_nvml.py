@@ -1,0 +1,668 @@
+"""Tests for enricher.nvml.
+
+The pure helpers are tested table-driven. NvmlSource is tested through the real pynvml
+against tests/fakenvml/fake_nvml.c, a fake libnvidia-ml.so.1 built here with gcc: the only
+stand-in is the library itself, because no GPU or NVIDIA driver exists on the test machines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from enricher.model import GpuProcess, ProcessKind
+from enricher.nvml import (
+    REASON_DRIVER_NOT_LOADED,
+    REASON_INIT_FAILED,
+    REASON_LIBRARY_NOT_FOUND,
+    REASON_NO_PERMISSION,
+    REASON_READ_FAILED,
+    REASON_UNINITIALIZED,
+    NvmlUnavailable,
+    ProcessEntry,
+    UtilSample,
+    merge_processes,
+    newer_samples,
+    parse_mig_profile,
+    reason_for_code,
+    utilization_from_samples,
+)
+from tests import nvmlfake
+from tests.nvmlfake import FakeNvml, FakeNvmlState
+
+ROOT = Path(__file__).resolve().parent.parent
+C, G, M = ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.MPS
+GIB = 1 << 30
+
+
+@pytest.fixture
+def fake(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeNvml]:
+    f = nvmlfake.install_fake_nvml(tmp_path_factory, tmp_path, monkeypatch)
+    yield f
+    f.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def by_key(processes: tuple[GpuProcess, ...]) -> dict[tuple[int, int | None, int], GpuProcess]:
+    return {(p.gpu_index, p.gi_id, p.pid): p for p in processes}
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "1g.5gb", id="a100"),
+        pytest.param("NVIDIA H100 80GB HBM3 MIG 7g.80gb", "7g.80gb", id="h100-full"),
+        pytest.param("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "1g.10gb+me", id="media-ext"),
+        pytest.param("NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb", "3g.40gb", id="ci-prefix"),
+        pytest.param("NVIDIA A30 MIG 2g.12gb  ", "2g.12gb", id="trailing-space"),
+        pytest.param("NVIDIA A100-SXM4-80GB", "", id="full-gpu"),
+        pytest.param("NVIDIA A100 MIG", "", id="no-profile"),
+        pytest.param("NVIDIA A100 MIG 1g", "", id="truncated"),
+        pytest.param("NVIDIA A100 MIG 1g.5gb trailing", "", id="not-at-end"),
+        pytest.param("", "", id="empty"),
+    ],
+)
+def test_parse_mig_profile(name: str, expected: str) -> None:
+    assert parse_mig_profile(name) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "default", "expected"),
+    [
+        pytest.param(9, REASON_INIT_FAILED, REASON_DRIVER_NOT_LOADED, id="driver"),
+        pytest.param(12, REASON_INIT_FAILED, REASON_LIBRARY_NOT_FOUND, id="library"),
+        pytest.param(4, REASON_INIT_FAILED, REASON_NO_PERMISSION, id="permission"),
+        pytest.param(1, REASON_READ_FAILED, REASON_UNINITIALIZED, id="uninitialized"),
+        pytest.param(999, REASON_INIT_FAILED, REASON_INIT_FAILED, id="unknown-init"),
+        pytest.param(15, REASON_READ_FAILED, REASON_READ_FAILED, id="other-read"),
+        pytest.param(None, REASON_READ_FAILED, REASON_READ_FAILED, id="no-code"),
+    ],
+)
+def test_reason_for_code(code: int | None, default: str, expected: str) -> None:
+    assert reason_for_code(code, default) == expected
+
+
+@pytest.mark.parametrize(
+    ("entries", "expected"),
+    [
+        pytest.param([], [], id="empty"),
+        pytest.param(
+            [
+                ProcessEntry(None, 7, 10, C),
+                ProcessEntry(None, 7, 30, G),
+                ProcessEntry(None, 7, 20, M),
+            ],
+            [(None, 7, 30, {C, G, M})],
+            id="union-kinds-max-memory",
+        ),
+        pytest.param(
+            [ProcessEntry(None, 7, None, C), ProcessEntry(None, 7, 5, G)],
+            [(None, 7, 5, {C, G})],
+            id="known-memory-beats-unknown",
+        ),
+        pytest.param(
+            [ProcessEntry(None, 7, 5, G), ProcessEntry(None, 7, None, C)],
+            [(None, 7, 5, {C, G})],
+            id="unknown-after-known",
+        ),
+        pytest.param(
+            [ProcessEntry(None, 7, None, C), ProcessEntry(None, 7, None, M)],
+            [(None, 7, None, {C, M})],
+            id="all-unknown",
+        ),
+        pytest.param(
+            [ProcessEntry(2, 9, 1, C), ProcessEntry(1, 9, 2, C), ProcessEntry(1, 3, 3, C)],
+            [(1, 3, 3, {C}), (1, 9, 2, {C}), (2, 9, 1, {C})],
+            id="same-pid-two-instances-sorted",
+        ),
+        pytest.param(
+            [ProcessEntry(0, 5, 1, C), ProcessEntry(None, 8, 1, C)],
+            [(None, 8, 1, {C}), (0, 5, 1, {C})],
+            id="full-gpu-sorts-first",
+        ),
+    ],
+)
+def test_merge_processes(
+    entries: list[ProcessEntry], expected: list[tuple[int | None, int, int | None, set[Any]]]
+) -> None:
+    merged = merge_processes("GPU-x", 3, entries)
+    got = [(p.gi_id, p.pid, p.used_memory_bytes, set(p.kinds)) for p in merged]
+    assert got == expected
+    assert all(p.gpu_uuid == "GPU-x" and p.gpu_index == 3 for p in merged)
+    assert all(p.sm_util_ratio is None for p in merged)
+
+
+@pytest.mark.parametrize(
+    ("timestamps", "since", "kept", "newest"),
+    [
+        pytest.param([], 0, [], 0, id="none"),
+        pytest.param([], 50, [], 50, id="none-keeps-since"),
+        pytest.param([10, 30, 20], 0, [10, 30, 20], 30, id="all-new"),
+        pytest.param([10, 30, 20], 20, [30], 30, id="old-dropped"),
+        pytest.param([10, 20], 20, [], 20, id="equal-is-old"),
+    ],
+)
+def test_newer_samples(timestamps: list[int], since: int, kept: list[int], newest: int) -> None:
+    samples = [UtilSample(pid=1, timestamp=ts, sm_util=5) for ts in timestamps]
+    fresh, got_newest = newer_samples(samples, since)
+    assert [s.timestamp for s in fresh] == kept
+    assert got_newest == newest
+
+
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        pytest.param([], {}, id="empty"),
+        pytest.param([(1, 50), (1, 70)], {1: 0.6}, id="mean"),
+        pytest.param([(1, 100), (2, 0)], {1: 1.0, 2: 0.0}, id="bounds"),
+        pytest.param([(1, 250)], {1: 1.0}, id="clamped"),
+        pytest.param([(1, 10), (2, 40), (1, 30)], {1: 0.2, 2: 0.4}, id="per-pid"),
+    ],
+)
+def test_utilization_from_samples(
+    samples: list[tuple[int, int]], expected: dict[int, float]
+) -> None:
+    got = utilization_from_samples(UtilSample(pid, i, sm) for i, (pid, sm) in enumerate(samples))
+    assert got == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- through the fake
+
+
+def test_plain_gpus_with_all_lists_deduplicated(fake: FakeNvml) -> None:
+    state = (
+        FakeNvmlState(driver="535.129.03")
+        .gpu(name="NVIDIA A100-SXM4-80GB")
+        .gpu(name="NVIDIA L4", mig=None)
+        .process(10, gpu=0, memory=3 * GIB, kind=C)
+        .process(10, gpu=0, memory=GIB, kind=M)
+        .process(11, gpu=0, memory=GIB, kind=G)
+        .process(10, gpu=1, memory=2 * GIB, kind=C)
+    )
+    fake.write(state)
+    src = fake.source()
+    before = time.time()
+    snap = src.fetch()
+    after = time.time()
+
+    assert snap.errors == ()
+    assert src.errors_total == 0
+    assert snap.driver_version == "535.129.03"
+    assert before <= snap.taken_at <= after
+    assert [(d.index, d.uuid, d.name, d.mig_enabled) for d in snap.devices] == [
+        (0, nvmlfake.default_gpu_uuid(0), "NVIDIA A100-SXM4-80GB", False),
+        (1, nvmlfake.default_gpu_uuid(1), "NVIDIA L4", False),  # MIG not supported: off
+    ]
+    assert snap.migs == ()
+    procs = by_key(snap.processes)
+    assert set(procs) == {(0, None, 10), (0, None, 11), (1, None, 10)}
+    assert procs[(0, None, 10)].kinds == {C, M}
+    assert procs[(0, None, 10)].used_memory_bytes == 3 * GIB
+    assert procs[(0, None, 11)].kinds == {G}
+    assert procs[(1, None, 10)].used_memory_bytes == 2 * GIB
+    assert procs[(1, None, 10)].gpu_uuid == nvmlfake.default_gpu_uuid(1)
+
+
+def test_mig_gpu_with_processes_on_two_instances(fake: FakeNvml) -> None:
+    state = (
+        FakeNvmlState()
+        .gpu(name="NVIDIA A100-SXM4-40GB", mig=True)
+        # Slots 0 and 3: the empty slots between answer NOT_FOUND and must be skipped.
+        .mig(0, gi=1, ci=0, profile="1g.5gb", slot=0)
+        .mig(0, gi=2, ci=0, name="NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", slot=3)
+        .process(100, gpu=0, gi=1, memory=GIB)
+        .process(200, gpu=0, gi=2, memory=2 * GIB, kind=G)
+        .process(200, gpu=0, gi=2, memory=GIB, kind=C)
+    )
+    fake.write(state)
+    snap = fake.source().fetch()
+
+    assert snap.errors == ()
+    assert [d.mig_enabled for d in snap.devices] == [True]
+    gpu_uuid = nvmlfake.default_gpu_uuid(0)
+    assert [(m.gpu_uuid, m.gpu_index, m.gi_id, m.ci_id, m.uuid, m.profile) for m in snap.migs] == [
+        (gpu_uuid, 0, 1, 0, nvmlfake.default_mig_uuid(0, 1, 0), "1g.5gb"),
+        (gpu_uuid, 0, 2, 0, nvmlfake.default_mig_uuid(0, 2, 0), "3g.20gb"),
+    ]
+    procs = by_key(snap.processes)
+    assert set(procs) == {(0, 1, 100), (0, 2, 200)}
+    assert procs[(0, 2, 200)].kinds == {C, G}
+    assert procs[(0, 2, 200)].used_memory_bytes == 2 * GIB
+    # Each instance's list was read from its own MIG handle, not from the parent GPU.
+    listed = {call[1] for call in fake.calls() if call[0].startswith("nvmlDeviceGetCompute")}
+    assert listed == {"gpu0/mig0", "gpu0/mig3"}
+
+
+def test_memory_not_available(fake: FakeNvml) -> None:
+    fake.write(
+        FakeNvmlState()
+        .gpu()
+        .process(5, memory=None)
+        .process(6, memory=None, kind=C)
+        .process(6, memory=4096, kind=G)
+    )
+    procs = by_key(fake.source().fetch().processes)
+    assert procs[(0, None, 5)].used_memory_bytes is None
+    assert procs[(0, None, 6)].used_memory_bytes == 4096
+
+
+def test_utilization_mean_clamp_and_missing_samples(fake: FakeNvml) -> None:
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu()
+        .gpu()
+        .gpu(mig=True)
+        .mig(3, gi=1)
+        .process(10, gpu=0)
+        .process(11, gpu=0)
+        .process(12, gpu=0)
+        .util(10, timestamp=100, sm=50, gpu=0)
+        .util(10, timestamp=200, sm=70, gpu=0)
+        .util(11, timestamp=150, sm=180, gpu=0)
+        .util(99, timestamp=150, sm=90, gpu=0)  # a pid NVML no longer lists
+        .process(20, gpu=1)  # GPU 1 has no samples at all: NOT_FOUND
+        .process(30, gpu=2)
+        .fail("nvmlDeviceGetProcessUtilization", nvmlfake.ERROR_NOT_SUPPORTED, gpu=2)
+        .process(40, gpu=3, gi=1)
+        .util(40, timestamp=100, sm=40, gpu=3, gi=1)
+        .fail("nvmlDeviceGetProcessUtilization", nvmlfake.ERROR_FUNCTION_NOT_FOUND, gpu=3, gi=1)
+    )
+    fake.write(state)
+    snap = fake.source().fetch()
+    assert snap.errors == ()
+    ratios = {(p.gpu_index, p.pid): p.sm_util_ratio for p in snap.processes}
+    assert ratios == pytest.approx(
+        {(0, 10): 0.6, (0, 11): 1.0, (0, 12): 0.0, (1, 20): 0.0, (2, 30): None, (3, 40): None}
+    )
+
+
+def test_utilization_last_seen_timestamp_advances(fake: FakeNvml) -> None:
+    state = FakeNvmlState().gpu().process(10).util(10, timestamp=100, sm=50).util(10, 200, sm=70)
+    fake.write(state)
+    src = fake.source()
+    assert src.fetch().processes[0].sm_util_ratio == pytest.approx(0.6)
+
+    fake.write(state.util(10, timestamp=300, sm=10))
+    assert src.fetch().processes[0].sm_util_ratio == pytest.approx(0.1)
+
+    # Nothing newer than 300: NVML says NOT_FOUND, which means idle, not unknown.
+    assert src.fetch().processes[0].sm_util_ratio == 0.0
+
+    queries = fake.size_queries("nvmlDeviceGetProcessUtilization")
+    assert [call[3] for call in queries] == ["0", "200", "300"]
+
+
+def test_utilization_timestamp_is_per_device(fake: FakeNvml) -> None:
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu()
+        .process(1, gpu=0)
+        .process(2, gpu=1)
+        .util(1, timestamp=500, sm=20, gpu=0)
+        .util(2, timestamp=50, sm=30, gpu=1)
+    )
+    fake.write(state)
+    src = fake.source()
+    src.fetch()
+    fake.clear_log()
+    fake.write(state.util(2, timestamp=60, sm=90, gpu=1))
+    snap = src.fetch()
+    # GPU 1's clock is behind GPU 0's; sharing one timestamp would hide its new sample.
+    assert by_key(snap.processes)[(1, None, 2)].sm_util_ratio == pytest.approx(0.9)
+    queries = fake.size_queries("nvmlDeviceGetProcessUtilization")
+    assert {call[1]: call[3] for call in queries} == {"gpu0": "500", "gpu1": "50"}
+
+
+@pytest.mark.parametrize(
+    ("failing", "code", "expected_version"),
+    [
+        pytest.param(("_v3",), nvmlfake.ERROR_FUNCTION_NOT_FOUND, "_v2", id="v3-missing"),
+        pytest.param(("_v3",), nvmlfake.ERROR_ARGUMENT_VERSION_MISMATCH, "_v2", id="v3-mismatch"),
+        pytest.param(("_v3", "_v2"), nvmlfake.ERROR_FUNCTION_NOT_FOUND, "", id="v3-v2-missing"),
+    ],
+)
+def test_process_list_version_fallback(
+    fake: FakeNvml, failing: tuple[str, ...], code: int, expected_version: str
+) -> None:
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu()
+        .process(10, gpu=0, memory=GIB, kind=C)
+        .process(11, gpu=0, memory=None, kind=G)
+        .process(12, gpu=1, memory=7, kind=M)
+    )
+    bases = [
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+    ]
+    for base in bases:
+        for suffix in failing:
+            state.fail(base + suffix, code)
+    fake.write(state)
+    src = fake.source()
+    for _ in range(2):
+        snap = src.fetch()
+        assert snap.errors == ()
+        assert {(p.gpu_index, p.pid, p.used_memory_bytes, *p.kinds) for p in snap.processes} == {
+            (0, 10, GIB, C),
+            (0, 11, None, G),
+            (1, 12, 7, M),
+        }
+    for base in bases:
+        # Two GPUs x two fetches, but each failing symbol was tried once only.
+        for suffix in failing:
+            assert len(fake.size_queries(base + suffix)) == 1, base + suffix
+        assert len(fake.size_queries(base + expected_version)) == 4, base + expected_version
+
+
+def test_fake_follows_the_size_query_protocol(fake: FakeNvml) -> None:
+    fake.write(FakeNvmlState().gpu().process(1).process(2).process(3))
+    src = fake.source()
+    src.fetch()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    fn = pynvml.nvmlLib.nvmlDeviceGetComputeRunningProcesses_v3
+    buffer = (pynvml.c_nvmlProcessInfo_v3_t * 2)()
+    count = ctypes.c_uint(0)
+    assert fn(handle, ctypes.byref(count), None) == nvmlfake.ERROR_INSUFFICIENT_SIZE
+    assert count.value == 3
+    count.value = 2
+    assert fn(handle, ctypes.byref(count), buffer) == nvmlfake.ERROR_INSUFFICIENT_SIZE
+    assert count.value == 3
+    assert fn(handle, None, None) == nvmlfake.ERROR_INVALID_ARGUMENT
+    graphics = pynvml.nvmlLib.nvmlDeviceGetGraphicsRunningProcesses_v3
+    count.value = 0
+    assert graphics(handle, ctypes.byref(count), None) == nvmlfake.SUCCESS
+    assert count.value == 0
+
+
+def test_many_processes(fake: FakeNvml) -> None:
+    state = FakeNvmlState().gpu()
+    pids = range(1000, 4000)
+    for pid in pids:
+        state.process(pid, memory=pid)
+    fake.write(state)
+    snap = fake.source().fetch()
+    assert [(p.pid, p.used_memory_bytes) for p in snap.processes] == [(p, p) for p in pids]
+
+
+def test_state_over_the_fake_limits_fails_init_instead_of_overflowing(fake: FakeNvml) -> None:
+    state = FakeNvmlState().gpu()
+    for pid in range(4097):
+        state.process(pid + 1)
+    fake.write(state)
+    with pytest.raises(NvmlUnavailable) as info:
+        fake.source().fetch()
+    assert info.value.reason == REASON_INIT_FAILED
+    assert "999" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        pytest.param(nvmlfake.ERROR_DRIVER_NOT_LOADED, REASON_DRIVER_NOT_LOADED, id="driver"),
+        pytest.param(nvmlfake.ERROR_UNKNOWN, REASON_INIT_FAILED, id="unknown"),
+    ],
+)
+def test_init_failure_waits_for_the_retry_interval(fake: FakeNvml, code: int, reason: str) -> None:
+    good = FakeNvmlState().gpu().process(42)
+    fake.write(FakeNvmlState().gpu().process(42).fail_init(code))
+    clock = FakeClock()
+    src = fake.source(retry_interval=30.0, clock=clock)
+
+    with pytest.raises(NvmlUnavailable) as first:
+        src.fetch()
+    assert first.value.reason == reason
+    assert fake.count("nvmlInitWithFlags") == 1
+
+    fake.write(good)
+    clock.now += 29.0
+    with pytest.raises(NvmlUnavailable) as cached:
+        src.fetch()
+    assert cached.value.reason == reason
+    assert fake.count("nvmlInitWithFlags") == 1  # not retried inside the interval
+    assert src.errors_total == 2
+
+    clock.now += 1.0
+    snap = src.fetch()
+    assert [p.pid for p in snap.processes] == [42]
+    assert fake.count("nvmlInitWithFlags") == 2
+    assert src.errors_total == 2
+
+
+def test_whole_read_failure_reinitialises_after_the_interval(fake: FakeNvml) -> None:
+    good = FakeNvmlState().gpu().process(42)
+    fake.write(good)
+    clock = FakeClock()
+    src = fake.source(retry_interval=10.0, clock=clock)
+    assert [p.pid for p in src.fetch().processes] == [42]
+
+    driver_gone = FakeNvmlState().gpu().process(42)
+    driver_gone.fail("nvmlDeviceGetCount_v2", nvmlfake.ERROR_DRIVER_NOT_LOADED)
+    fake.write(driver_gone)
+    with pytest.raises(NvmlUnavailable) as info:
+        src.fetch()
+    assert info.value.reason == REASON_DRIVER_NOT_LOADED
+    assert fake.count("nvmlShutdown") == 1
+
+    fake.write(good)
+    clock.now += 5.0
+    with pytest.raises(NvmlUnavailable):
+        src.fetch()
+    assert fake.count("nvmlInitWithFlags") == 1
+    assert fake.count("nvmlDeviceGetCount_v2") == 2
+
+    clock.now += 5.0
+    assert [p.pid for p in src.fetch().processes] == [42]
+    assert fake.count("nvmlInitWithFlags") == 2
+    assert src.errors_total == 2
+
+
+def test_library_path_missing(tmp_path: Path) -> None:
+    from enricher.nvml import NvmlSource
+
+    src = NvmlSource(library_path=str(tmp_path / "no-such" / "libnvidia-ml.so.1"))
+    with pytest.raises(NvmlUnavailable) as info:
+        src.fetch()
+    assert info.value.reason == REASON_LIBRARY_NOT_FOUND
+    assert "no-such" in str(info.value)
+    assert src.errors_total == 1
+    src.close()
+
+
+@pytest.mark.parametrize(
+    ("symbol", "gi"),
+    [
+        pytest.param("nvmlDeviceGetHandleByIndex_v2", None, id="handle"),
+        pytest.param("nvmlDeviceGetUUID", None, id="uuid"),
+        pytest.param("nvmlDeviceGetMigMode", None, id="mig-mode"),
+        pytest.param("nvmlDeviceGetComputeRunningProcesses_v3", None, id="processes"),
+        pytest.param("nvmlDeviceGetProcessUtilization", None, id="utilization"),
+        pytest.param("nvmlDeviceGetGpuInstanceId", 2, id="one-mig-instance"),
+    ],
+)
+def test_gpu_lost_on_one_device(fake: FakeNvml, symbol: str, gi: int | None) -> None:
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu(mig=True)
+        .mig(1, gi=1)
+        .mig(1, gi=2)
+        .gpu()
+        .process(10, gpu=0)
+        .process(11, gpu=1, gi=1)
+        .process(12, gpu=2)
+        .fail(symbol, nvmlfake.ERROR_GPU_IS_LOST, gpu=1, gi=gi)
+    )
+    fake.write(state)
+    src = fake.source()
+    snap = src.fetch()
+    assert [d.index for d in snap.devices] == [0, 2]
+    assert snap.migs == ()
+    assert [(p.gpu_index, p.pid) for p in snap.processes] == [(0, 10), (2, 12)]
+    assert len(snap.errors) == 1
+    assert snap.errors[0].startswith("gpu 1: ")
+    assert symbol.removesuffix("_v2") in snap.errors[0]
+    assert "GPU is lost" in snap.errors[0]
+    assert src.errors_total == 1
+    src.fetch()
+    assert src.errors_total == 2
+
+
+def test_mig_mode_changes_between_fetches(fake: FakeNvml) -> None:
+    full = FakeNvmlState().gpu().process(10, memory=GIB)
+    split = FakeNvmlState().gpu(mig=True).mig(0, gi=3).mig(0, gi=5).process(20, gi=3)
+    split.process(21, gi=5)
+    fake.write(full)
+    src = fake.source()
+
+    first = src.fetch()
+    assert [d.mig_enabled for d in first.devices] == [False]
+    assert [(p.gi_id, p.pid) for p in first.processes] == [(None, 10)]
+
+    fake.write(split)
+    second = src.fetch()
+    assert [d.mig_enabled for d in second.devices] == [True]
+    assert [m.gi_id for m in second.migs] == [3, 5]
+    assert [(p.gi_id, p.pid) for p in second.processes] == [(3, 20), (5, 21)]
+
+    fake.write(full)
+    third = src.fetch()
+    assert third.migs == ()
+    assert [(p.gi_id, p.pid) for p in third.processes] == [(None, 10)]
+    assert src.errors_total == 0
+
+
+def test_unparsable_state_is_an_init_failure(fake: FakeNvml) -> None:
+    fake.state_path.write_text("driver 1\ngpu 0 GPU-a 0 NVIDIA X\nproc 0 notapid 1 compute\n")
+    with pytest.raises(NvmlUnavailable) as info:
+        fake.source().fetch()
+    assert info.value.reason == REASON_INIT_FAILED
+
+
+def test_close_shuts_down_once(fake: FakeNvml) -> None:
+    fake.write(FakeNvmlState().gpu())
+    src = fake.source()
+    src.close()
+    assert fake.count("nvmlShutdown") == 0  # never initialised
+    src.fetch()
+    src.close()
+    src.close()
+    assert fake.count("nvmlShutdown") == 1
+    # A fetch after close initialises again.
+    assert len(src.fetch().devices) == 1
+    assert fake.count("nvmlInitWithFlags") == 2
+
+
+# --------------------------------------------------------------------------- child processes
+
+# pynvml keeps the first library it loads for the life of the process, so other builds of the
+# fake (and "no library at all") are exercised in a fresh interpreter.
+_CHILD = r"""
+import json, sys
+from enricher.nvml import NvmlSource, NvmlUnavailable
+
+src = NvmlSource(library_path=sys.argv[1] or None)
+out = {}
+try:
+    for _ in range(2):
+        snap = src.fetch()
+    out["errors"] = list(snap.errors)
+    out["processes"] = sorted(
+        [p.gpu_index, p.pid, p.used_memory_bytes, sorted(k.value for k in p.kinds)]
+        for p in snap.processes
+    )
+except NvmlUnavailable as exc:
+    out["reason"] = exc.reason
+finally:
+    src.close()
+print(json.dumps(out))
+"""
+
+
+def run_child(library: Path | None, env: dict[str, str]) -> dict[str, Any]:
+    child_env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+    child_env.update(env)
+    child_env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(  # noqa: S603 - our own interpreter running a constant script
+        [sys.executable, "-c", _CHILD, str(library or "")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=child_env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("defines", "used"),
+    [
+        pytest.param(("-DFAKE_NVML_NO_V3",), "_v2", id="no-v3"),
+        pytest.param(("-DFAKE_NVML_NO_V3", "-DFAKE_NVML_NO_V2"), "", id="no-v3-no-v2"),
+    ],
+)
+def test_compiled_out_symbols_fall_back(
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    defines: tuple[str, ...],
+    used: str,
+) -> None:
+    library = nvmlfake.build_fake_nvml(tmp_path_factory.getbasetemp() / "fakenvml", defines)
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu()
+        .process(10, gpu=0, memory=GIB, kind=C)
+        .process(10, gpu=0, memory=None, kind=G)
+        .process(11, gpu=1, memory=None, kind=M)
+    )
+    state_path = state.write(tmp_path / "state")
+    log_path = tmp_path / "log"
+    out = run_child(library, {"FAKE_NVML_STATE": str(state_path), "FAKE_NVML_LOG": str(log_path)})
+
+    assert out == {
+        "errors": [],
+        "processes": [[0, 10, GIB, ["compute", "graphics"]], [1, 11, None, ["mps"]]],
+    }
+    calls = [line.split() for line in log_path.read_text().splitlines()]
+    for base in ("Compute", "Graphics", "MPSCompute"):
+        symbol = f"nvmlDeviceGet{base}RunningProcesses"
+        queries = [c for c in calls if c[0] == symbol + used and c[2] == "size"]
+        assert len(queries) == 4  # 2 GPUs x 2 fetches
+        assert [c for c in calls if c[0].startswith(symbol) and c[0] != symbol + used] == []
+
+
+def test_no_library_at_all_in_a_child_process(tmp_path: Path) -> None:
+    if ctypes.util.find_library("nvidia-ml") is not None:
+        pytest.skip("this machine has a real libnvidia-ml")
+    out = run_child(None, {"FAKE_NVML_STATE": str(tmp_path / "unused")})
+    assert out == {"reason": REASON_LIBRARY_NOT_FOUND}
