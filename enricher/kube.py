@@ -1,0 +1,684 @@
+"""Kubernetes source: the pods of this node, kept current by one list and a resumed watch.
+
+Pure parsing (``parse_*``, ``derive_workload``, ``strip_container_id``, ``build_index``) is
+apart from the I/O in :class:`PodCache`, which runs the real ``kubernetes`` client in one
+daemon thread and publishes an immutable :class:`~enricher.model.PodIndex`.
+
+Workload decisions (``derive_workload``), all from the pod object alone, with no extra API
+call and so no extra RBAC:
+
+* ReplicaSet owner whose name is ``<deployment>-<pod-template-hash label>``: a Deployment.
+  Any other ReplicaSet stays a ReplicaSet.
+* Job owner: the Job. A CronJob is not derived: nothing in the pod names it (the Job's own
+  owner reference is not copied to the pod) and guessing from the Job name's numeric suffix
+  would attribute hand-made Jobs to CronJobs that do not exist.
+* Node owner or a ``kubernetes.io/config.mirror`` annotation: ``("StaticPod", <pod name>)``.
+  The Node is the mirror pod's owner only in form; the workload is the static pod itself.
+* StatefulSet, DaemonSet and any other kind, CRDs included: ``(kind, name)`` as written.
+* No usable owner: ``("Pod", <pod name>)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+import kubernetes.watch
+import urllib3
+
+from enricher.model import PodIndex, PodInfo
+
+__all__ = [
+    "KubeConfigError",
+    "PodCache",
+    "build_index",
+    "derive_workload",
+    "load_api_client",
+    "parse_pod",
+    "parse_pod_list",
+    "parse_selector",
+    "strip_container_id",
+]
+
+log = logging.getLogger("enricher.kube")
+
+MAX_VALUE_CHARS = 1024  # a kept label or annotation value is cut to this
+MAX_LIST_BYTES = 64 << 20  # a node's pod list is far smaller; more means something is wrong
+MAX_PODS = 5000  # kubelet's maxPods is 110 by default; this only stops a runaway selector
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+_MIN_WATCH_INTERVAL = 1.0  # seconds between watch starts, so a server that ends streams at
+# once cannot make us spin
+_BACKOFF_BASE = 0.5
+
+
+# --------------------------------------------------------------------------- pure parsing
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def strip_container_id(raw: str) -> str:
+    """The bare container id from a status ``containerID`` such as ``containerd://<id>``.
+
+    Any scheme is removed (containerd, cri-o, docker, ...); the id is lowercased because the
+    cgroup side spells it in lowercase hex. Anything that is not a string gives "".
+    """
+    if not isinstance(raw, str):
+        return ""
+    _, sep, rest = raw.partition("://")
+    return (rest if sep else raw).strip().lower()
+
+
+def _selected(source: Any, keys: Sequence[str]) -> dict[str, str]:
+    values = _map(source)
+    out: dict[str, str] = {}
+    for key in keys:
+        value = values.get(key)
+        if isinstance(value, str):
+            out[key] = value[:MAX_VALUE_CHARS]
+    return out
+
+
+_ZERO_QUANTITY = re.compile(r"[+]?0*(\.0*)?([eE][+-]?\d+|[A-Za-z]{0,2})?")
+
+
+def _is_zero(quantity: Any) -> bool:
+    if isinstance(quantity, bool):
+        return not quantity
+    if isinstance(quantity, (int, float)):
+        return quantity == 0
+    text = _str(quantity).strip()
+    # "0", "0.0", "0m", "0Ki": a resource named but not asked for
+    return bool(text) and _ZERO_QUANTITY.fullmatch(text) is not None and "0" in text
+
+
+def _wants_gpu(container: Any) -> bool:
+    resources = _map(_map(container).get("resources"))
+    for section in ("requests", "limits"):
+        for key, quantity in _map(resources.get(section)).items():
+            if isinstance(key, str) and key.startswith("nvidia.com/") and not _is_zero(quantity):
+                return True
+    return False
+
+
+def derive_workload(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """The pod's workload as ``(kind, name)``, from its owner references and labels only.
+
+    See the module docstring for each decision. Never raises on malformed input.
+    """
+    meta = _map(_map(obj).get("metadata"))
+    pod_name = _str(meta.get("name"))
+    owners = [
+        o
+        for o in _list(meta.get("ownerReferences"))
+        if isinstance(o, Mapping) and _str(o.get("kind")) and _str(o.get("name"))
+    ]
+    owner = next((o for o in owners if o.get("controller") is True), owners[0] if owners else None)
+    if owner is None:
+        if _str(_map(meta.get("annotations")).get(MIRROR_ANNOTATION)):
+            return "StaticPod", pod_name
+        return "Pod", pod_name
+    kind, name = _str(owner.get("kind")), _str(owner.get("name"))
+    if kind == "Node":
+        return "StaticPod", pod_name
+    if kind == "ReplicaSet":
+        template_hash = _str(_map(meta.get("labels")).get("pod-template-hash"))
+        suffix = "-" + template_hash
+        if template_hash and name.endswith(suffix) and len(name) > len(suffix):
+            return "Deployment", name[: -len(suffix)]
+    return kind, name
+
+
+def parse_pod(
+    obj: Mapping[str, Any],
+    label_keys: Sequence[str] = (),
+    annotation_keys: Sequence[str] = (),
+) -> PodInfo:
+    """A :class:`PodInfo` from one pod's API JSON (camelCase dict).
+
+    Only the labels and annotations named in ``label_keys`` / ``annotation_keys`` are kept,
+    values cut to 1024 characters. Missing or mistyped fields give empty values, never an
+    exception; a result with ``uid == ""`` is unusable and :func:`build_index` skips it.
+    """
+    pod = _map(obj)
+    meta = _map(pod.get("metadata"))
+    spec = _map(pod.get("spec"))
+    status = _map(pod.get("status"))
+
+    containers: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for entry in _list(status.get(key)):
+            entry = _map(entry)
+            cid = strip_container_id(_str(entry.get("containerID")))
+            name = _str(entry.get("name"))
+            if cid and name:
+                containers[cid] = name
+
+    gpu = any(
+        _wants_gpu(c)
+        for key in ("containers", "initContainers", "ephemeralContainers")
+        for c in _list(spec.get(key))
+    )
+    ready = any(
+        _map(c).get("type") == "Ready" and _map(c).get("status") == "True"
+        for c in _list(status.get("conditions"))
+    )
+    mirror = _str(_map(meta.get("annotations")).get(MIRROR_ANNOTATION)).strip().lower()
+    if len(mirror) > 128:
+        mirror = ""  # not a hash or a UID; keying the index on it could only mislead
+    kind, workload = derive_workload(pod)
+    return PodInfo(
+        uid=_str(meta.get("uid")).strip().lower(),
+        namespace=_str(meta.get("namespace")),
+        name=_str(meta.get("name")),
+        node=_str(spec.get("nodeName")),
+        workload_kind=kind,
+        workload_name=workload,
+        gpu_requested=gpu,
+        labels=_selected(meta.get("labels"), label_keys),
+        annotations=_selected(meta.get("annotations"), annotation_keys),
+        containers=containers,
+        mirror_of=mirror,
+        pod_ip=_str(status.get("podIP")),
+        ready=ready,
+    )
+
+
+def build_index(pods: Iterable[PodInfo]) -> PodIndex:
+    """An index by pod UID (and a mirror pod's static-pod hash) and by container id.
+
+    A key claimed by two different pods is left out rather than guessed: a missing
+    attribution is visible, a wrong one is not. A real UID always wins over a mirror hash.
+    """
+    by_uid: dict[str, PodInfo] = {}
+    ambiguous: set[str] = set()
+    for pod in pods:
+        if not pod.uid:
+            continue
+        if pod.uid in by_uid and by_uid[pod.uid] is not pod:
+            ambiguous.add(pod.uid)
+        by_uid[pod.uid] = pod
+    real = set(by_uid)
+    # Two different objects with one UID: neither they nor their containers can be trusted.
+    pods = [p for p in by_uid.values() if p.uid not in ambiguous]
+    mirrors: dict[str, PodInfo] = {}
+    for pod in pods:
+        key = pod.mirror_of
+        if not key or key in real:
+            continue
+        if key in mirrors and mirrors[key] is not pod:
+            ambiguous.add(key)
+        mirrors[key] = pod
+    by_uid.update(mirrors)
+
+    by_container: dict[str, tuple[PodInfo, str]] = {}
+    for pod in pods:
+        for cid, name in pod.containers.items():
+            seen = by_container.get(cid)
+            if seen is not None and seen[0] is not pod:
+                ambiguous.add(cid)
+            by_container[cid] = (pod, name)
+    for key in ambiguous:
+        by_uid.pop(key, None)
+        by_container.pop(key, None)
+    return PodIndex(by_uid=by_uid, by_container=by_container)
+
+
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_LABEL_KEY = re.compile(rf"({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """An equality label selector ``"a=b,c==d"`` as a dict; "" (or blanks) selects all.
+
+    Raises ValueError on anything else: ``!=``, set-based terms, empty terms, invalid keys
+    or values, and one key given two different values.
+    """
+    if not isinstance(text, str):
+        raise ValueError("selector must be a string")
+    out: dict[str, str] = {}
+    if not text.strip():
+        return out
+    for raw in text.split(","):
+        term = raw.strip()
+        if not term:
+            raise ValueError(f"empty term in selector {text!r}")
+        if "!=" in term:
+            raise ValueError(f"only equality is supported, not {term!r}")
+        key, sep, value = term.partition("==") if "==" in term else term.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or "=" in value:
+            raise ValueError(f"expected key=value, got {term!r}")
+        prefix, _, name = key.rpartition("/")
+        if (
+            not _LABEL_KEY.fullmatch(key)
+            or len(name) > 63
+            or len(prefix) > 253
+            or not _LABEL_VALUE.fullmatch(value)
+            or len(value) > 63
+        ):
+            raise ValueError(f"invalid label selector term {term!r}")
+        if out.get(key, value) != value:
+            raise ValueError(f"label {key!r} given two values in {text!r}")
+        out[key] = value
+    return out
+
+
+def parse_pod_list(data: bytes | str) -> tuple[str, list[Mapping[str, Any]]]:
+    """``(resourceVersion, items)`` from a PodList response body.
+
+    Raises ValueError when the body is not a PodList: not JSON, no resourceVersion, or
+    items that are not objects. A partial list must not replace a good cache.
+    """
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"pod list is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("pod list is not a JSON object")
+    kind = body.get("kind")
+    if kind is not None and kind != "PodList":
+        raise ValueError(f"expected kind PodList, got {kind!r}")
+    rv = _map(body.get("metadata")).get("resourceVersion")
+    if not isinstance(rv, str) or not rv:
+        raise ValueError("pod list has no metadata.resourceVersion")
+    items = body.get("items")
+    if items is None:
+        items = []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError("pod list items are not objects")
+    return rv, items
+
+
+def _labels_match(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = _map(_map(_map(obj).get("metadata")).get("labels"))
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --------------------------------------------------------------------------- client config
+
+
+class KubeConfigError(RuntimeError):
+    """Neither in-cluster credentials nor a usable kubeconfig were found."""
+
+
+def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
+    """An ``ApiClient`` from ``kubeconfig``, else in-cluster config, else the default kubeconfig.
+
+    In-cluster config is used when ``KUBERNETES_SERVICE_HOST`` is set and no kubeconfig is
+    given; otherwise ``kubeconfig``, ``$KUBECONFIG`` (":"-separated paths allowed) or
+    ``~/.kube/config``. urllib3's own retries are turned off: :class:`PodCache` retries with
+    backoff, and a request must fail within its timeout, not several times that.
+    Raises :class:`KubeConfigError` with the reason when no configuration can be loaded.
+    """
+    cfg = kubernetes.client.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=cfg
+            )
+        else:
+            path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            candidates = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
+            if not any(os.path.isfile(p) for p in candidates):
+                raise KubeConfigError(
+                    f"no kubeconfig at {path!r} and KUBERNETES_SERVICE_HOST is not set "
+                    "(not running in a pod); pass --kube.kubeconfig or set KUBECONFIG"
+                )
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, client_configuration=cfg, persist_config=False
+            )
+    except KubeConfigError:
+        raise
+    except Exception as exc:  # the loaders raise ConfigException, OSError, YAML errors...
+        raise KubeConfigError(f"cannot load Kubernetes client config: {exc}") from exc
+    cfg.retries = 0
+    return kubernetes.client.ApiClient(cfg)
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+class _Malformed(Exception):
+    """The server sent something we cannot apply; only a fresh list is trustworthy."""
+
+
+class _RawWatch(kubernetes.watch.Watch):
+    # With no return type, Watch yields the event dicts without building V1Pod models: we
+    # parse the camelCase JSON ourselves, and model building would raise on objects that its
+    # client-side validation dislikes. ERROR events still come with "raw_object", which the
+    # 410 handling in Watch.stream needs (deserialize=False would drop it).
+    def get_return_type(self, func: Callable[..., Any]) -> None:
+        return None
+
+
+_CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+
+
+class PodCache:
+    """This node's pods, from a list and a watch that resumes, in one daemon thread.
+
+    Readers call :meth:`index` / :meth:`upstream_pods` from any thread: both return objects
+    that are never changed after publication. While the API server fails, the last good
+    index stays in place and ``up`` is False.
+
+    Error handling: a 410 Gone (ERROR event or ApiException) relists; a dropped stream resumes
+    from the last resourceVersion; anything else backs off exponentially (with jitter, capped
+    at ``backoff_max_seconds``). Only the first retry after a healthy period is immediate.
+    The ``api_client`` should have urllib3 retries off (as :func:`load_api_client` does) so
+    that a request fails within ``request_timeout_seconds``.
+    """
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        node_name: str,
+        *,
+        label_keys: Sequence[str] = (),
+        annotation_keys: Sequence[str] = (),
+        upstream_selector: Mapping[str, str] | None = None,
+        watch_timeout_seconds: int = 300,
+        request_timeout_seconds: float = 30.0,
+        backoff_max_seconds: float = 30.0,
+    ) -> None:
+        if not node_name:
+            raise ValueError("node_name is required: the cache is scoped to one node")
+        self._core = kubernetes.client.CoreV1Api(api_client)
+        self._node = node_name
+        self._label_keys = tuple(label_keys)
+        self._annotation_keys = tuple(annotation_keys)
+        self._selector = dict(upstream_selector) if upstream_selector is not None else None
+        self._watch_timeout = max(1, int(watch_timeout_seconds))
+        self._request_timeout = max(0.001, float(request_timeout_seconds))
+        self._backoff_max = max(0.0, float(backoff_max_seconds))
+
+        self.up = False
+        self.errors_total = 0
+        self.last_sync = 0.0
+        self.synced = threading.Event()
+
+        self._index = PodIndex()
+        self._upstream: tuple[PodInfo, ...] = ()
+        self._pods: dict[str, tuple[PodInfo, bool]] = {}  # uid -> (pod, matches upstream)
+        self._rv: str | None = None
+        self._failures = 0  # in a row; 0 after any success
+        self._over_cap_logged = False
+
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch: _RawWatch | None = None
+        self._resp: Any = None  # the open watch response, so stop() can cut it
+        self._resp_lock = threading.Lock()
+        self._connected = False  # the current watch request got its 200
+
+    # ------------------------------------------------------------------ public
+
+    def start(self) -> None:
+        """Start the list+watch thread; a no-op while it runs."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="enricher-kube", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread: an open watch is cut at once; a list in flight ends by its timeout.
+
+        The join is bounded (at most 5 s); the thread is a daemon, so one still stuck in a
+        slow list cannot hold up process exit.
+        """
+        self._stop.set()
+        with self._resp_lock:
+            if self._watch is not None:
+                self._watch.stop()  # type: ignore[no-untyped-call]
+            _shutdown(self._resp)
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=min(self._request_timeout + 1.0, 5.0))
+            if thread.is_alive():
+                log.warning("kubernetes watch thread did not stop in time")
+
+    def index(self) -> PodIndex:
+        """The current index: the last good one while the API server is unreachable."""
+        return self._index
+
+    def upstream_pods(self) -> list[PodInfo]:
+        """Pods on this node matching ``upstream_selector``: ready ones first, then by name.
+
+        Empty when no selector was given; an empty selector matches every pod.
+        """
+        return list(self._upstream)
+
+    # ------------------------------------------------------------------ thread
+
+    def _run(self) -> None:
+        consistent = False  # after 410 the relist must not come from a possibly stale cache
+        last_watch = 0.0
+        while not self._stop.is_set():
+            self._connected = False
+            immediate = False
+            try:
+                if self._rv is None:
+                    self._list(consistent)
+                    consistent = False
+                wait = last_watch + _MIN_WATCH_INTERVAL - time.monotonic()
+                if wait > 0 and self._stop.wait(wait):
+                    break
+                last_watch = time.monotonic()
+                self._watch_once()
+                continue
+            except kubernetes.client.ApiException as exc:
+                if self._stop.is_set():
+                    break
+                if exc.status == 410:
+                    # Watch.stream turns a 410 ERROR event into this exception as well.
+                    self._rv, consistent, immediate = None, True, True
+                    self._fail(f"410 Gone, relisting: {exc.reason}", down=False)
+                else:
+                    self._fail(f"API error {exc.status}: {exc.reason}")
+            except _CONNECTION_ERRORS as exc:
+                if self._stop.is_set():
+                    break
+                # A stream that was healthy and then broke is worth one immediate resume.
+                immediate = self._connected and self._failures == 0
+                self._fail(f"connection error: {exc!r}", down=not immediate)
+            except _Malformed as exc:
+                if self._stop.is_set():
+                    break
+                self._rv, consistent = None, True
+                self._fail(f"malformed response, relisting: {exc}")
+            except Exception as exc:  # never let the thread die: keep serving the last index
+                if self._stop.is_set():
+                    break
+                self._rv, consistent = None, True
+                self._fail(f"unexpected error, relisting: {exc!r}")
+            self._failures += 1
+            if (not immediate or self._failures > 1) and self._stop.wait(self._backoff()):
+                break
+        self.up = False
+
+    def _backoff(self) -> float:
+        step = min(self._backoff_max, _BACKOFF_BASE * 2.0 ** min(self._failures - 1, 16))
+        # Jitter spreads the relists of a whole DaemonSet after an API server restart.
+        return step * random.uniform(0.5, 1.0)
+
+    def _fail(self, message: str, *, down: bool = True) -> None:
+        self.errors_total += 1
+        if down:
+            self.up = False
+        level = logging.WARNING if self._failures == 0 else logging.DEBUG
+        log.log(level, "kubernetes pod watch on node %s: %s", self._node, message)
+
+    def _healthy(self) -> None:
+        if self._failures:
+            log.info("kubernetes pod watch on node %s recovered", self._node)
+        self._failures = 0
+        self.up = True
+        self.last_sync = time.time()
+
+    def _list(self, consistent: bool) -> None:
+        kwargs: dict[str, Any] = {}
+        if not consistent:
+            # "0" is served from the API server's watch cache, which is what lets a
+            # DaemonSet on thousands of nodes (re)start without a quorum read each.
+            kwargs["resource_version"] = "0"
+        # _preload_content=False: the raw response, read with a size cap and parsed as JSON by
+        # parse_pod_list instead of being turned into models.
+        resp: Any = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self._node}",
+            _preload_content=False,
+            _request_timeout=self._request_timeout,
+            **kwargs,
+        )
+        try:
+            data = resp.read(MAX_LIST_BYTES + 1)
+        except BaseException:
+            resp.close()
+            raise
+        if len(data) > MAX_LIST_BYTES:
+            resp.close()  # unread bytes left: the connection must not go back to the pool
+            raise _Malformed(f"pod list over {MAX_LIST_BYTES} bytes")
+        resp.release_conn()
+        try:
+            rv, items = parse_pod_list(data)
+        except ValueError as exc:
+            raise _Malformed(str(exc)) from None
+        pods: dict[str, tuple[PodInfo, bool]] = {}
+        for item in items:
+            self._upsert(pods, item)
+        self._pods = pods
+        self._rv = rv
+        self._publish()
+        self._healthy()
+        self.synced.set()
+
+    def _open_watch(self, **kwargs: Any) -> Any:
+        """The watch request for Watch.stream; notes the response so stop() can cut it."""
+        resp: Any = self._core.list_pod_for_all_namespaces(**kwargs)
+        with self._resp_lock:
+            self._resp = resp
+            stopping = self._stop.is_set()
+        if stopping:
+            resp.close()
+            raise urllib3.exceptions.HTTPError("stopping")
+        # Non-2xx answers raised ApiException above: the server accepted the watch.
+        self._connected = True
+        self.up = True
+        return resp
+
+    def _watch_once(self) -> None:
+        """One watch request from ``self._rv`` until the server ends it."""
+        watch = _RawWatch()  # type: ignore[no-untyped-call]
+        with self._resp_lock:
+            self._watch = watch
+        try:
+            stream = watch.stream(  # type: ignore[no-untyped-call]
+                self._open_watch,
+                field_selector=f"spec.nodeName={self._node}",
+                resource_version=self._rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_timeout,
+                # A healthy stream is never silent longer than the whole watch; a dead TCP
+                # connection must not hang the thread forever.
+                _request_timeout=(
+                    self._request_timeout,
+                    self._watch_timeout + self._request_timeout,
+                ),
+            )
+            for event in stream:
+                if self._stop.is_set():
+                    return
+                self._apply(event)
+        finally:
+            with self._resp_lock:
+                self._watch = None
+                self._resp = None
+        if not self._stop.is_set():
+            # The server ended the watch on its timeout: a normal, healthy end.
+            self._failures = 0
+            self.up = True
+
+    def _apply(self, event: Any) -> None:
+        if not isinstance(event, Mapping):
+            raise _Malformed("watch event is not a JSON object")
+        kind = event.get("type")
+        obj = event.get("raw_object")
+        if not isinstance(obj, Mapping):
+            raise _Malformed(f"{kind} event without an object")
+        rv = _map(obj.get("metadata")).get("resourceVersion")
+        if kind == "BOOKMARK":
+            if isinstance(rv, str) and rv:
+                self._rv = rv
+            self._healthy()
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            log.debug("ignoring watch event type %r", kind)
+            return
+        uid = _str(_map(obj.get("metadata")).get("uid")).strip().lower()
+        if not uid or not isinstance(rv, str) or not rv:
+            raise _Malformed(f"{kind} event without metadata.uid or resourceVersion")
+        if kind == "DELETED":
+            self._pods.pop(uid, None)
+        else:
+            self._upsert(self._pods, obj)
+        self._rv = rv
+        self._publish()
+        self._healthy()
+
+    def _upsert(self, pods: dict[str, tuple[PodInfo, bool]], obj: Mapping[str, Any]) -> None:
+        pod = parse_pod(obj, self._label_keys, self._annotation_keys)
+        if not pod.uid:
+            log.debug("skipping a pod without metadata.uid")
+            return
+        if pod.node != self._node:
+            # The field selector should make this impossible; a pod of another node must never
+            # be attributed here.
+            pods.pop(pod.uid, None)
+            return
+        if pod.uid not in pods and len(pods) >= MAX_PODS:
+            if not self._over_cap_logged:
+                log.warning("more than %d pods on node %s; ignoring the rest", MAX_PODS, self._node)
+                self._over_cap_logged = True
+            return
+        matches = self._selector is not None and _labels_match(obj, self._selector)
+        pods[pod.uid] = (pod, matches)
+
+    def _publish(self) -> None:
+        entries = list(self._pods.values())
+        upstream = sorted(
+            (pod for pod, matches in entries if matches),
+            key=lambda p: (not p.ready, p.namespace, p.name),
+        )
+        # Two plain reference swaps: a reader sees the old or the new object, never a mix
+        # inside one.
+        self._index = build_index(pod for pod, _ in entries)
+        self._upstream = tuple(upstream)
+
+
+def _shutdown(resp: Any) -> None:
+    """Unblock a thread reading ``resp`` (shutting the socket down, not closing it)."""
+    if resp is None:
+        return
+    with contextlib.suppress(Exception):  # urllib3 < 2.3 has no shutdown()
+        resp.shutdown()
