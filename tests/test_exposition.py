@@ -14,8 +14,8 @@ from enricher.exposition import (
     SHARED,
     FamilyWriter,
     Owner,
-    Rewriter,
     RewritePlan,
+    Rewriter,
     escape_label_value,
     format_value,
     parse_label_block,
@@ -95,12 +95,14 @@ def test_format_value(value: float, text: str) -> None:
     assert format_value(value) == text
 
 
-DEVICE_TEXT = f"""\
-# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
-# TYPE DCGM_FI_DEV_FB_USED gauge
-DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{UUID_A}",device="nvidia0",Hostname="h",container="",namespace="",pod=""}} 100
-DCGM_FI_DEV_FB_USED{{gpu="1",UUID="{UUID_B}",device="nvidia1",Hostname="h",container="old",namespace="old",pod="old"}} 200
-"""
+DEVICE_TEXT = (
+    "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n"
+    "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+    f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{UUID_A}",device="nvidia0",Hostname="h",'
+    'container="",namespace="",pod=""} 100\n'
+    f'DCGM_FI_DEV_FB_USED{{gpu="1",UUID="{UUID_B}",device="nvidia1",Hostname="h",'
+    'container="old",namespace="old",pod="old"} 200\n'
+)
 
 
 def test_owner_replaces_pod_labels_in_place() -> None:
@@ -125,8 +127,8 @@ def test_labels_added_when_upstream_has_none() -> None:
     text = f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{UUID_A}"}} 5\n'
     out = rewrite(text, {(UUID_A, ""): Owner("ns", "p", "c")})
     assert (
-        out
-        == f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{UUID_A}",container="c",namespace="ns",pod="p"}} 5\n'
+        out == f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{UUID_A}",'
+        'container="c",namespace="ns",pod="p"} 5\n'
     )
 
 
@@ -300,9 +302,8 @@ def expositions(draw: st.DrawFn) -> tuple[str, dict[tuple[str, str], Owner]]:
     lines: list[str] = []
     for name in names:
         if draw(st.booleans()):
-            lines.append(
-                f"# HELP {name} {draw(st.text(max_size=20)).replace(chr(10), ' ').replace(chr(92), '/')}"
-            )
+            help_text = draw(st.text(max_size=20)).replace("\n", " ").replace("\\", "/")
+            lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {draw(st.sampled_from(['gauge', 'counter', 'untyped']))}")
         seen: set[frozenset[tuple[str, str]]] = set()
         for _ in range(draw(st.integers(0, 4))):

@@ -1,0 +1,453 @@
+"""The HTTP side: the scrape pipeline (sources -> pure enrichment -> text) and the aiohttp app."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+
+from . import __version__
+from .config import Config
+from .enrich import (
+    Attribution,
+    RenderOptions,
+    attribute,
+    fallback_identity,
+    plan_devices,
+    render_families,
+    render_self_metrics,
+)
+from .exposition import DeviceKey, Rewriter
+from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
+from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
+
+log = logging.getLogger("enricher")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_IDENTITIES = 4096
+
+
+class GpuSource(Protocol):
+    """NVML or the demo's simulated GPUs."""
+
+    errors_total: int
+
+    def fetch(self) -> GpuSnapshot: ...
+
+
+class ProcSource(Protocol):
+    errors_total: int
+
+    def read_many(
+        self, pids: Sequence[int], listed_at: float | None = None
+    ) -> dict[int, ProcInfo | ProcError]: ...
+
+
+class PodSource(Protocol):
+    """The pod watch (kube.PodCache) or the demo's fixed pod list."""
+
+    up: bool
+    errors_total: int
+    last_sync: float
+
+    def index(self) -> PodIndex: ...
+
+    def upstream_pods(self) -> list[PodInfo]: ...
+
+
+class _Once:
+    """Logs the first failure of a source at WARNING and repeats at DEBUG until it recovers."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failing = False
+
+    def fail(self, message: str) -> None:
+        log.log(logging.DEBUG if self.failing else logging.WARNING, "%s: %s", self.name, message)
+        self.failing = True
+
+    def ok(self) -> None:
+        if self.failing:
+            log.info("%s: recovered", self.name)
+        self.failing = False
+
+
+@dataclass(slots=True)
+class ScrapeResult:
+    body: bytes
+    attributions: list[Attribution]
+    snapshot: GpuSnapshot
+    statuses: list[SourceStatus]
+    finished_at: float
+    identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+
+
+class Scraper:
+    """Runs one scrape at a time; scrapes that arrive meanwhile share its result."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        gpu: GpuSource | None,
+        procs: ProcSource,
+        pods: PodSource | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.gpu = gpu
+        self.procs = procs
+        self.pods = pods
+        self._clock = clock
+        self._rewriter = Rewriter()
+        self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
+        self._inflight: asyncio.Future[ScrapeResult] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        # One worker: NVML and procfs reads never overlap, and a hung NVML call cannot pile up
+        # threads (the next scrape reports it busy instead).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="enricher-gpu")
+        self._gpu_busy = False
+        self.upstream_errors = 0
+        self.upstream_requests = 0
+        self.scrapes_total = 0
+        self.shared_scrapes_total = 0
+        self.last: ScrapeResult | None = None
+        self._last_duration = 0.0
+        self._log_upstream = _Once("upstream")
+        self._log_nvml = _Once("nvml")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _session_get(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                auto_decompress=True,
+                connector=aiohttp.TCPConnector(limit=4),
+            )
+        return self._session
+
+    async def scrape(self) -> ScrapeResult:
+        """Return a fresh scrape; joins the one in flight if there is one."""
+        self.scrapes_total += 1
+        if self._inflight is not None and not self._inflight.done():
+            self.shared_scrapes_total += 1
+            return await asyncio.shield(self._inflight)
+        fut: asyncio.Future[ScrapeResult] = asyncio.get_running_loop().create_future()
+        self._inflight = fut
+        try:
+            result = await self._scrape_once()
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: joiners re-raise it themselves
+            raise
+        fut.set_result(result)
+        self.last = result
+        return result
+
+    def _upstream_url(self) -> str | None:
+        if not self.config.upstream_discover_pod:
+            return self.config.upstream_url
+        if self.pods is None:
+            return None
+        for pod in self.pods.upstream_pods():
+            if pod.pod_ip:
+                return url_for_pod_ip(self.config.upstream_url, pod.pod_ip)
+        return None
+
+    async def _fetch_upstream(self) -> tuple[str | None, float]:
+        start = self._clock()
+        url = self._upstream_url()
+        try:
+            if url is None:
+                raise UpstreamError("no_upstream_pod", "no matching dcgm-exporter pod on this node")
+            self.upstream_requests += 1
+            text = await fetch_upstream(
+                self._session_get(),
+                url,
+                timeout=self.config.upstream_timeout,
+                max_bytes=self.config.upstream_max_bytes,
+            )
+            self._log_upstream.ok()
+            return text, self._clock() - start
+        except UpstreamError as exc:
+            self.upstream_errors += 1
+            self._log_upstream.fail(f"{url}: {exc}")
+            return None, self._clock() - start
+
+    def _collect_gpu(
+        self,
+    ) -> tuple[GpuSnapshot, bool, float, dict[int, ProcInfo | ProcError], float]:
+        """Blocking: NVML then procfs, in the worker thread."""
+        snapshot = GpuSnapshot()
+        nvml_ok = False
+        t0 = self._clock()
+        if self.gpu is not None:
+            try:
+                snapshot = self.gpu.fetch()
+                nvml_ok = not snapshot.errors
+                if snapshot.errors:
+                    self._log_nvml.fail("; ".join(snapshot.errors))
+                else:
+                    self._log_nvml.ok()
+            except Exception as exc:  # NvmlUnavailable, or anything a driver throws at us
+                self._log_nvml.fail(str(exc) or type(exc).__name__)
+        t1 = self._clock()
+        pids = sorted({p.pid for p in snapshot.processes})
+        procs = self.procs.read_many(pids, listed_at=snapshot.taken_at or None) if pids else {}
+        return snapshot, nvml_ok, t1 - t0, procs, self._clock() - t1
+
+    async def _gpu_side(
+        self,
+    ) -> tuple[GpuSnapshot, bool, float, dict[int, ProcInfo | ProcError], float]:
+        if self._gpu_busy:
+            self._log_nvml.fail("previous NVML read still running")
+            return GpuSnapshot(), False, 0.0, {}, 0.0
+        self._gpu_busy = True
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._executor, self._collect_gpu)
+        fut.add_done_callback(lambda _f: setattr(self, "_gpu_busy", False))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.config.scrape_timeout)
+        except asyncio.TimeoutError:
+            self._log_nvml.fail(f"NVML/procfs read took over {self.config.scrape_timeout}s")
+            return GpuSnapshot(), False, self.config.scrape_timeout, {}, 0.0
+
+    async def _scrape_once(self) -> ScrapeResult:
+        started = self._clock()
+        upstream_task = asyncio.create_task(self._fetch_upstream())
+        procfs_errors_before = self.procs.errors_total
+        snapshot, nvml_ok, nvml_dur, procs, procfs_dur = await self._gpu_side()
+        text, upstream_dur = await upstream_task
+
+        t_kube = self._clock()
+        index = self.pods.index() if self.pods is not None else PodIndex()
+        attributions = attribute(snapshot, procs, index)
+        kube_dur = self._clock() - t_kube
+        plan = plan_devices(attributions)
+
+        parts: list[str] = []
+        invalid_lines = samples = 0
+        if text is not None:
+            rewritten = self._rewriter.rewrite(text, plan)
+            parts.append(rewritten.text)
+            invalid_lines = rewritten.invalid_lines + rewritten.dropped_duplicates
+            samples = rewritten.samples
+            self._remember(rewritten.identities)
+        identities = {**fallback_identity(snapshot, self.config.kube_node_name), **self._identities}
+        options = RenderOptions(
+            node_name=self.config.kube_node_name,
+            label_keys=self.config.kube_pod_labels,
+            annotation_keys=self.config.kube_pod_annotations,
+            process_series=self.config.collector_process,
+        )
+        parts.append(render_families(attributions, identities, options))
+
+        statuses = [
+            SourceStatus("upstream", text is not None, upstream_dur, self.upstream_errors),
+            SourceStatus(
+                "nvml",
+                nvml_ok,
+                nvml_dur,
+                self.gpu.errors_total if self.gpu else 0,
+                enabled=self.gpu is not None,
+            ),
+            SourceStatus(
+                "procfs",
+                self.procs.errors_total == procfs_errors_before,
+                procfs_dur,
+                self.procs.errors_total,
+            ),
+            SourceStatus(
+                "kubernetes",
+                bool(self.pods and self.pods.up),
+                kube_dur,
+                self.pods.errors_total if self.pods else 0,
+                enabled=self.pods is not None,
+            ),
+        ]
+        extra: dict[str, tuple[str, str, float]] = {
+            "dcgm_enricher_upstream_samples": (
+                "Upstream samples passed through on this scrape.",
+                "gauge",
+                samples,
+            ),
+            "dcgm_enricher_upstream_invalid_lines": (
+                "Upstream lines dropped on this scrape because they were not valid exposition "
+                "(or repeated a series).",
+                "gauge",
+                invalid_lines,
+            ),
+            "dcgm_enricher_upstream_requests_total": (
+                "Requests sent to the upstream.",
+                "counter",
+                self.upstream_requests,
+            ),
+            "dcgm_enricher_scrapes_total": (
+                "Scrapes of /metrics served.",
+                "counter",
+                self.scrapes_total,
+            ),
+            "dcgm_enricher_shared_scrapes_total": (
+                "Scrapes that joined one already in flight instead of starting their own.",
+                "counter",
+                self.shared_scrapes_total,
+            ),
+            "dcgm_enricher_scrape_duration_seconds": (
+                "Time the previous scrape took, end to end.",
+                "gauge",
+                self._last_duration,
+            ),
+        }
+        if self.pods is not None:
+            extra["dcgm_enricher_kubernetes_last_sync_timestamp_seconds"] = (
+                "When the pod watch last heard from the API server (Unix time); the cache is "
+                "served as of then while the API is unreachable.",
+                "gauge",
+                self.pods.last_sync,
+            )
+            extra["dcgm_enricher_kubernetes_pods"] = (
+                "Pods of this node in the watch cache.",
+                "gauge",
+                len({p.uid for p in index.by_uid.values()}),
+            )
+        parts.append(render_self_metrics(statuses, attributions, version=__version__, extra=extra))
+        body = "".join(parts).encode("utf-8")
+        self._last_duration = self._clock() - started
+        return ScrapeResult(body, attributions, snapshot, statuses, time.time(), identities)
+
+    def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:
+        """Keep the upstream's device labels so our families keep the same label set when the
+        upstream is briefly down."""
+        if len(self._identities) + len(seen) > MAX_IDENTITIES:
+            self._identities.clear()
+        self._identities.update(seen)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def parse_listen_address(addr: str) -> tuple[str | None, int]:
+    """``:9401`` -> (None, 9401); ``127.0.0.1:9401``; ``[::1]:9401``; port 0 picks a free one.
+
+    Raises ValueError.
+    """
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"invalid listen address {addr!r}: want [host]:port")
+    host = host.strip("[]")
+    return (host or None), int(port)
+
+
+def make_app(scraper: Scraper) -> web.Application:
+    """The aiohttp application: /metrics, /healthz and the landing page."""
+    app = web.Application(client_max_size=1024)
+
+    async def metrics(_request: web.Request) -> web.Response:
+        result = await scraper.scrape()
+        return web.Response(body=result.body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def landing(_request: web.Request) -> web.Response:
+        return web.Response(text=render_landing(scraper), content_type="text/html")
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await scraper.close()
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", landing)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def render_landing(scraper: Scraper) -> str:
+    """A small self-contained page: links and who was on the GPUs at the last scrape."""
+    last = scraper.last
+    rows = []
+    if last is not None:
+        for a in sorted(last.attributions, key=lambda a: (a.process.gpu_index, a.process.pid)):
+            p = a.process
+            mem = "" if p.used_memory_bytes is None else f"{p.used_memory_bytes / 2**20:.0f} MiB"
+            util = "" if p.sm_util_ratio is None else f"{p.sm_util_ratio * 100:.0f}%"
+            device = f"{p.gpu_index}" + (f" / GI {p.gi_id}" if p.gi_id is not None else "")
+            cells = [
+                device,
+                str(p.pid),
+                a.comm,
+                mem,
+                util,
+                a.pod.namespace if a.pod else "",
+                a.pod.name if a.pod else "",
+                a.container,
+                f"{a.pod.workload_kind}/{a.pod.workload_name}" if a.pod else "",
+                a.reason,
+            ]
+            rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    banner = (
+        "<p><strong>SIMULATED NODE</strong>: this is <code>dcgm-enricher demo</code>; no GPU, "
+        "process or pod here is real.</p>"
+        if scraper.config.simulated
+        else ""
+    )
+    when = (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last.finished_at))
+        if last
+        else "no scrape yet: open /metrics or wait for Prometheus"
+    )
+    head = [
+        "device",
+        "pid",
+        "process",
+        "memory",
+        "SM util",
+        "namespace",
+        "pod",
+        "container",
+        "workload",
+        "unattributed reason",
+    ]
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dcgm-enricher</title>"
+        "<meta http-equiv='refresh' content='15'>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}</style></head><body>"
+        f"<h1>dcgm-enricher {html.escape(__version__)}</h1>{banner}"
+        "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
+        f"<h2>GPU processes at the last scrape ({html.escape(when)})</h2>"
+        "<table><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table></body></html>"
+    )
+
+
+async def serve(
+    app: web.Application, listen_address: str, *, max_header_bytes: int
+) -> web.AppRunner:
+    """Start serving ``app``; returns the runner (call ``runner.cleanup()`` to stop)."""
+    host, port = parse_listen_address(listen_address)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        max_line_size=max_header_bytes,
+        max_field_size=max_header_bytes,
+        shutdown_timeout=2.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host=host, port=port)
+    await site.start()
+    return runner

@@ -1,0 +1,267 @@
+"""Command line: flags (each with an ENRICHER_* environment variable) into one frozen Config,
+then the chosen command. Nothing here does the work itself."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .config import Config
+
+COMMANDS = ("serve", "demo", "resolve", "ps")
+_D = Config()
+
+
+def env_name(flag: str) -> str:
+    """``--upstream.url`` -> ``ENRICHER_UPSTREAM_URL``."""
+    return "ENRICHER_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+def _env(flag: str, default: Any) -> Any:
+    return os.environ.get(env_name(flag), default)
+
+
+def _env_bool(flag: str, default: bool | None) -> bool | None:
+    raw = os.environ.get(env_name(flag))
+    if raw is None:
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
+    """Flags shared by the commands; ``server`` adds those only a server needs."""
+    g = p.add_argument_group("flags (each also read from ENRICHER_<FLAG>)")
+    if server:
+        g.add_argument(
+            "--web.listen-address",
+            metavar="ADDR",
+            dest="listen_address",
+            default=_env("--web.listen-address", _D.listen_address),
+            help="address to serve /metrics, /healthz and / on (default %(default)s)",
+        )
+        g.add_argument(
+            "--upstream.url",
+            metavar="URL",
+            dest="upstream_url",
+            default=_env("--upstream.url", _D.upstream_url),
+            help="dcgm-exporter's metrics URL (default %(default)s)",
+        )
+        g.add_argument(
+            "--upstream.timeout",
+            metavar="SECONDS",
+            dest="upstream_timeout",
+            type=float,
+            default=_env("--upstream.timeout", _D.upstream_timeout),
+            help="seconds for the whole upstream request (default %(default)s)",
+        )
+        g.add_argument(
+            "--upstream.max-bytes",
+            metavar="BYTES",
+            dest="upstream_max_bytes",
+            type=int,
+            default=_env("--upstream.max-bytes", _D.upstream_max_bytes),
+            help="largest upstream body accepted, after decompression (default %(default)s)",
+        )
+        g.add_argument(
+            "--upstream.discover-pod",
+            dest="upstream_discover_pod",
+            action=argparse.BooleanOptionalAction,
+            default=_env_bool("--upstream.discover-pod", _D.upstream_discover_pod),
+            help="find the dcgm-exporter pod on this node through the pod watch and "
+            "scrape its IP, with the port and path of --upstream.url "
+            "(GPU Operator mode)",
+        )
+        g.add_argument(
+            "--upstream.pod-selector",
+            metavar="SELECTOR",
+            dest="upstream_pod_selector",
+            default=_env("--upstream.pod-selector", _D.upstream_pod_selector),
+            help="label selector (k=v,...) of the dcgm-exporter pod for "
+            "--upstream.discover-pod (default %(default)s)",
+        )
+        g.add_argument(
+            "--collector.process",
+            dest="collector_process",
+            action=argparse.BooleanOptionalAction,
+            default=_env_bool("--collector.process", _D.collector_process),
+            help="also export gpu_process_memory_used_bytes per PID (off: PIDs churn)",
+        )
+        g.add_argument(
+            "--scrape.timeout",
+            metavar="SECONDS",
+            dest="scrape_timeout",
+            type=float,
+            default=_env("--scrape.timeout", _D.scrape_timeout),
+            help="seconds to wait for NVML and procfs on one scrape (default %(default)s)",
+        )
+    g.add_argument(
+        "--path.procfs",
+        metavar="DIR",
+        dest="procfs",
+        default=_env("--path.procfs", _D.procfs),
+        help="procfs mount of the host PID namespace (default %(default)s)",
+    )
+    g.add_argument(
+        "--nvml.library",
+        metavar="FILE",
+        dest="nvml_library",
+        default=_env("--nvml.library", _D.nvml_library),
+        help="path of libnvidia-ml.so.1 to load (default: the system's)",
+    )
+    g.add_argument(
+        "--nvml.enabled",
+        dest="nvml_enabled",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("--nvml.enabled", _D.nvml_enabled),
+        help="query NVML for GPU processes (default on)",
+    )
+    g.add_argument(
+        "--kube.enabled",
+        dest="kube_enabled",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("--kube.enabled", None),
+        help="watch this node's pods (default: on when a node name is known)",
+    )
+    g.add_argument(
+        "--kube.node-name",
+        metavar="NAME",
+        dest="kube_node_name",
+        default=_env("--kube.node-name", os.environ.get("NODE_NAME", "")),
+        help="this node's name (default: $NODE_NAME)",
+    )
+    g.add_argument(
+        "--kube.kubeconfig",
+        metavar="FILE",
+        dest="kube_kubeconfig",
+        default=_env("--kube.kubeconfig", None),
+        help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)",
+    )
+    g.add_argument(
+        "--kube.pod-labels",
+        metavar="KEYS",
+        dest="kube_pod_labels",
+        default=_env("--kube.pod-labels", ",".join(_D.kube_pod_labels)),
+        help="pod labels to copy onto gpu_pod_info as label_<name> (comma list)",
+    )
+    g.add_argument(
+        "--kube.pod-annotations",
+        metavar="KEYS",
+        dest="kube_pod_annotations",
+        default=_env("--kube.pod-annotations", ",".join(_D.kube_pod_annotations)),
+        help="pod annotations to copy onto gpu_pod_info as annotation_<name> "
+        "(comma list, default %(default)s)",
+    )
+    g.add_argument(
+        "--log.level",
+        metavar="LEVEL",
+        dest="log_level",
+        default=_env("--log.level", _D.log_level),
+        choices=("debug", "info", "warning", "error"),
+        help="log level (default %(default)s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dcgm-enricher",
+        description="Sidecar for dcgm-exporter: attributes GPU use to the real pod, namespace "
+        "and container. Every flag can also be set by an environment variable "
+        "ENRICHER_<FLAG> (e.g. --upstream.url as ENRICHER_UPSTREAM_URL).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("serve", help="run the sidecar (the default command)")
+    _add_common(p, server=True)
+    p = sub.add_parser("demo", help="run the real pipeline on a simulated node (no GPU needed)")
+    _add_common(p, server=True)
+    p = sub.add_parser("resolve", help="print what the cgroup of each PID says, as JSON lines")
+    _add_common(p, server=False)
+    p.add_argument("pids", metavar="PID", nargs="+", type=int)
+    p = sub.add_parser("ps", help="table of the GPU processes on this node and their pods")
+    _add_common(p, server=False)
+    return parser
+
+
+def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
+    """Parse ``argv`` (without the program name); ``serve`` is the default command."""
+    args_list = list(argv)
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    if first not in COMMANDS and not any(a in ("-h", "--help", "--version") for a in args_list[:1]):
+        args_list.insert(0, "serve")
+    parser = build_parser()
+    ns = parser.parse_args(args_list)
+    values = {k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
+    values["kube_pod_labels"] = _csv(values.get("kube_pod_labels") or "")
+    values["kube_pod_annotations"] = _csv(values.get("kube_pod_annotations") or "")
+    try:
+        for key in ("upstream_timeout", "scrape_timeout"):
+            if key in values:
+                values[key] = float(values[key])
+                if values[key] <= 0:
+                    raise ValueError(f"--{key.replace('_', '.', 1)} must be positive")
+        if "upstream_max_bytes" in values:
+            values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
+            if values["upstream_max_bytes"] < 1024:
+                raise ValueError("--upstream.max-bytes must be at least 1024")
+        if "listen_address" in values:
+            from .app import parse_listen_address
+
+            parse_listen_address(values["listen_address"])
+        if values.get("upstream_discover_pod"):
+            from .kube import parse_selector
+
+            parse_selector(values["upstream_pod_selector"])
+    except ValueError as exc:
+        parser.error(str(exc))
+    if values.get("nvml_library") == "":
+        values["nvml_library"] = None
+    return ns.command, Config(**values), ns
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    command, config, ns = parse_config(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if command == "resolve":
+        from .commands import resolve
+
+        return resolve(config, ns.pids, sys.stdout)
+    if command == "ps":
+        from .commands import ps
+
+        return ps(config, sys.stdout)
+    if command == "demo":
+        from .demo import run_demo
+
+        return asyncio.run(run_demo(config))
+    from .commands import run_server
+
+    return asyncio.run(run_server(config))
+
+
+async def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def dump_json(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, sort_keys=True)

@@ -1,0 +1,37 @@
+"""The one frozen configuration object that cli.py builds from flags and environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen_address: str = ":9401"
+    upstream_url: str = "http://127.0.0.1:9400/metrics"
+    upstream_timeout: float = 5.0
+    upstream_max_bytes: int = 32 * 1024 * 1024
+    upstream_discover_pod: bool = False
+    upstream_pod_selector: str = "app=nvidia-dcgm-exporter"
+    procfs: str = "/proc"
+    nvml_library: str | None = None
+    nvml_enabled: bool = True
+    nvml_retry_interval: float = 30.0
+    kube_enabled: bool | None = None  # None: on when a node name is known
+    kube_node_name: str = ""
+    kube_kubeconfig: str | None = None
+    kube_pod_labels: tuple[str, ...] = ()
+    kube_pod_annotations: tuple[str, ...] = ("hub.jupyter.org/username",)
+    kubelet_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    collector_process: bool = False
+    scrape_timeout: float = 10.0
+    max_request_header_bytes: int = 8190
+    log_level: str = "info"
+    # Set by the demo only: shown on the landing page.
+    simulated: bool = False
+
+    @property
+    def kube_active(self) -> bool:
+        if self.kube_enabled is None:
+            return bool(self.kube_node_name)
+        return self.kube_enabled

@@ -1,0 +1,343 @@
+"""The pure enrichment step: snapshots in, attribution and exposition out.
+
+No I/O, no event loop, no globals: ``attribute`` decides who owns each GPU process,
+``plan_devices`` decides what each device series names, and ``render_families`` writes the
+enricher's own families. The app wires them to the sources.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .exposition import (
+    SHARED,
+    DeviceKey,
+    FamilyWriter,
+    Owner,
+    RewritePlan,
+)
+from .model import (
+    GpuProcess,
+    GpuSnapshot,
+    PodIndex,
+    PodInfo,
+    ProcError,
+    ProcInfo,
+    SourceStatus,
+)
+
+# Why a GPU process was not attributed to a pod: the `reason` label of
+# gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
+REASON_HOST = "host_process"
+REASON_NOT_IN_POD = "container_not_in_pod"
+REASON_UNKNOWN_CGROUP = "unknown_cgroup"
+REASON_POD_NOT_FOUND = "pod_not_found"
+REASON_CONFLICT = "cgroup_pod_mismatch"
+
+_LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """One GPU process and who owns it; ``pod`` None means unattributed with ``reason``."""
+
+    process: GpuProcess
+    info: ProcInfo | None
+    pod: PodInfo | None
+    container: str
+    reason: str
+
+    @property
+    def device_key(self) -> DeviceKey:
+        gi = self.process.gi_id
+        return (self.process.gpu_uuid, "" if gi is None else str(gi))
+
+    @property
+    def comm(self) -> str:
+        return self.info.comm if self.info is not None else ""
+
+
+def attribute(
+    snapshot: GpuSnapshot,
+    procs: Mapping[int, ProcInfo | ProcError],
+    pods: PodIndex,
+) -> list[Attribution]:
+    """Map each GPU process to its pod and container, or to the reason it has none.
+
+    The container ID is the strongest evidence; the pod UID alone still names the pod (with an
+    empty container) when the container has not reached the pod status yet. When the two
+    disagree, nobody is named: a wrong pod label is worse than none.
+    """
+    out: list[Attribution] = []
+    for proc in snapshot.processes:
+        info = procs.get(proc.pid, ProcError.EXITED)
+        if isinstance(info, ProcError):
+            out.append(Attribution(proc, None, None, "", info.value))
+            continue
+        cg = info.cgroup
+        if cg is None:
+            out.append(Attribution(proc, info, None, "", REASON_UNKNOWN_CGROUP))
+            continue
+        if cg.container_id is not None:
+            hit = pods.by_container.get(cg.container_id)
+            if hit is not None:
+                pod, cname = hit
+                if cg.pod_uid is not None and cg.pod_uid not in (pod.uid, pod.mirror_of):
+                    out.append(Attribution(proc, info, None, "", REASON_CONFLICT))
+                else:
+                    out.append(Attribution(proc, info, pod, cname, ""))
+                continue
+        if cg.pod_uid is not None:
+            pod_by_uid = pods.by_uid.get(cg.pod_uid)
+            if pod_by_uid is not None:
+                out.append(Attribution(proc, info, pod_by_uid, "", ""))
+            else:
+                out.append(Attribution(proc, info, None, "", REASON_POD_NOT_FOUND))
+            continue
+        reason = REASON_NOT_IN_POD if cg.container_id is not None else REASON_HOST
+        out.append(Attribution(proc, info, None, "", reason))
+    return out
+
+
+def plan_devices(attributions: Iterable[Attribution]) -> RewritePlan:
+    """Decide what the device series of each busy device name.
+
+    One pod owns every process on a device: that pod (and its container when there is one).
+    Anything else (several pods, or any process we could not attribute): the pod labels are
+    cleared, because a device value cannot be split; the split lives in gpu_container_*.
+    A MIG process counts for its instance and for the whole GPU's series.
+    """
+    owners_seen: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
+    for a in attributions:
+        who = (a.pod.namespace, a.pod.name, a.container) if a.pod is not None else None
+        owners_seen[a.device_key].add(who)
+        if a.process.gi_id is not None:
+            owners_seen[(a.process.gpu_uuid, "")].add(who)
+    owners: dict[DeviceKey, Owner] = {}
+    for key, who_set in owners_seen.items():
+        if None in who_set:
+            owners[key] = SHARED
+            continue
+        pods = {(ns, pod) for ns, pod, _ in who_set}  # type: ignore[misc]
+        if len(pods) != 1:
+            owners[key] = SHARED
+            continue
+        ns, pod = next(iter(pods))
+        containers = {c for _, _, c in who_set}  # type: ignore[misc]
+        owners[key] = Owner(ns, pod, containers.pop() if len(containers) == 1 else "")
+    return RewritePlan(owners=owners)
+
+
+def sanitize_label_name(name: str) -> str:
+    """Kube-state-metrics' rule: every character outside [a-zA-Z0-9_] becomes ``_``."""
+    return _LABEL_SANITIZE_RE.sub("_", name)
+
+
+def fallback_identity(
+    snapshot: GpuSnapshot, node_name: str
+) -> dict[DeviceKey, tuple[tuple[str, str], ...]]:
+    """Device labels in dcgm-exporter's current scheme, from NVML, for devices the upstream
+    did not show on this scrape (upstream down, or a device it does not export)."""
+    out: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
+    host = (("Hostname", node_name),) if node_name else ()
+    for dev in snapshot.devices:
+        out[(dev.uuid, "")] = (
+            ("gpu", str(dev.index)),
+            ("UUID", dev.uuid),
+            ("device", f"nvidia{dev.index}"),
+            ("modelName", dev.name),
+            *host,
+        )
+    names = {d.uuid: d.name for d in snapshot.devices}
+    for mig in snapshot.migs:
+        out[(mig.gpu_uuid, str(mig.gi_id))] = (
+            ("gpu", str(mig.gpu_index)),
+            ("UUID", mig.gpu_uuid),
+            ("device", f"nvidia{mig.gpu_index}"),
+            ("modelName", names.get(mig.gpu_uuid, "")),
+            ("GPU_I_PROFILE", mig.profile),
+            ("GPU_I_ID", str(mig.gi_id)),
+            *host,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- families
+
+MEM = "gpu_container_memory_used_bytes"
+UTIL = "gpu_container_utilization_ratio"
+PROC_MEM = "gpu_process_memory_used_bytes"
+UNATTR = "gpu_unattributed_memory_used_bytes"
+POD_INFO = "gpu_pod_info"
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    node_name: str = ""
+    label_keys: Sequence[str] = ()
+    annotation_keys: Sequence[str] = ()
+    process_series: bool = False
+
+
+def render_families(
+    attributions: Sequence[Attribution],
+    identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
+    options: RenderOptions,
+) -> str:
+    """Render the per-container, per-process, unattributed and pod-info families."""
+    w = FamilyWriter()
+    w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
+    w.family(
+        UTIL,
+        "Share of SM time a container's processes used on a GPU since the previous scrape, "
+        "0 to 1 (NVML process utilization; absent where NVML has no data, e.g. MIG).",
+    )
+    if options.process_series:
+        w.family(PROC_MEM, "GPU memory used by one process (NVML), with its pod if known.")
+    w.family(
+        UNATTR,
+        "GPU memory held by processes that belong to no known pod, by reason.",
+    )
+    w.family(
+        POD_INFO,
+        "Pods with a process on a GPU of this node, for group_left joins; always 1.",
+    )
+
+    mem: dict[tuple[DeviceKey, str, str, str], int] = defaultdict(int)
+    mem_known: set[tuple[DeviceKey, str, str, str]] = set()
+    util: dict[tuple[DeviceKey, str, str, str], float] = defaultdict(float)
+    unattr: dict[tuple[DeviceKey, str], int] = defaultdict(int)
+    pods: dict[str, PodInfo] = {}
+
+    def ident(key: DeviceKey) -> tuple[tuple[str, str], ...]:
+        return identities.get(key) or (("UUID", key[0]),) + (
+            (("GPU_I_ID", key[1]),) if key[1] else ()
+        )
+
+    for a in attributions:
+        key = a.device_key
+        p = a.process
+        if a.pod is None:
+            unattr[(key, a.reason)] += p.used_memory_bytes or 0
+        else:
+            pods[a.pod.uid] = a.pod
+            ck = (key, a.pod.namespace, a.pod.name, a.container)
+            if p.used_memory_bytes is not None:
+                mem[ck] += p.used_memory_bytes
+                mem_known.add(ck)
+            if p.sm_util_ratio is not None:
+                util[ck] += p.sm_util_ratio
+        if options.process_series and p.used_memory_bytes is not None:
+            ns, pod = (a.pod.namespace, a.pod.name) if a.pod else ("", "")
+            w.sample(
+                PROC_MEM,
+                (
+                    *ident(key),
+                    ("namespace", ns),
+                    ("pod", pod),
+                    ("container", a.container),
+                    ("pid", str(p.pid)),
+                    ("process_name", a.comm),
+                ),
+                p.used_memory_bytes,
+            )
+
+    for ck in sorted(mem_known):
+        key, ns, pod, container = ck
+        labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", container))
+        w.sample(MEM, labels, mem[ck])
+    for ck in sorted(util):
+        key, ns, pod, container = ck
+        labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", container))
+        w.sample(UTIL, labels, min(1.0, max(0.0, util[ck])))
+    for key, reason in sorted(unattr):
+        w.sample(UNATTR, (*ident(key), ("reason", reason)), unattr[(key, reason)])
+
+    label_names = _unique_sanitized("label_", options.label_keys)
+    annotation_names = _unique_sanitized("annotation_", options.annotation_keys)
+    for info in sorted(pods.values(), key=lambda p: (p.namespace, p.name, p.uid)):
+        info_labels = [
+            ("namespace", info.namespace),
+            ("pod", info.name),
+            ("pod_uid", info.uid),
+            ("node", info.node or options.node_name),
+            ("workload_kind", info.workload_kind),
+            ("workload_name", info.workload_name),
+            ("gpu_requested", "true" if info.gpu_requested else "false"),
+        ]
+        info_labels += [(n, info.labels.get(k, "")) for k, n in label_names]
+        info_labels += [(n, info.annotations.get(k, "")) for k, n in annotation_names]
+        w.sample(POD_INFO, info_labels, 1)
+    return w.render()
+
+
+def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]:
+    """(key, label name) pairs; a key whose sanitized name collides with an earlier one is
+    skipped (the first wins), so a series never carries the same label twice."""
+    out: list[tuple[str, str]] = []
+    taken: set[str] = set()
+    for key in keys:
+        name = prefix + sanitize_label_name(key)
+        if name in taken:
+            continue
+        taken.add(name)
+        out.append((key, name))
+    return out
+
+
+def render_self_metrics(
+    statuses: Sequence[SourceStatus],
+    attributions: Sequence[Attribution],
+    *,
+    version: str,
+    extra: Mapping[str, tuple[str, str, float]] | None = None,
+) -> str:
+    """Render dcgm_enricher_* families: per-source health, process counts, build info.
+
+    ``extra`` maps a metric name to (help, type, value) for single-value gauges and counters.
+    """
+    w = FamilyWriter()
+    w.family(
+        "dcgm_enricher_source_up",
+        "Whether a data source worked on this scrape (1) or failed (0); absent when disabled.",
+    )
+    w.family(
+        "dcgm_enricher_source_enabled", "Whether a data source is configured (1) or disabled (0)."
+    )
+    w.family(
+        "dcgm_enricher_source_duration_seconds",
+        "Time the source took on this scrape.",
+    )
+    w.family(
+        "dcgm_enricher_source_errors_total",
+        "Errors a data source has had since the enricher started.",
+        "counter",
+    )
+    for st in statuses:
+        src = (("source", st.name),)
+        w.sample("dcgm_enricher_source_enabled", src, 1 if st.enabled else 0)
+        if not st.enabled:
+            continue
+        w.sample("dcgm_enricher_source_up", src, 1 if st.up else 0)
+        w.sample("dcgm_enricher_source_duration_seconds", src, st.duration_seconds)
+        w.sample("dcgm_enricher_source_errors_total", src, st.errors_total)
+    w.family(
+        "dcgm_enricher_gpu_processes",
+        "GPU processes on this node on this scrape, by whether a pod was found for them.",
+    )
+    attributed = sum(1 for a in attributions if a.pod is not None)
+    w.sample("dcgm_enricher_gpu_processes", (("state", "attributed"),), attributed)
+    w.sample(
+        "dcgm_enricher_gpu_processes",
+        (("state", "unattributed"),),
+        len(attributions) - attributed,
+    )
+    for name, (help_text, typ, value) in (extra or {}).items():
+        w.family(name, help_text, typ)
+        w.sample(name, (), value)
+    w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
+    w.sample("dcgm_enricher_build_info", (("version", version),), 1)
+    return w.render()

@@ -1,0 +1,274 @@
+"""The commands as users run them: flags and environment, demo, resolve and ps."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher import fakeproc
+from enricher.cli import build_parser, env_name, parse_config
+from enricher.commands import ps, render_ps_table, resolve
+from enricher.config import Config
+
+from .conftest import ROOT
+from .kubeapi import KubeApiStandIn, make_pod
+from .nvmlfake import FakeNvml, FakeNvmlState
+
+POD_UID = "0c0c0c0c-1111-4222-8333-444444444444"
+CID = "ab" * 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("flag", "env"),
+    [
+        pytest.param("--upstream.url", "ENRICHER_UPSTREAM_URL", id="dotted"),
+        pytest.param("--web.listen-address", "ENRICHER_WEB_LISTEN_ADDRESS", id="dash"),
+        pytest.param(
+            "--kubelet.pod-resources-socket", "ENRICHER_KUBELET_POD_RESOURCES_SOCKET", id="long"
+        ),
+    ],
+)
+def test_env_names(flag: str, env: str) -> None:
+    assert env_name(flag) == env
+
+
+def test_defaults_and_serve_is_default() -> None:
+    command, cfg, _ = parse_config([])
+    assert command == "serve"
+    assert cfg.listen_address == ":9401"
+    assert cfg.upstream_url == "http://127.0.0.1:9400/metrics"
+    assert cfg.kube_pod_annotations == ("hub.jupyter.org/username",)
+    assert cfg.collector_process is False
+
+
+def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENRICHER_UPSTREAM_URL", "http://10.0.0.1:9400/metrics")
+    monkeypatch.setenv("ENRICHER_COLLECTOR_PROCESS", "true")
+    monkeypatch.setenv("NODE_NAME", "node-7")
+    _, cfg, _ = parse_config(["--kube.pod-labels", "team, app ,", "--upstream.timeout", "2.5"])
+    assert cfg.upstream_url == "http://10.0.0.1:9400/metrics"
+    assert cfg.collector_process is True
+    assert cfg.kube_node_name == "node-7"
+    assert cfg.kube_active
+    assert cfg.kube_pod_labels == ("team", "app")
+    assert cfg.upstream_timeout == 2.5
+    _, cfg, _ = parse_config(["serve", "--no-collector.process"])
+    assert cfg.collector_process is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--web.listen-address", "9401"], id="address-without-colon"),
+        pytest.param(["--upstream.timeout", "0"], id="zero-timeout"),
+        pytest.param(["--upstream.max-bytes", "10"], id="tiny-body-limit"),
+        pytest.param(
+            ["--upstream.discover-pod", "--upstream.pod-selector", "no equals"], id="bad-selector"
+        ),
+        pytest.param(["--log.level", "loud"], id="bad-level"),
+    ],
+)
+def test_config_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_config(argv)
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_every_server_flag_documented_in_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    for action in sub._actions:
+        for opt in action.option_strings:
+            if opt.startswith("--") and opt not in ("--help",) and not opt.startswith("--no-"):
+                assert opt in readme, f"{opt} missing from README"
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_serves_enriched_metrics() -> None:
+    """`dcgm-enricher demo` as a newcomer runs it: enriched labels on the simulated node."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        text = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert text, "demo did not serve /metrics"
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        util = [s.labels for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples]
+        # The Jupyter pod never requested a GPU: dcgm-exporter alone leaves it unnamed.
+        assert any(lbl.get("pod") == "jupyter-alice" for lbl in util)
+        # The time-sliced GPU is shared: no single pod is named on its device series.
+        assert any(lbl["gpu"] == "1" and lbl.get("pod") == "" for lbl in util)
+        mem = {s.labels["pod"] for s in fams["gpu_container_memory_used_bytes"].samples}
+        assert {"vllm-7d9f8c6b5-k2x4p", "triton-5c6d7f8b9-p8m2n", "bert-finetune-0"} <= mem
+        reasons = {s.labels["reason"] for s in fams["gpu_unattributed_memory_used_bytes"].samples}
+        assert reasons == {"host_process"}
+        info = {s.labels["pod"]: s.labels for s in fams["gpu_pod_info"].samples}
+        assert info["jupyter-alice"]["annotation_hub_jupyter_org_username"] == "alice@example.com"
+        assert info["jupyter-alice"]["gpu_requested"] == "false"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            page = r.read().decode()
+        assert "SIMULATED" in page
+        assert "jupyter-alice" in page
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+    assert "SIMULATED" in out
+    assert f"127.0.0.1:{port}/metrics" in out
+
+
+# --------------------------------------------------------------------------- resolve and ps
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    fakeproc.write_proc_stat(root, int(time.time()) - 3600)
+    fakeproc.write_process(
+        root, 100, comm="python", start_ticks=10, cgroup=fakeproc.cgroup_v2_systemd(POD_UID, CID)
+    )
+    fakeproc.write_process(root, 200, comm="sshd", start_ticks=20, cgroup=fakeproc.cgroup_host())
+    fakeproc.write_process(root, 300, comm="weird", start_ticks=30, cgroup="garbage\n")
+    return root
+
+
+def test_resolve_without_kubernetes(proc_root: Path) -> None:
+    out = io.StringIO()
+    cfg = replace(Config(), procfs=str(proc_root))
+    assert resolve(cfg, [100, 200, 300, 999], out) == 0
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert rows[0] == {
+        "pid": 100,
+        "comm": "python",
+        "pod_uid": POD_UID,
+        "container_id": CID,
+        "runtime": "containerd",
+        "cgroup": rows[0]["cgroup"],
+        "note": "kubernetes disabled (no node name)",
+    }
+    assert rows[1]["pod_uid"] is None and rows[1]["container_id"] is None
+    assert rows[2]["error"] == "unknown_cgroup"
+    assert rows[3] == {"pid": 999, "error": "process_exited"}
+
+
+def test_resolve_cli_with_kubernetes(proc_root: Path, tmp_path: Path) -> None:
+    """The real command line, kubeconfig and all, against the API-server stand-in."""
+    with KubeApiStandIn() as api:
+        api.add_pod(
+            make_pod(
+                "train-0", "ml", POD_UID, "node-a", containers=[("trainer", CID, "containerd")]
+            )
+        )
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+            f"clusters: [{{name: t, cluster: {{server: '{api.url}'}}}}]\n"
+            "users: [{name: t, user: {}}]\n"
+            "contexts: [{name: t, context: {cluster: t, user: t}}]\n"
+        )
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "enricher",
+                "resolve",
+                "--path.procfs",
+                str(proc_root),
+                "--kube.node-name",
+                "node-a",
+                "--kube.kubeconfig",
+                str(kubeconfig),
+                "100",
+                "200",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=False,
+        )
+    assert res.returncode == 0, res.stderr
+    first, second = (json.loads(line) for line in res.stdout.splitlines())
+    assert (first["namespace"], first["pod"], first["container"]) == ("ml", "train-0", "trainer")
+    assert "pod" not in second
+
+
+def test_ps_table(proc_root: Path, fake_nvml: FakeNvml) -> None:
+    fake_nvml.write(
+        FakeNvmlState()
+        .gpu()
+        .process(100, memory=2 << 30)
+        .process(200, memory=1 << 30)
+        .util(100, 10, 55)
+    )
+    out = io.StringIO()
+    cfg = replace(Config(), procfs=str(proc_root), nvml_library=str(fake_nvml.library))
+    assert ps(cfg, out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == [
+        "GPU",
+        "GI",
+        "PID",
+        "PROCESS",
+        "MEMORY",
+        "SM",
+        "NAMESPACE",
+        "POD",
+        "CONTAINER",
+        "NOTE",
+    ]
+    assert lines[1].split()[:5] == ["0", "100", "python", "2048MiB", "55%"]
+    assert "host_process" in lines[2]
+    assert "kubernetes disabled" in out.getvalue()
+
+
+def test_ps_table_is_aligned() -> None:
+    assert render_ps_table([]).split() == [
+        "GPU",
+        "GI",
+        "PID",
+        "PROCESS",
+        "MEMORY",
+        "SM",
+        "NAMESPACE",
+        "POD",
+        "CONTAINER",
+        "NOTE",
+    ]

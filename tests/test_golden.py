@@ -1,0 +1,419 @@
+"""Golden tests: the whole pipeline through the real aiohttp app, compared byte for byte.
+
+Real parts: dcgm-exporter-shaped text served over HTTP by aiohttp, pynvml against the fake
+libnvidia-ml built from C (no GPU on this machine), a /proc tree on disk read by the real
+ProcReader, and the real kubernetes client watching pods on the API-server stand-in (no
+cluster here). ``pytest --update-golden`` rewrites tests/golden/*.out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher import fakeproc
+from enricher.app import Scraper, make_app
+from enricher.config import Config
+from enricher.kube import PodCache
+from enricher.procfs import ProcReader
+
+from .conftest import GOLDEN, assert_valid_exposition
+from .kubeapi import KubeApiStandIn, make_api_client, make_pod
+from .nvmlfake import FakeNvml, FakeNvmlState
+
+FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
+NODE = "gpu-node-a"
+U = [
+    "GPU-0a0a0a0a-0000-4000-8000-000000000000",
+    "GPU-1b1b1b1b-1111-4111-8111-111111111111",
+    "GPU-2c2c2c2c-2222-4222-8222-222222222222",
+    "GPU-3d3d3d3d-3333-4333-8333-333333333333",
+]
+STATIC_HASH = "6f1d8c2e9a7b4c3d2e1f0a9b8c7d6e5f"
+
+
+def cid(n: int) -> str:
+    return f"{n:064x}"
+
+
+@dataclass
+class PodSpec:
+    name: str
+    namespace: str
+    uid: str
+    container: str
+    container_id: str
+    owner: tuple[str, str] | None = None
+    gpu: bool = True
+    annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
+    runtime: str = "containerd"
+    mirror_of: str = ""
+
+
+JUPYTER = PodSpec(
+    "jupyter-alice",
+    "jupyterhub",
+    "11111111-aaaa-4aaa-8aaa-000000000001",
+    "notebook",
+    cid(0x1),
+    None,
+    gpu=False,
+    annotations={"hub.jupyter.org/username": 'alice "the admin"@example.com'},
+    labels={
+        "hub.jupyter.org/username": "alice-20-22the-20admin-22-40example-2ecom",
+        "team": "data",
+    },
+)
+VLLM = PodSpec(
+    "vllm-6b7c9d-abcde",
+    "inference",
+    "22222222-bbbb-4bbb-8bbb-000000000002",
+    "vllm",
+    cid(0x2),
+    ("ReplicaSet", "vllm-6b7c9d"),
+    labels={"pod-template-hash": "6b7c9d"},
+    runtime="cri-o",
+)
+TRITON = PodSpec(
+    "triton-0",
+    "inference",
+    "33333333-cccc-4ccc-8ccc-000000000003",
+    "triton",
+    cid(0x3),
+    ("StatefulSet", "triton"),
+)
+BERT = PodSpec(
+    "bert-0",
+    "research",
+    "44444444-dddd-4ddd-8ddd-000000000004",
+    "trainer",
+    cid(0x4),
+    ("Job", "bert-finetune"),
+)
+STATIC = PodSpec(
+    f"gpu-probe-{NODE}",
+    "kube-system",
+    "55555555-eeee-4eee-8eee-000000000005",
+    "probe",
+    cid(0x5),
+    None,
+    mirror_of=STATIC_HASH,
+)
+PODS = [JUPYTER, VLLM, TRITON, BERT, STATIC]
+GONE_POD_UID = "99999999-ffff-4fff-8fff-000000000009"
+
+
+def write_proc(root: Path) -> None:
+    """The node's processes: one per GPU user, each with the cgroup layout a real node has."""
+    fakeproc.write_proc_stat(root, 1_700_000_000)
+    procs: list[tuple[int, str, str]] = [
+        (1001, "python", fakeproc.cgroup_v2_systemd(JUPYTER.uid, JUPYTER.container_id)),
+        (1002, "python", fakeproc.cgroup_v2_systemd(JUPYTER.uid, JUPYTER.container_id)),
+        (2001, "python3", fakeproc.cgroup_v2_systemd(VLLM.uid, VLLM.container_id, runtime="cri-o")),
+        (2002, "tritonserver", fakeproc.cgroup_v1_cgroupfs(TRITON.uid, TRITON.container_id)),
+        (2003, "python", fakeproc.cgroup_v2_systemd(GONE_POD_UID, cid(0x9))),
+        (3001, "python", fakeproc.cgroup_v2_systemd(BERT.uid, BERT.container_id, qos="guaranteed")),
+        (3002, "gpu-burn", fakeproc.cgroup_host("/system.slice/gpu-burn.service")),
+        (
+            3003,
+            "probe",
+            fakeproc.cgroup_v1_cgroupfs(STATIC_HASH, STATIC.container_id, qos="besteffort"),
+        ),
+    ]
+    for i, (pid, comm, cgroup) in enumerate(procs):
+        fakeproc.write_process(root, pid, comm=comm, cgroup=cgroup, start_ticks=1000 + i)
+
+
+def nvml_state() -> FakeNvmlState:
+    s = FakeNvmlState(driver="550.90.07")
+    for uuid in U:
+        s.gpu(uuid=uuid, mig=(uuid == U[2]))
+    s.mig(2, gi=1, profile="3g.40gb").mig(2, gi=2, profile="2g.20gb").mig(
+        2, gi=3, profile="1g.10gb"
+    )
+    gib = 1 << 30
+    s.process(1001, gpu=0, memory=6 * gib).process(1002, gpu=0, memory=1 * gib)
+    s.process(1002, gpu=0, memory=1 * gib, kind="graphics")
+    s.process(2001, gpu=1, memory=20 * gib).process(2002, gpu=1, memory=12 * gib)
+    s.process(2003, gpu=1, memory=2 * gib).process(2004, gpu=1, memory=3 * gib)  # 2004: gone
+    s.process(3001, gpu=2, gi=1, ci=0, memory=30 * gib)
+    s.process(3002, gpu=2, gi=2, ci=0, memory=9 * gib)
+    s.process(3003, gpu=2, gi=3, ci=0, memory=None)
+    s.util(1001, 100, 40, gpu=0).util(1001, 200, 60, gpu=0).util(1002, 150, 10, gpu=0)
+    s.util(2001, 100, 70, gpu=1).util(2002, 100, 20, gpu=1)
+    s.fail("nvmlDeviceGetProcessUtilization", 3, gpu=2)  # NOT_SUPPORTED, as on MIG
+    return s
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApiStandIn]:
+    with KubeApiStandIn() as api:
+        for p in PODS:
+            api.add_pod(
+                make_pod(
+                    p.name,
+                    p.namespace,
+                    p.uid,
+                    NODE,
+                    containers=[(p.container, p.container_id, p.runtime)],
+                    owner=p.owner,
+                    labels=p.labels,
+                    annotations=p.annotations,
+                    gpu_request=p.gpu,
+                    mirror_of=p.mirror_of,
+                )
+            )
+        api.add_pod(make_pod("elsewhere", "default", node="gpu-node-b"))
+        yield api
+
+
+@pytest.fixture
+def pod_cache(kube: KubeApiStandIn) -> Iterator[PodCache]:
+    cache = PodCache(
+        make_api_client(kube.url),
+        NODE,
+        annotation_keys=["hub.jupyter.org/username"],
+        label_keys=["team"],
+        watch_timeout_seconds=5,
+        backoff_max_seconds=0.2,
+    )
+    cache.start()
+    assert cache.synced.wait(10)
+    yield cache
+    cache.stop()
+
+
+async def _serve_text(text: str) -> TestServer:
+    async def metrics(_r: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+@dataclass
+class Node:
+    scraper: Scraper
+    client: TestClient[Any, Any]
+    upstream: TestServer | None
+
+
+@pytest.fixture
+async def node_factory(
+    tmp_path: Path, fake_nvml: FakeNvml, pod_cache: PodCache
+) -> AsyncIterator[Any]:
+    write_proc(tmp_path / "proc")
+    fake_nvml.write(nvml_state())
+    made: list[Node] = []
+
+    async def make(upstream_text: str | None, **config: Any) -> Node:
+        upstream = await _serve_text(upstream_text) if upstream_text is not None else None
+        url = (
+            f"http://127.0.0.1:{upstream.port}/metrics"
+            if upstream
+            else "http://127.0.0.1:9/metrics"
+        )  # discard port: connection refused
+        cfg = replace(
+            Config(),
+            upstream_url=url,
+            kube_node_name=NODE,
+            kube_pod_labels=("team",),
+            upstream_timeout=2.0,
+            **config,
+        )
+        scraper = Scraper(
+            cfg, gpu=fake_nvml.source(), procs=ProcReader(str(tmp_path / "proc")), pods=pod_cache
+        )
+        client = TestClient(TestServer(make_app(scraper)))
+        await client.start_server()
+        n = Node(scraper, client, upstream)
+        made.append(n)
+        return n
+
+    yield make
+    for n in made:
+        await n.client.close()
+        if n.upstream is not None:
+            await n.upstream.close()
+
+
+_VOLATILE = re.compile(
+    r"^((?:dcgm_enricher_source_duration_seconds|dcgm_enricher_scrape_duration_seconds|"
+    r"dcgm_enricher_kubernetes_last_sync_timestamp_seconds)(?:\{[^}]*\})?) \S+$",
+    re.MULTILINE,
+)
+
+
+def normalise(text: str) -> str:
+    """Timings change every run: their values become <volatile>, their presence stays."""
+    return _VOLATILE.sub(r"\1 <volatile>", text)
+
+
+def check_golden(name: str, text: str, update: bool) -> None:
+    path = GOLDEN / f"{name}.out"
+    got = normalise(text)
+    if update or not path.exists():
+        path.write_text(got)
+        if not update:
+            pytest.fail(f"{path} did not exist; written. Review it and run again.")
+    assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
+
+
+def series(text: str, name: str) -> list[dict[str, str]]:
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name or fam.name + "_total" == name:
+            return [
+                dict(s.labels) | {"__value__": repr(float(s.value))}
+                for s in fam.samples
+                if s.name == name
+            ]
+    return []
+
+
+async def scrape(node: Node) -> str:
+    resp = await node.client.get("/metrics")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    return await resp.text()
+
+
+async def test_node_golden(node_factory: Any, update_golden: bool, promtool: str) -> None:
+    node = await node_factory((FIXTURES / "node.prom").read_text())
+    text = await scrape(node)
+    check_golden("node", text, update_golden)
+    assert_valid_exposition(promtool, text)
+
+
+async def test_node_attribution(node_factory: Any) -> None:
+    """The golden file's meaning, asserted: who is named where, and why not elsewhere."""
+    node = await node_factory((FIXTURES / "node.prom").read_text())
+    text = await scrape(node)
+    util = {s["UUID"] + s.get("GPU_I_ID", ""): s for s in series(text, "DCGM_FI_DEV_GPU_UTIL")}
+    # GPU 0: only the Jupyter pod's processes, though it never requested a GPU.
+    assert (util[U[0]]["namespace"], util[U[0]]["pod"], util[U[0]]["container"]) == (
+        "jupyterhub",
+        "jupyter-alice",
+        "notebook",
+    )
+    # GPU 1: shared by two pods plus unknown processes: nobody is named on the device series,
+    # even though dcgm-exporter's own mapping named vllm.
+    assert (util[U[1]]["pod"], util[U[1]]["namespace"]) == ("", "")
+    # GPU 3: no process: the upstream's allocation mapping stays.
+    assert util[U[3]]["pod"] == "reserved-0"
+    fb = {s["UUID"] + "/" + s.get("GPU_I_ID", ""): s for s in series(text, "DCGM_FI_DEV_FB_USED")}
+    assert fb[f"{U[2]}/1"]["pod"] == "bert-0"
+    assert fb[f"{U[2]}/2"]["pod"] == ""  # the host process's instance
+    assert fb[f"{U[2]}/3"]["pod"] == f"gpu-probe-{NODE}"  # static pod via its mirror
+    mem = {
+        (s["UUID"], s.get("GPU_I_ID", ""), s["pod"]): float(s["__value__"])
+        for s in series(text, "gpu_container_memory_used_bytes")
+    }
+    gib = float(1 << 30)
+    assert mem[(U[0], "", "jupyter-alice")] == 7 * gib  # 1002's graphics entry deduplicated
+    assert mem[(U[1], "", "vllm-6b7c9d-abcde")] == 20 * gib
+    assert mem[(U[1], "", "triton-0")] == 12 * gib
+    assert mem[(U[2], "1", "bert-0")] == 30 * gib
+    assert (U[2], "3", f"gpu-probe-{NODE}") not in mem  # NVML could not say: no series
+    utils = {
+        (s["UUID"], s["pod"]): float(s["__value__"])
+        for s in series(text, "gpu_container_utilization_ratio")
+    }
+    assert utils[(U[0], "jupyter-alice")] == pytest.approx(0.5 + 0.1)
+    assert utils[(U[1], "vllm-6b7c9d-abcde")] == pytest.approx(0.7)
+    assert all(u != U[2] for u, _ in utils)  # MIG: NVML has no per-process data
+    unattr = {
+        (s["UUID"], s.get("GPU_I_ID", ""), s["reason"]): float(s["__value__"])
+        for s in series(text, "gpu_unattributed_memory_used_bytes")
+    }
+    assert unattr == {
+        (U[1], "", "pod_not_found"): 2 * gib,
+        (U[1], "", "process_exited"): 3 * gib,
+        (U[2], "2", "host_process"): 9 * gib,
+    }
+    info = {s["pod"]: s for s in series(text, "gpu_pod_info")}
+    assert set(info) == {
+        "jupyter-alice",
+        "vllm-6b7c9d-abcde",
+        "triton-0",
+        "bert-0",
+        f"gpu-probe-{NODE}",
+    }
+    assert info["jupyter-alice"]["gpu_requested"] == "false"
+    assert info["jupyter-alice"]["annotation_hub_jupyter_org_username"] == (
+        'alice "the admin"@example.com'
+    )
+    assert info["jupyter-alice"]["label_team"] == "data"
+    assert (
+        info["vllm-6b7c9d-abcde"]["workload_kind"],
+        info["vllm-6b7c9d-abcde"]["workload_name"],
+    ) == ("Deployment", "vllm")
+    assert info["bert-0"]["workload_kind"] == "Job"
+    ups = {s["source"]: s["__value__"] for s in series(text, "dcgm_enricher_source_up")}
+    assert ups == {"upstream": "1.0", "nvml": "1.0", "procfs": "1.0", "kubernetes": "1.0"}
+    procs = {s["state"]: s["__value__"] for s in series(text, "dcgm_enricher_gpu_processes")}
+    assert procs == {"attributed": "6.0", "unattributed": "3.0"}
+
+
+async def test_old_namespace_golden(node_factory: Any, update_golden: bool, promtool: str) -> None:
+    node = await node_factory((FIXTURES / "node-old-namespace.prom").read_text())
+    text = await scrape(node)
+    check_golden("node-old-namespace", text, update_golden)
+    assert_valid_exposition(promtool, text)
+    rows = {s["uuid"]: s for s in series(text, "dcgm_gpu_util")}
+    assert rows[U[0]]["pod_name"] == "jupyter-alice"
+    assert rows[U[0]]["pod_namespace"] == "jupyterhub"
+    assert "pod" not in rows[U[0]]
+    # Our families copy the upstream's identity labels, in its scheme.
+    mem = series(text, "gpu_container_memory_used_bytes")
+    assert {"uuid", "hostname"} <= set(mem[0])
+
+
+async def test_upstream_down_still_serves(
+    node_factory: Any, update_golden: bool, promtool: str
+) -> None:
+    node = await node_factory(None)
+    text = await scrape(node)
+    check_golden("upstream-down", text, update_golden)
+    ups = {s["source"]: s["__value__"] for s in series(text, "dcgm_enricher_source_up")}
+    assert ups["upstream"] == "0.0"
+    assert ups["nvml"] == "1.0"
+    # Device labels fall back to NVML's view, in the exporter's current scheme.
+    mem = series(text, "gpu_container_memory_used_bytes")
+    assert mem and all(m["Hostname"] == NODE and m["UUID"].startswith("GPU-") for m in mem)
+    assert_valid_exposition(promtool, text)
+
+
+async def test_process_collector(node_factory: Any) -> None:
+    node = await node_factory((FIXTURES / "node.prom").read_text(), collector_process=True)
+    text = await scrape(node)
+    rows = {s["pid"]: s for s in series(text, "gpu_process_memory_used_bytes")}
+    assert rows["2001"]["pod"] == "vllm-6b7c9d-abcde"
+    assert rows["2001"]["process_name"] == "python3"
+    assert rows["3002"]["pod"] == ""
+    assert "3003" not in rows  # memory not available
+
+
+async def test_identity_survives_upstream_outage(node_factory: Any) -> None:
+    """Once seen, the upstream's device labels stay on our families while it is down, so
+    the series do not change identity during a short outage."""
+    node = await node_factory((FIXTURES / "node.prom").read_text())
+    first = series(await scrape(node), "gpu_container_memory_used_bytes")
+    assert node.upstream is not None
+    await node.upstream.close()
+    second_text = await scrape(node)
+    assert {s["source"]: s["__value__"] for s in series(second_text, "dcgm_enricher_source_up")}[
+        "upstream"
+    ] == "0.0"
+    assert series(second_text, "gpu_container_memory_used_bytes") == first

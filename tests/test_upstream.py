@@ -1,0 +1,271 @@
+"""The upstream fetch against real HTTP servers misbehaving in the ways exporters do, and the
+scrape pipeline's answers while it does."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher.app import Scraper, make_app
+from enricher.config import Config
+from enricher.model import ProcError, ProcInfo
+from enricher.upstream import UpstreamError, fetch_upstream, url_for_pod_ip
+
+GOOD = '# HELP up_like A gauge.\n# TYPE up_like gauge\nup_like{UUID="GPU-1"} 1\n'
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    servers: list[TestServer] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        server = TestServer(app)
+        await server.start_server()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}/metrics"
+
+    yield start
+    for s in servers:
+        await s.close()
+
+
+async def _fetch(url: str, **kw: Any) -> str:
+    async with aiohttp.ClientSession() as session:
+        return await fetch_upstream(
+            session, url, timeout=kw.get("timeout", 2.0), max_bytes=kw.get("max_bytes", 1 << 20)
+        )
+
+
+async def test_plain_and_gzip(serve: Callable[[Handler], Awaitable[str]]) -> None:
+    seen: list[str] = []
+
+    async def h(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Accept-Encoding", ""))
+        return web.Response(
+            body=gzip.compress(GOOD.encode()),
+            content_type="text/plain",
+            headers={"Content-Encoding": "gzip"},
+        )
+
+    assert await _fetch(await serve(h)) == GOOD
+    assert "gzip" in seen[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        pytest.param("status500", "http_status", id="http-500"),
+        pytest.param("html", "content_type", id="wrong-content-type"),
+        pytest.param("slow", "timeout", id="stalled-past-timeout"),
+        pytest.param("big", "too_large", id="over-size-limit"),
+        pytest.param("bomb", "too_large", id="gzip-bomb"),
+        pytest.param("cut", "bad_body", id="body-cut-mid-line"),
+        pytest.param("redirect", "http_status", id="redirect-not-followed"),
+    ],
+)
+async def test_upstream_faults(
+    serve: Callable[[Handler], Awaitable[str]], name: str, reason: str
+) -> None:
+    # 64 MiB of zeros in about 64 KiB: the size limit applies after decompression.
+    bomb = gzip.compress(b"0" * (64 << 20), compresslevel=9) if name == "bomb" else b""
+
+    async def h(request: web.Request) -> web.StreamResponse:
+        if name == "status500":
+            return web.Response(status=500, text="oops")
+        if name == "html":
+            return web.Response(text="<html>", content_type="text/html")
+        if name == "slow":
+            resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await resp.prepare(request)
+            await resp.write(b"up_like 1\n")
+            await asyncio.sleep(5)
+            return resp
+        if name == "big":
+            return web.Response(text="x 1\n" * 100_000, content_type="text/plain")
+        if name == "bomb":
+            return web.Response(
+                body=bomb,
+                content_type="text/plain",
+                headers={"Content-Encoding": "gzip"},
+            )
+        if name == "cut":
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/plain", "Content-Length": "1000"}
+            )
+            await resp.prepare(request)
+            await resp.write(b'up_like{UUID="GPU-1"')
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        raise web.HTTPFound("/elsewhere")
+
+    with pytest.raises(UpstreamError) as info:
+        await _fetch(await serve(h), timeout=0.5, max_bytes=64 * 1024)
+    assert info.value.reason == reason
+
+
+async def test_connection_refused() -> None:
+    with pytest.raises(UpstreamError) as info:
+        await _fetch("http://127.0.0.1:9/metrics")
+    assert info.value.reason == "connect"
+
+
+@pytest.mark.parametrize(
+    ("url", "ip", "want"),
+    [
+        pytest.param(
+            "http://127.0.0.1:9400/metrics", "10.1.2.3", "http://10.1.2.3:9400/metrics", id="v4"
+        ),
+        pytest.param(
+            "http://localhost:9400/metrics", "fd00::1", "http://[fd00::1]:9400/metrics", id="v6"
+        ),
+        pytest.param(
+            "https://x/metrics?a=b", "10.0.0.1", "https://10.0.0.1/metrics?a=b", id="no-port"
+        ),
+    ],
+)
+def test_url_for_pod_ip(url: str, ip: str, want: str) -> None:
+    assert url_for_pod_ip(url, ip) == want
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+class NoProcs:
+    """No GPU processes on this node (the GPU side is off in these tests)."""
+
+    errors_total = 0
+
+    def read_many(
+        self, pids: Any, listed_at: float | None = None
+    ) -> dict[int, ProcInfo | ProcError]:
+        return {}
+
+
+async def _client(url: str) -> TestClient[Any, Any]:
+    cfg = replace(Config(), upstream_url=url, upstream_timeout=1.0)
+    client = TestClient(TestServer(make_app(Scraper(cfg, gpu=None, procs=NoProcs(), pods=None))))
+    await client.start_server()
+    return client
+
+
+def _value(text: str, name: str, **labels: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    raise KeyError(name)
+
+
+async def test_concurrent_scrapes_share_one_upstream_fetch(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    """An HA Prometheus pair plus a curl: three scrapes, one upstream request."""
+    release = asyncio.Event()
+    hits = 0
+
+    async def h(_request: web.Request) -> web.Response:
+        nonlocal hits
+        hits += 1
+        await release.wait()
+        return web.Response(text=GOOD, content_type="text/plain")
+
+    client = await _client(await serve(h))
+    try:
+        scrapes = [asyncio.create_task(client.get("/metrics")) for _ in range(3)]
+        while hits == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        release.set()
+        bodies = [await (await s).text() for s in scrapes]
+        assert hits == 1
+        assert all("up_like" in b for b in bodies)
+        text = await (await client.get("/metrics")).text()
+        assert hits == 2
+        assert _value(text, "dcgm_enricher_shared_scrapes_total") == 2
+        assert _value(text, "dcgm_enricher_upstream_requests_total") == 2
+    finally:
+        await client.close()
+
+
+async def test_upstream_failure_then_recovery(serve: Callable[[Handler], Awaitable[str]]) -> None:
+    broken = True
+
+    async def h(_request: web.Request) -> web.Response:
+        if broken:
+            return web.Response(status=503)
+        return web.Response(text=GOOD, content_type="text/plain")
+
+    client = await _client(await serve(h))
+    try:
+        resp = await client.get("/metrics")
+        assert resp.status == 200
+        text = await resp.text()
+        assert _value(text, "dcgm_enricher_source_up", source="upstream") == 0
+        assert _value(text, "dcgm_enricher_source_errors_total", source="upstream") == 1
+        assert _value(text, "dcgm_enricher_source_enabled", source="nvml") == 0
+        broken = False
+        text = await (await client.get("/metrics")).text()
+        assert _value(text, "dcgm_enricher_source_up", source="upstream") == 1
+        assert _value(text, "up_like", UUID="GPU-1") == 1
+    finally:
+        await client.close()
+
+
+async def test_garbage_upstream_gives_valid_output(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    junk = bytes(range(256)) * 4 + b"\nok_metric 1\n{{{\n# TYPE x nonsense\n"
+
+    async def h(_request: web.Request) -> web.Response:
+        return web.Response(body=junk, content_type="text/plain")
+
+    client = await _client(await serve(h))
+    try:
+        text = await (await client.get("/metrics")).text()
+        assert _value(text, "ok_metric") == 1
+        assert _value(text, "dcgm_enricher_upstream_invalid_lines") >= 2
+    finally:
+        await client.close()
+
+
+async def test_healthz_and_landing() -> None:
+    client = await _client("http://127.0.0.1:9/metrics")
+    try:
+        assert (await (await client.get("/healthz")).text()) == "ok\n"
+        page = await (await client.get("/")).text()
+        assert "/metrics" in page
+        assert "no scrape yet" in page
+    finally:
+        await client.close()
+
+
+async def test_oversized_request_header_is_refused() -> None:
+    from enricher.app import serve as start
+
+    scraper = Scraper(Config(), gpu=None, procs=NoProcs(), pods=None)
+    runner = await start(make_app(scraper), "127.0.0.1:0", max_header_bytes=1024)
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(
+                f"http://127.0.0.1:{port}/healthz", headers={"X-Big": "a" * 4096}
+            ) as resp:
+                assert resp.status in (400, 431)
+            async with session.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                assert resp.status == 200
+    finally:
+        await runner.cleanup()
