@@ -29,8 +29,17 @@ _SPECIAL_VALUES = frozenset({"NaN", "+Inf", "-Inf", "Inf", "+inf", "-inf", "inf"
 UUID_LABELS = ("UUID", "uuid")
 GPU_I_ID = "GPU_I_ID"
 IDENTITY_LABELS = frozenset(
-    {"gpu", "UUID", "uuid", "GPU_I_ID", "GPU_I_PROFILE", "device", "modelName", "Hostname",
-     "hostname"}
+    {
+        "gpu",
+        "UUID",
+        "uuid",
+        "GPU_I_ID",
+        "GPU_I_PROFILE",
+        "device",
+        "modelName",
+        "Hostname",
+        "hostname",
+    }
 )
 # (namespace, pod, container) label names per dcgm-exporter naming scheme.
 CURRENT_SCHEME = ("namespace", "pod", "container")
@@ -161,8 +170,13 @@ class RewritePlan:
 
     owners: Mapping[DeviceKey, Owner] = field(default_factory=dict)
     # Family names the enricher renders itself; upstream families with these names are dropped.
-    reserved_prefixes: tuple[str, ...] = ("gpu_container_", "gpu_process_", "gpu_unattributed_",
-                                          "gpu_pod_info", "dcgm_enricher_")
+    reserved_prefixes: tuple[str, ...] = (
+        "gpu_container_",
+        "gpu_process_",
+        "gpu_unattributed_",
+        "gpu_pod_info",
+        "dcgm_enricher_",
+    )
 
 
 @dataclass(slots=True)
@@ -233,9 +247,7 @@ class Rewriter:
         out: _Block | None = None
         if parsed is not None:
             pairs, key = parsed
-            identity = tuple(
-                (n, unescape_label_value(v)) for n, v in pairs if n in IDENTITY_LABELS
-            )
+            identity = tuple((n, unescape_label_value(v)) for n, v in pairs if n in IDENTITY_LABELS)
             owner = plan.owners.get(key) if key is not None else None
             names = {n for n, _ in pairs}
             if owner is None or VGPU_LABEL in names:
@@ -243,13 +255,15 @@ class Rewriter:
                 # (re-rendered so escapes are normalised).
                 new_pairs = [(n, unescape_label_value(v)) for n, v in pairs]
             else:
-                scheme = OLD_SCHEME if ("pod_name" in names and "pod" not in names) else (
-                    CURRENT_SCHEME
+                scheme = (
+                    OLD_SCHEME if ("pod_name" in names and "pod" not in names) else (CURRENT_SCHEME)
                 )
-                values = dict(zip(scheme, (owner.namespace, owner.pod, owner.container),
-                                  strict=True))
-                new_pairs = [(n, values.pop(n) if n in values else unescape_label_value(v))
-                             for n, v in pairs]
+                values = dict(
+                    zip(scheme, (owner.namespace, owner.pod, owner.container), strict=True)
+                )
+                new_pairs = [
+                    (n, values.pop(n) if n in values else unescape_label_value(v)) for n, v in pairs
+                ]
                 # Labels the upstream lacked are added in dcgm-exporter's order.
                 for name in (scheme[2], scheme[0], scheme[1]):
                     if name in values:

@@ -610,7 +610,7 @@ def run_child(library: Path | None, env: dict[str, str]) -> dict[str, Any]:
     child_env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
     child_env.update(env)
     child_env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run(  # noqa: S603 - our own interpreter running a constant script
+    proc = subprocess.run(
         [sys.executable, "-c", _CHILD, str(library or "")],
         capture_output=True,
         text=True,

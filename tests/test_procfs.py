@@ -681,7 +681,7 @@ def test_real_proc_child_exits() -> None:
     if sleep is None:
         pytest.skip("no sleep binary")
     reader = ProcReader()
-    child = subprocess.Popen([sleep, "30"])  # noqa: S603
+    child = subprocess.Popen([sleep, "30"])
     try:
         deadline = time.monotonic() + 5
         got = reader.read(child.pid)
