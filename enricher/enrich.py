@@ -38,6 +38,7 @@ REASON_POD_NOT_FOUND = "pod_not_found"
 REASON_CONFLICT = "cgroup_pod_mismatch"
 
 _LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
+_NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +255,9 @@ def render_families(
         labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", container))
         w.sample(UTIL, labels, min(1.0, max(0.0, util[ck])))
     for key, reason in sorted(unattr):
-        w.sample(UNATTR, (*ident(key), ("reason", reason)), unattr[(key, reason)])
+        # Empty pod labels, present: with honor_labels Prometheus would otherwise attach the
+        # enricher's own pod to memory that belongs to no pod.
+        w.sample(UNATTR, (*ident(key), *_NO_POD, ("reason", reason)), unattr[(key, reason)])
 
     label_names = _unique_sanitized("label_", options.label_keys)
     annotation_names = _unique_sanitized("annotation_", options.annotation_keys)
@@ -267,6 +270,7 @@ def render_families(
             ("workload_kind", info.workload_kind),
             ("workload_name", info.workload_name),
             ("gpu_requested", "true" if info.gpu_requested else "false"),
+            ("container", ""),  # blocks the scrape target's container label (honor_labels)
         ]
         info_labels += [(n, info.labels.get(k, "")) for k, n in label_names]
         info_labels += [(n, info.annotations.get(k, "")) for k, n in annotation_names]

@@ -45,6 +45,12 @@ IDENTITY_LABELS = frozenset(
 CURRENT_SCHEME = ("namespace", "pod", "container")
 OLD_SCHEME = ("pod_namespace", "pod_name", "container_name")
 VGPU_LABEL = "vgpu"
+# Every upstream series leaves with these labels, empty when no pod is known. Prometheus
+# drops empty labels on ingestion, but with honor_labels: true an explicit empty value stops
+# the scrape target's own pod/namespace/container (the enricher's pod) from being attached:
+# a series about a GPU must never name the monitoring pod.
+POD_GUARD_LABELS = ("container", "namespace", "pod")
+_GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
 
 MAX_LABEL_VALUE_LENGTH = 1024
 
@@ -268,7 +274,9 @@ class Rewriter:
                 for name in (scheme[2], scheme[0], scheme[1]):
                     if name in values:
                         new_pairs.append((name, values[name]))
-            out = _Block(key, identity, render_labels(new_pairs) or "")
+            present = {n for n, _ in new_pairs}
+            new_pairs.extend((n, "") for n in POD_GUARD_LABELS if n not in present)
+            out = _Block(key, identity, render_labels(new_pairs))
         self._blocks[block] = out
         return out
 
@@ -353,7 +361,7 @@ class Rewriter:
                 new_line = f"{name}{blk.new} {value.strip()}"
                 series = name + blk.new
             else:
-                new_line = f"{name} {value.strip()}"
+                new_line = f"{name}{_GUARD_BLOCK} {value.strip()}"
                 series = name
             if series in seen:
                 dup += 1

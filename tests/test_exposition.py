@@ -28,6 +28,16 @@ UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 
 Sample = tuple[str, tuple[tuple[str, str], ...], float | str]
+GUARDS = (("container", ""), ("namespace", ""), ("pod", ""))
+
+
+def with_guards(items: list[Sample]) -> list[Sample]:
+    """What the rewrite adds to every upstream series: empty pod labels where there were none."""
+    out = []
+    for name, labels, value in items:
+        d = dict(GUARDS) | dict(labels)
+        out.append((name, tuple(sorted(d.items())), value))
+    return out
 
 
 def samples(text: str) -> list[Sample]:
@@ -142,7 +152,9 @@ def test_old_naming_scheme() -> None:
     assert labels["pod_name"] == "p"
     assert labels["pod_namespace"] == "ns"
     assert labels["container_name"] == "c"
-    assert "pod" not in labels
+    # The current names are present too, empty: they keep Prometheus (honor_labels: true)
+    # from attaching the enricher's own pod to the series.
+    assert (labels["pod"], labels["namespace"], labels["container"]) == ("", "", "")
 
 
 def test_mig_instance_keyed_by_gpu_instance_id() -> None:
@@ -152,7 +164,7 @@ def test_mig_instance_keyed_by_gpu_instance_id() -> None:
     )
     out = rewrite(text, {(UUID_A, "2"): Owner("ns", "p", "c")})
     by_gi = {dict(lbl)["GPU_I_ID"]: dict(lbl) for _, lbl, _ in samples(out)}
-    assert "pod" not in by_gi["1"]
+    assert by_gi["1"]["pod"] == ""
     assert by_gi["2"]["pod"] == "p"
 
 
@@ -184,7 +196,7 @@ def test_invalid_lines_are_dropped_and_counted() -> None:
         "# random comment\n"
     )
     r = Rewriter().rewrite(text, RewritePlan())
-    assert samples(r.text) == [("good", (), 1.0)]
+    assert samples(r.text) == [("good", GUARDS, 1.0)]
     assert r.invalid_lines == 5
 
 
@@ -197,7 +209,7 @@ def test_interleaved_families_are_regrouped() -> None:
     out = rewrite(text)
     assert out.count("# HELP a ") == 1
     assert sorted(samples(out)) == sorted(
-        samples(text.replace("# HELP a First again.\n# TYPE a gauge\n", ""))
+        with_guards(samples(text.replace("# HELP a First again.\n# TYPE a gauge\n", "")))
     )
 
 
@@ -260,7 +272,7 @@ def test_real_captures_pass_through(path: object) -> None:
         assert r.invalid_lines > 0
         assert out
         return
-    assert sorted(out, key=repr) == sorted(expected, key=repr)
+    assert sorted(out, key=repr) == sorted(with_guards(expected), key=repr)
 
 
 # --------------------------------------------------------------------------- property test
@@ -351,6 +363,8 @@ def _expected(text: str, owners: Mapping[tuple[str, str], Owner]) -> list[Sample
     for name, labels, value in samples(text):
         d = dict(labels)
         owner = owners.get((d["UUID"], d.get("GPU_I_ID", ""))) if "UUID" in d else None
+        for guard in ("pod", "namespace", "container"):
+            d.setdefault(guard, "")
         if owner is not None and "vgpu" not in d:
             d.update(
                 namespace=owner.namespace[:1024],

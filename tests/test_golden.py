@@ -374,7 +374,7 @@ async def test_old_namespace_golden(node_factory: Any, update_golden: bool, prom
     rows = {s["uuid"]: s for s in series(text, "dcgm_gpu_util")}
     assert rows[U[0]]["pod_name"] == "jupyter-alice"
     assert rows[U[0]]["pod_namespace"] == "jupyterhub"
-    assert "pod" not in rows[U[0]]
+    assert rows[U[0]]["pod"] == ""  # present and empty: blocks Prometheus's target label
     # Our families copy the upstream's identity labels, in its scheme.
     mem = series(text, "gpu_container_memory_used_bytes")
     assert {"uuid", "hostname"} <= set(mem[0])
