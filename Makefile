@@ -24,9 +24,11 @@ system-deps:
 ## test: lint, type-check and run the whole suite
 test: system-deps venv lint typecheck unit
 
+LINT_PATHS := enricher tests $(wildcard bench)
+
 lint:
-	$(BIN)/ruff check enricher tests bench
-	$(BIN)/ruff format --check enricher tests bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 typecheck:
 	$(BIN)/mypy
