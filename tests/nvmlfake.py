@@ -116,9 +116,7 @@ def build_fake_nvml(out_dir: Path, defines: Sequence[str] = ()) -> Path:
     os.close(fd)
     cmd = [gcc, *CFLAGS, *flags, "-o", tmp_name, str(SOURCE)]
     # The command is built from constants and validated -D flags above.
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
     if proc.returncode != 0:
         Path(tmp_name).unlink(missing_ok=True)
         raise FakeNvmlBuildError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
