@@ -1623,7 +1623,7 @@ def test_documented_kustomize_paths_exist() -> None:
     paths = {
         m.group(1).rstrip("/")
         for text in texts
-        for m in re.finditer(r"kubectl (?:apply|delete) -k (manifests/\S+)", text)
+        for m in re.finditer(r"kubectl (?:apply|delete) -k (manifests/[^\s`]+)", text)
     }
     assert paths, "the docs show no kubectl apply -k command"
     entries = {"manifests/" + e.path for e in ENTRY_POINTS}
