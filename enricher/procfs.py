@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
 
-__all__ = ["ProcReader", "parse_btime", "parse_cgroup", "parse_stat"]
+__all__ = ["ProcReader", "container_chain", "parse_btime", "parse_cgroup", "parse_stat"]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,30 @@ def _interpret_path(path: str) -> CgroupRef | None:
     if pod is None and cid is None:
         return None  # a conmon outside any pod: not a layout we know
     return CgroupRef(pod_uid=pod, container_id=cid, runtime=runtime, path=path)
+
+
+def container_chain(path: str) -> tuple[str, ...]:
+    """Every container ID a cgroup path names, outermost first.
+
+    ``parse_cgroup`` keeps one (outside a pod, the innermost); a path can name more: Docker in
+    Docker (``/docker/<outer>/docker/<inner>``), or a kind node container around a pod. The
+    inner container then belongs to a daemon running inside the outer one, and the host's
+    Docker knows only the outer: a caller that asks the host daemon falls back along this
+    chain. Pure; never raises.
+    """
+    if len(path) > MAX_LINE_CHARS:
+        return ()
+    segments = [s for s in path.split("/") if s and s != "."]
+    chain: list[str] = []
+    for i, segment in enumerate(segments):
+        if ":" in segment:
+            colon = _colon_form(segment)
+            found = colon[1] if colon is not None else None
+        else:
+            found = _container_of(segment, segments[i - 1] if i else "")
+        if found is not None and found[0] is not None and found[0] not in chain:
+            chain.append(found[0])
+    return tuple(chain)
 
 
 def _line_priority(hierarchy: str, controllers: str) -> int:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from enricher import fakeproc, procfs
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
-from enricher.procfs import ProcReader, parse_btime, parse_cgroup, parse_stat
+from enricher.procfs import ProcReader, container_chain, parse_btime, parse_cgroup, parse_stat
 
 UID = "0b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e8"
 UID_ = UID.replace("-", "_")
@@ -214,6 +214,76 @@ CGROUP_CASES = [
     pytest.param(
         *one(f"/docker/{NODE}/docker/{CID}", None, CID, DOCKER), id="docker-in-docker-innermost"
     ),
+    # --- Docker hosts without Kubernetes (issue 8)
+    pytest.param(
+        "".join(
+            f"{n}:{ctl}:/docker/{CID}\n"
+            for n, ctl in ((12, "pids"), (11, "memory"), (10, "cpu,cpuacct"), (1, "name=systemd"))
+        )
+        + "0::/system.slice/containerd.service\n",
+        ref(None, CID, DOCKER, f"/docker/{CID}"),
+        id="docker-host-v1-cgroupfs-file",
+    ),
+    pytest.param(
+        v1_file(*[f"/system.slice/docker-{CID}.scope"] * 3),
+        ref(None, CID, DOCKER, f"/system.slice/docker-{CID}.scope"),
+        id="docker-host-v1-systemd-file",
+    ),
+    pytest.param(
+        f"4:memory:/system.slice/docker-{CID}.scope\n1:name=systemd:/system.slice/docker-{CID}"
+        f".scope\n0::/system.slice/docker-{CID}.scope\n",
+        ref(None, CID, DOCKER, f"/system.slice/docker-{CID}.scope"),
+        id="docker-host-hybrid",
+    ),
+    pytest.param(*one(f"/docker/{CID}", None, CID, DOCKER), id="docker-host-v2-cgroupfs-driver"),
+    pytest.param(
+        *one(
+            f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{CID}.scope",
+            None,
+            CID,
+            DOCKER,
+        ),
+        id="rootless-docker-v2",
+    ),
+    pytest.param(
+        *one(
+            f"/user.slice/user-1001.slice/user@1001.service/user.slice/docker-{CID}.scope/init.scope",
+            None,
+            CID,
+            DOCKER,
+        ),
+        id="rootless-docker-systemd-in-container",
+    ),
+    pytest.param(
+        *one(f"/gpu.slice/docker-{CID}.scope", None, CID, DOCKER), id="docker-cgroup-parent-slice"
+    ),
+    pytest.param(*one(f"/gpu-jobs/{CID}", None, CID, UNK), id="docker-cgroup-parent-cgroupfs"),
+    pytest.param(
+        *one(f"/system.slice/docker-{CID}.scope/system.slice/jupyter.service", None, CID, DOCKER),
+        id="docker-systemd-in-container-service",
+    ),
+    # Read from a container with its own cgroup namespace (Docker's default on cgroup v2).
+    pytest.param(
+        *one(f"/../docker-{CID}.scope", None, CID, DOCKER), id="docker-private-cgroupns-systemd"
+    ),
+    pytest.param(
+        *one(f"/../../system.slice/docker-{CID}.scope", None, CID, DOCKER),
+        id="docker-private-cgroupns-deeper",
+    ),
+    pytest.param(*one(f"/../{CID}", None, CID, UNK), id="docker-private-cgroupns-cgroupfs"),
+    # The daemons themselves (and, for rootless Docker without cgroup delegation, the
+    # containers it could not give a cgroup of their own) are host processes.
+    pytest.param(*one("/system.slice/docker.service", None, None, UNK), id="dockerd-itself"),
+    pytest.param(*one("/system.slice/containerd.service", None, None, UNK), id="containerd-itself"),
+    pytest.param(
+        *one(
+            "/user.slice/user-1000.slice/user@1000.service/app.slice/docker.service",
+            None,
+            None,
+            UNK,
+        ),
+        id="rootless-dockerd-itself",
+    ),
     # --- malformed container ids: the pod is still known, the container is not
     pytest.param(*one(f"/kubepods/pod{UID}/{CID[:63]}", UID, None, UNK), id="container-id-63-hex"),
     pytest.param(
@@ -339,6 +409,44 @@ _LINES = st.builds(
 def test_parse_cgroup_never_raises_on_cgroup_like_text(lines: list[str]) -> None:
     text = "\n".join(lines)
     _check_invariants(text, parse_cgroup(text))
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param(f"/docker/{CID}", (CID,), id="one"),
+        pytest.param(f"/system.slice/docker-{CID}.scope/init.scope", (CID,), id="scope"),
+        pytest.param(f"/docker/{NODE}/docker/{CID}", (NODE, CID), id="docker-in-docker"),
+        pytest.param(
+            f"/system.slice/docker-{NODE}.scope/docker/{CID}", (NODE, CID), id="dind-systemd-host"
+        ),
+        pytest.param(
+            f"/docker/{NODE}/kubepods/burstable/pod{UID}/{CID}", (NODE, CID), id="kind-node"
+        ),
+        pytest.param(f"/kubepods-pod{UID_}.slice:cri-containerd:{CID}", (CID,), id="colon-form"),
+        pytest.param(f"/kubepods/pod{UID}/{CID}/docker/{CID}", (CID,), id="repeated-once"),
+        pytest.param(f"{SYSD_BURST}/crio-conmon-{CID}.scope", (), id="conmon-is-no-container"),
+        pytest.param("/system.slice/docker.service", (), id="host"),
+        pytest.param("/", (), id="root"),
+        pytest.param(f"/docker/{CID[:63]}", (), id="short-id"),
+        pytest.param(f"/{'x' * 4100}/docker/{CID}", (), id="over-long"),
+    ],
+)
+def test_container_chain(path: str, expected: tuple[str, ...]) -> None:
+    assert container_chain(path) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, max_size=8))
+def test_container_chain_agrees_with_parse_cgroup(segments: list[str]) -> None:
+    path = "/" + "/".join(segments)
+    chain = container_chain(path)
+    ref_ = parse_cgroup(f"0::{path}\n")
+    assert all(_HEX64_RE.fullmatch(c) for c in chain)
+    assert len(set(chain)) == len(chain)
+    # Whatever container parse_cgroup names is on the chain.
+    if ref_ is not None and ref_.container_id is not None:
+        assert ref_.container_id in chain
 
 
 # --------------------------------------------------------------------------- stat
