@@ -1,74 +1,365 @@
-"""The landing page at ``/``: this node's GPUs and who is on them, self-contained HTML."""
+"""The page at ``/``: this node's GPUs and who is on each, as of the last scrape.
+
+The ``ps`` view as a page: one section per GPU or MIG instance with a memory bar per container,
+SM utilization, namespace, pod, container, workload and the memory of processes that belong
+to no pod. It refreshes itself and loads nothing from elsewhere (inline CSS, no script), so it
+works offline and behind ``kubectl port-forward``.
+
+``build_view`` and ``parse_device_memory`` are pure; ``render_landing`` only writes HTML.
+"""
 
 from __future__ import annotations
 
 import html
+import re
 import time
-from typing import TYPE_CHECKING
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from . import __version__
 from .config import Config
+from .enrich import Attribution
+from .exposition import DeviceKey, parse_label_block, unescape_label_value
+from .model import GpuSnapshot, SourceStatus
 
 if TYPE_CHECKING:
     from .app import ScrapeResult
 
+REFRESH_SECONDS = 10
+MIB = 2**20
+MAX_PIDS_SHOWN = 8
+# dcgm-exporter's framebuffer gauges (MiB), as they leave the enricher.
+_FB_RE = re.compile(rb"^DCGM_FI_DEV_FB_(USED|FREE)\{([^\n]*)\} ([^ \n]+)", re.MULTILINE)
+
+
+# --------------------------------------------------------------------------- pure: the view
+
+
+class Allocation(Protocol):
+    """A device (or replica) the kubelet gave a container (enrich.AllocatedDevice)."""
+
+    @property
+    def key(self) -> DeviceKey: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def container(self) -> str: ...
+    @property
+    def resource(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRow:
+    """One container on a device, or the processes of one unattributed reason."""
+
+    namespace: str
+    pod: str
+    container: str
+    workload: str
+    memory_bytes: int | None  # None when NVML could not tell for any of its processes
+    util_ratio: float | None  # None where NVML has no per-process data (MIG)
+    processes: tuple[tuple[int, str], ...]  # (pid, command)
+    reason: str = ""  # non-empty: no pod, and why
+    allocated: str = ""  # resource names the kubelet allocated to it on this device
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    key: DeviceKey
+    title: str  # "GPU 0", "GPU 2 · MIG 3g.40gb (GI 1)"
+    model: str
+    used_bytes: float | None  # device memory in use, from the upstream; None if unknown
+    total_bytes: float | None
+    owners: tuple[OwnerRow, ...] = ()
+
+    @property
+    def unattributed_bytes(self) -> int:
+        return sum(o.memory_bytes or 0 for o in self.owners if o.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PageView:
+    devices: tuple[DeviceView, ...] = ()
+    statuses: tuple[SourceStatus, ...] = ()
+    finished_at: float | None = None
+    pods: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+
+    @property
+    def unattributed_bytes(self) -> int:
+        return sum(d.unattributed_bytes for d in self.devices)
+
+    @property
+    def allocations_known(self) -> bool:
+        """Whether the kubelet's allocations were read on the last scrape."""
+        return any(s.name == "podresources" and s.enabled and s.up for s in self.statuses)
+
+
+def parse_device_memory(body: bytes) -> dict[DeviceKey, tuple[float, float]]:
+    """(used, total) bytes per device from the FB_USED/FB_FREE series of an exposition body.
+
+    Lines that do not parse, lack a UUID or carry a non-numeric value are skipped; a device
+    whose series repeat (vGPU copies) keeps the last pair seen.
+    """
+    seen: dict[DeviceKey, dict[str, float]] = defaultdict(dict)
+    for m in _FB_RE.finditer(body):
+        pairs = parse_label_block(m.group(2).decode("utf-8", "replace"))
+        if pairs is None:
+            continue
+        labels = {name: unescape_label_value(raw) for name, raw in pairs}
+        uuid = labels.get("UUID") or labels.get("uuid")
+        if not uuid:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if value != value or value < 0:  # NaN or negative: no memory figure
+            continue
+        seen[(uuid, labels.get("GPU_I_ID", ""))][m.group(1).decode()] = value * MIB
+    return {
+        key: (vals["USED"], vals["USED"] + vals["FREE"])
+        for key, vals in seen.items()
+        if "USED" in vals and "FREE" in vals
+    }
+
+
+def _owner_rows(
+    attributions: Sequence[Attribution], allocations: Sequence[Allocation] = ()
+) -> tuple[OwnerRow, ...]:
+    groups: dict[tuple[str, str, str, str], list[Attribution]] = defaultdict(list)
+    for a in attributions:
+        if a.pod is not None:
+            groups[(a.pod.namespace, a.pod.name, a.container, "")].append(a)
+        else:
+            groups[("", "", "", a.reason or "unknown")].append(a)
+    given: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for al in allocations:
+        given[(al.namespace, al.pod, al.container)].add(al.resource)
+    rows = []
+    for (ns, pod, container, reason), members in groups.items():
+        info = members[0].pod
+        known_mem = [m.process.used_memory_bytes for m in members]
+        known_util = [m.process.sm_util_ratio for m in members]
+        rows.append(
+            OwnerRow(
+                namespace=ns,
+                pod=pod,
+                container=container,
+                workload=f"{info.workload_kind}/{info.workload_name}" if info else "",
+                memory_bytes=(
+                    sum(v for v in known_mem if v is not None)
+                    if any(v is not None for v in known_mem)
+                    else None
+                ),
+                util_ratio=(
+                    min(1.0, sum(v for v in known_util if v is not None))
+                    if any(v is not None for v in known_util)
+                    else None
+                ),
+                processes=tuple(sorted((m.process.pid, m.comm) for m in members)),
+                reason=reason,
+                allocated=", ".join(sorted(given.pop((ns, pod, container), ()))) if pod else "",
+            )
+        )
+    # Allocated containers with no process on the device: the idle allocations.
+    for (ns, pod, container), resources in given.items():
+        rows.append(OwnerRow(ns, pod, container, "", 0, None, (), "", ", ".join(sorted(resources))))
+    # Pods first, biggest memory first; unattributed last.
+    rows.sort(key=lambda r: (bool(r.reason), -(r.memory_bytes or 0), r.namespace, r.pod))
+    return tuple(rows)
+
+
+def _device_list(snapshot: GpuSnapshot) -> list[tuple[DeviceKey, str, str]]:
+    out: list[tuple[DeviceKey, str, str]] = []
+    for dev in sorted(snapshot.devices, key=lambda d: d.index):
+        migs = sorted((m for m in snapshot.migs if m.gpu_uuid == dev.uuid), key=lambda m: m.gi_id)
+        if dev.mig_enabled and migs:
+            for mig in migs:
+                profile = f"MIG {mig.profile} " if mig.profile else "MIG "
+                out.append(
+                    (
+                        (dev.uuid, str(mig.gi_id)),
+                        f"GPU {dev.index} · {profile}(GI {mig.gi_id})",
+                        dev.name,
+                    )
+                )
+        else:
+            out.append(((dev.uuid, ""), f"GPU {dev.index}", dev.name))
+    return out
+
+
+def build_view(last: ScrapeResult | None) -> PageView:
+    """Who is on which device at the last scrape, with device memory from the upstream."""
+    if last is None:
+        return PageView()
+    by_device: dict[DeviceKey, list[Attribution]] = defaultdict(list)
+    for a in last.attributions:
+        by_device[a.device_key].append(a)
+    # Allocations come with the kubelet PodResources source; older results have none.
+    allocations: Sequence[Allocation] = getattr(last, "allocations", None) or ()
+    allocated: dict[DeviceKey, list[Allocation]] = defaultdict(list)
+    for al in allocations:
+        allocated[al.key].append(al)
+    memory = parse_device_memory(last.body)
+    devices = []
+    listed: set[DeviceKey] = set()
+    for key, title, model in _device_list(last.snapshot):
+        listed.add(key)
+        used, total = memory.get(key, (None, None))
+        owners = _owner_rows(by_device[key], allocated[key])
+        devices.append(DeviceView(key, title, model, used, total, owners))
+    # Devices NVML did not list on this scrape: never hide who is on them.
+    for key in sorted((set(by_device) | set(allocated)) - listed):
+        used, total = memory.get(key, (None, None))
+        title = f"{key[0]}" + (f" (GI {key[1]})" if key[1] else "")
+        owners = _owner_rows(by_device[key], allocated[key])
+        devices.append(DeviceView(key, title, "", used, total, owners))
+    pods = frozenset((o.namespace, o.pod) for d in devices for o in d.owners if o.pod)
+    return PageView(tuple(devices), tuple(last.statuses), last.finished_at, pods)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / MIB:.0f} MiB"
+
+
+def _bar(part: float | None, whole: float | None, css: str = "") -> str:
+    if part is None or not whole:
+        return ""
+    pct = max(0.0, min(100.0, 100.0 * part / whole))
+    return (
+        f"<div class='bar' title='{pct:.1f}% of the device'>"
+        f"<span class='{css}' style='width:{pct:.1f}%'></span></div>"
+    )
+
+
+def _processes(row: OwnerRow) -> str:
+    shown = [f"{pid} {comm}".strip() for pid, comm in row.processes[:MAX_PIDS_SHOWN]]
+    more = len(row.processes) - MAX_PIDS_SHOWN
+    if more > 0:
+        shown.append(f"+{more} more")
+    return _e(", ".join(shown))
+
+
+def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
+    owners_mem = sum(o.memory_bytes or 0 for o in dev.owners)
+    scale = dev.total_bytes or max(owners_mem, dev.used_bytes or 0) or None
+    span = max(1, len(dev.owners))
+    used = _bytes(dev.used_bytes) if dev.used_bytes is not None else _bytes(owners_mem)
+    total = f" of {_bytes(dev.total_bytes)}" if dev.total_bytes else ""
+    head = (
+        f"<th scope='rowgroup' rowspan='{span}' class='dev'>{_e(dev.title)}"
+        f"<small>{_e(dev.model)}</small>"
+        f"<small>{_e(used)}{_e(total)} used</small>"
+        f"{_bar(dev.used_bytes, dev.total_bytes)}</th>"
+    )
+    if not dev.owners:
+        return f"<tbody><tr>{head}<td colspan='8' class='idle'>no process</td></tr></tbody>"
+    not_allocated = "<span class='un'>not allocated</span>" if allocations_known else ""
+    rows = []
+    for i, o in enumerate(dev.owners):
+        util = "n/a" if o.util_ratio is None else f"{o.util_ratio * 100:.0f}%"
+        mem = (
+            f"{_bar(o.memory_bytes, scale, 'un' if o.reason else '')}"
+            f"<span class='num'>{_e(_bytes(o.memory_bytes))}</span>"
+        )
+        if o.reason:
+            who = (
+                "<td></td><td class='un' colspan='2'>unattributed: "
+                f"<code>{_e(o.reason)}</code></td><td></td><td></td>"
+            )
+        else:
+            who = (
+                f"<td>{_e(o.namespace)}</td><td class='pod'>{_e(o.pod)}</td>"
+                f"<td>{_e(o.container)}</td><td>{_e(o.workload)}</td>"
+                f"<td>{_e(o.allocated) or not_allocated}</td>"
+            )
+        procs = _processes(o) or "<span class='un'>no process: allocated, idle</span>"
+        cells = (
+            f"<td class='mem'>{mem}</td><td class='num'>{_e(util)}</td>"
+            f"{who}<td class='pids'>{procs}</td>"
+        )
+        rows.append(f"<tr>{head if i == 0 else ''}{cells}</tr>")
+    return "<tbody>" + "".join(rows) + "</tbody>"
+
+
+def _sources(statuses: Sequence[SourceStatus]) -> str:
+    chips = []
+    for st in statuses:
+        state = "off" if not st.enabled else ("up" if st.up else "down")
+        chips.append(f"<span class='chip {state}'>{_e(st.name)}: {state}</span>")
+    return " ".join(chips)
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:1.5em;color:#1d1d1f}"
+    "h1{font-size:1.4em;margin:0 0 .3em}small{display:block;color:#666;font-weight:normal}"
+    "table{border-collapse:collapse;width:100%;margin-top:1em}"
+    "th,td{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}"
+    "thead th{background:#f3f3f5}th.dev{width:14em;background:#fafafa}"
+    ".bar{background:#e6e6ea;height:.7em;width:8em;display:inline-block;margin-right:.5em}"
+    "td.mem,td.num{white-space:nowrap}"
+    ".bar span{display:block;height:100%;background:#3b7dd8}.bar span.un{background:#d8893b}"
+    ".num{font-variant-numeric:tabular-nums}.un{color:#a65a00}.idle{color:#888}"
+    ".pids{font-size:.85em;color:#555}.chip{padding:.1em .5em;border-radius:.8em;"
+    "font-size:.85em;margin-right:.3em}.chip.up{background:#dff3e3}.chip.down"
+    "{background:#f8d7da}.chip.off{background:#eee}.banner{background:#fff3cd;"
+    "padding:.5em 1em;border:1px solid #e0c36a}"
+)
+
 
 def render_landing(last: ScrapeResult | None, config: Config) -> str:
-    """A small self-contained page: links and who was on the GPUs at the last scrape."""
-    rows = []
-    if last is not None:
-        for a in sorted(last.attributions, key=lambda a: (a.process.gpu_index, a.process.pid)):
-            p = a.process
-            mem = "" if p.used_memory_bytes is None else f"{p.used_memory_bytes / 2**20:.0f} MiB"
-            util = "" if p.sm_util_ratio is None else f"{p.sm_util_ratio * 100:.0f}%"
-            device = f"{p.gpu_index}" + (f" / GI {p.gi_id}" if p.gi_id is not None else "")
-            cells = [
-                device,
-                str(p.pid),
-                a.comm,
-                mem,
-                util,
-                a.pod.namespace if a.pod else "",
-                a.pod.name if a.pod else "",
-                a.container,
-                f"{a.pod.workload_kind}/{a.pod.workload_name}" if a.pod else "",
-                a.reason,
-            ]
-            rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    """The whole page, self-contained; ``last`` is the newest scrape (None before the first)."""
+    view = build_view(last)
     banner = (
-        "<p><strong>SIMULATED NODE</strong>: this is <code>dcgm-enricher demo</code>; no GPU, "
-        "process or pod here is real.</p>"
+        "<p class='banner'><strong>SIMULATED NODE</strong>: this is "
+        "<code>dcgm-enricher demo</code>; no GPU, process or pod here is real.</p>"
         if config.simulated
         else ""
     )
-    when = (
-        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last.finished_at))
-        if last
-        else "no scrape yet: open /metrics or wait for Prometheus"
+    node = f" on {_e(config.kube_node_name)}" if config.kube_node_name else ""
+    if view.finished_at is None:
+        when = "no scrape yet: open /metrics, or wait for Prometheus to scrape"
+    else:
+        age = max(0.0, time.time() - view.finished_at)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.finished_at))
+        when = f"as of the last scrape, {stamp} ({age:.0f} s ago)"
+    summary = (
+        f"<p>{len(view.devices)} devices · {len(view.pods)} pods on them · "
+        f"unattributed memory {_e(_bytes(view.unattributed_bytes))} · {_sources(view.statuses)}"
+        "</p>"
     )
-    head = [
-        "device",
-        "pid",
-        "process",
-        "memory",
-        "SM util",
-        "namespace",
-        "pod",
-        "container",
-        "workload",
-        "unattributed reason",
-    ]
+    head = (
+        "<thead><tr><th scope='col'>device</th><th scope='col'>memory</th>"
+        "<th scope='col'>SM util</th><th scope='col'>namespace</th><th scope='col'>pod</th>"
+        "<th scope='col'>container</th><th scope='col'>workload</th>"
+        "<th scope='col'>allocated</th><th scope='col'>processes</th></tr></thead>"
+    )
+    body = "".join(_device_rows(d, view.allocations_known) for d in view.devices)
+    if not view.devices:
+        body = "<tbody><tr><td colspan='9' class='idle'>no GPU seen yet</td></tr></tbody>"
     return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>dcgm-enricher</title>"
-        "<meta http-equiv='refresh' content='15'>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}</style></head><body>"
-        f"<h1>dcgm-enricher {html.escape(__version__)}</h1>{banner}"
-        "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
-        f"<h2>GPU processes at the last scrape ({html.escape(when)})</h2>"
-        "<table><tr>"
-        + "".join(f"<th>{h}</th>" for h in head)
-        + "</tr>"
-        + "".join(rows)
-        + "</table></body></html>"
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='refresh' content='{REFRESH_SECONDS}'>"
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+        f"<title>dcgm-enricher{node}</title><style>{_CSS}</style></head><body>"
+        f"<h1>GPUs{node}</h1>{banner}"
+        f"<p>{_e(when)} · refreshes every {REFRESH_SECONDS} s · "
+        "<a href='metrics'>/metrics</a> · <a href='healthz'>/healthz</a> · "
+        f"dcgm-enricher {_e(__version__)}</p>"
+        f"{summary}<table id='gpus'>{head}{body}</table></body></html>"
     )

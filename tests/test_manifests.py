@@ -750,6 +750,11 @@ MONITOR_SCHEMAS = {
 
 def schema_errors(doc: Doc, k8s_version: str) -> list[str]:
     """Schema violations of one object: Kubernetes kinds strictly, monitors by our subset."""
+    if doc["kind"] == "PrometheusRule":
+        from .test_rules import PROMETHEUS_RULE_SCHEMA
+
+        validator = jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA)
+        return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
     if doc["kind"] in MONITOR_SCHEMAS:
         validator = jsonschema.Draft202012Validator(MONITOR_SCHEMAS[doc["kind"]])
         return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
@@ -775,6 +780,7 @@ def test_every_kustomization_is_known() -> None:
         "components/podmonitor",
         "components/runtimeclass-nvidia",
         "components/add-to-dcgm-exporter",
+        "monitoring",
     }
 
 
@@ -818,8 +824,16 @@ def test_podmonitor_swap_builds_and_keeps_invariants(entry: EntryPoint, tmp_path
 @needs_kubectl
 @pytest.mark.parametrize("entry", ENTRY_POINTS, ids=lambda e: e.path)
 def test_without_prometheus_operator(entry: EntryPoint, tmp_path: Path) -> None:
-    """Dropping the monitor line leaves nothing that needs the Prometheus Operator's CRDs."""
-    docs = edited_overlay(tmp_path, entry.path, "- ../../components/servicemonitor", "")
+    """Dropping the monitor and monitoring lines leaves nothing that needs the Prometheus
+    Operator's CRDs (the rules then go to Prometheus as the plain rules file)."""
+    docs = edited_overlay(
+        tmp_path,
+        entry.path,
+        "- ../../components/servicemonitor\n"
+        "  # The alert and recording rules (PrometheusRule) and the Grafana dashboard ConfigMap.\n"
+        "  - ../../monitoring",
+        "",
+    )
     assert {d["apiVersion"].split("/")[0] for d in docs} <= {
         "v1",
         "apps",

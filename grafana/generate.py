@@ -1,0 +1,962 @@
+"""Generate the Grafana dashboard (grafana/dcgm-enricher.json) and its ConfigMap for the Grafana
+sidecar (manifests/monitoring/grafana-dashboard.yaml).
+
+The dashboard is written as code here, like a monitoring mixin, so that every panel's query is
+built from the same filters and the tests can run each of them against a real Prometheus.
+
+    python grafana/generate.py          # rewrite both files
+    python grafana/generate.py --check  # exit 1 if either is out of date (what the tests check)
+
+Pod label names: every query writes ``${label_prefix}namespace``, ``${label_prefix}pod`` and
+``${label_prefix}container``. ``label_prefix`` is a dashboard text box: empty when Prometheus
+scrapes the enricher with ``honor_labels: true`` (every manifest here), ``exported_`` when it
+scrapes with ``honor_labels: false`` and renamed the enricher's labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
+CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
+
+UID = "dcgm-enricher-gpu"
+TITLE = "dcgm-enricher / GPU workloads"
+SCHEMA_VERSION = 39  # Grafana 11.0; newer Grafanas migrate it on load
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RUNBOOK = "https://example.invalid/dcgm-enricher/blob/main/docs/runbook.md"
+USER = "annotation_hub_jupyter_org_username"
+
+# Pod label names as Prometheus stored them (see the module docstring).
+NS = "${label_prefix}namespace"
+POD = "${label_prefix}pod"
+CTR = "${label_prefix}container"
+
+# A device: the node (dcgm-exporter's Hostname: the node name when NODE_NAME is set, as in every
+# manifest here), the GPU index and, for MIG, the GPU instance.
+DEVICE = "cluster, Hostname, gpu, GPU_I_ID"
+DEV_FILTER = ('cluster=~"$cluster"', 'Hostname=~"$node"', 'gpu=~"$gpu"')
+POD_FILTER = (*DEV_FILTER, f'{NS}=~"$namespace"', f'{POD}=~"$pod"')
+SELF_FILTER = ('cluster=~"$cluster"',)
+
+
+def sel(metric: str, *matchers: str) -> str:
+    return metric + "{" + ", ".join(matchers) + "}"
+
+
+def owners(*extra: str) -> str:
+    """The workload and user of each pod, filtered by the workload and user variables."""
+    info = sel(
+        "gpu_pod_info",
+        'cluster=~"$cluster"',
+        'workload_name=~"$workload"',
+        f'{USER}=~"$user"',
+        *extra,
+    )
+    return f"max by (cluster, {NS}, {POD}, workload_kind, workload_name, {USER}) ({info})"
+
+
+def with_owner(series: str, *extra: str) -> str:
+    """Per-container series joined to their pod's workload and user (and filtered by them)."""
+    return (
+        f"{series} * on (cluster, {NS}, {POD}) "
+        f"group_left (workload_kind, workload_name, {USER}) {owners(*extra)}"
+    )
+
+
+MEM = with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER))
+UTIL = with_owner(sel("gpu_container_utilization_ratio", *POD_FILTER))
+MEM_DEV = sel("gpu_container_memory_used_bytes", *DEV_FILTER)
+UTIL_DEV = sel("gpu_container_utilization_ratio", *DEV_FILTER)
+CONTAINER_DEVICE = f"{DEVICE}, UUID, {NS}, {POD}, {CTR}"
+
+
+def used_by_pods_on(memory: str, utilization: str) -> str:
+    """Containers' devices in use: utilization over 1%, or a process where NVML gives no
+    per-process utilization (MIG)."""
+    return f"({utilization} > 0.01 or ({memory} unless on ({CONTAINER_DEVICE}) {utilization}))"
+
+
+ALLOCATED_IDLE = (
+    f"max by ({CONTAINER_DEVICE}) ({sel('gpu_container_allocated', *POD_FILTER)}) "
+    f"unless on ({CONTAINER_DEVICE}) "
+    + used_by_pods_on(
+        sel("gpu_container_memory_used_bytes", *POD_FILTER),
+        sel("gpu_container_utilization_ratio", *POD_FILTER),
+    )
+)
+NOT_REQUESTED = (
+    f"sum by ({CONTAINER_DEVICE}, {USER}) ("
+    + with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER), 'gpu_requested="false"')
+    + f") unless on (cluster, {NS}, {POD}) gpu_container_allocated"
+)
+PODS_PER_DEVICE = f"count by ({DEVICE}) (count by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}))"
+MIG_FB_USED = sel("DCGM_FI_DEV_FB_USED", *DEV_FILTER, 'GPU_I_ID!=""')
+# MIG GPUs report memory per instance: count those, and the whole GPUs without instances.
+FB_USED_DEVICES = (
+    f"{MIG_FB_USED} or ({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} "
+    f"unless on (cluster, Hostname, gpu) {MIG_FB_USED})"
+)
+IN_USE_SHARE = (
+    f"count by ({DEVICE}, {NS}) ({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
+    f"/ on ({DEVICE}) group_left () count by ({DEVICE}) ({MEM_DEV})"
+)
+
+
+def device(metric: str, agg: str = "max") -> str:
+    return f"{agg} by (cluster, Hostname, gpu) ({sel(metric, *DEV_FILTER)})"
+
+
+# --------------------------------------------------------------------------- panel model
+
+
+@dataclass
+class Target:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    table: bool = False
+
+    def render(self, ref: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "datasource": DS,
+            "refId": ref,
+            "expr": self.expr,
+            "legendFormat": self.legend or "__auto",
+            "range": not (self.instant or self.table),
+            "instant": self.instant or self.table,
+        }
+        if self.table:
+            out["format"] = "table"
+        return out
+
+
+@dataclass
+class Panel:
+    kind: str  # stat | timeseries | table | bargauge
+    title: str
+    description: str
+    targets: list[Target]
+    unit: str = "short"
+    width: int = 8
+    height: int = 8
+    stacked: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    transformations: list[dict[str, Any]] = field(default_factory=list)
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    extra_defaults: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    title: str
+    panels: list[Panel]
+
+
+def _stat(title: str, description: str, expr: str, unit: str = "short", **kw: Any) -> Panel:
+    return Panel(
+        "stat",
+        title,
+        description,
+        [Target(expr, kw.pop("legend", ""), instant=True)],
+        unit=unit,
+        width=kw.pop("width", 4),
+        height=4,
+        options={
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none",
+            "textMode": "auto",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
+        extra_defaults={"noValue": "0", **kw.pop("defaults", {})},
+        **kw,
+    )
+
+
+def _series(title: str, description: str, *targets: Target, **kw: Any) -> Panel:
+    return Panel("timeseries", title, description, list(targets), **kw)
+
+
+def _unit(column: str, unit: str) -> dict[str, Any]:
+    return {
+        "matcher": {"id": "byName", "options": column},
+        "properties": [{"id": "unit", "value": unit}],
+    }
+
+
+def _table(
+    title: str,
+    description: str,
+    targets: list[Target],
+    names: dict[str, str],
+    sort_by: str,
+    units: dict[str, str],
+    *,
+    limit: int = 0,
+    ascending: bool = False,
+    width: int = 24,
+) -> Panel:
+    renames = {
+        "exported_namespace": "namespace",
+        "exported_pod": "pod",
+        "exported_container": "container",
+        USER: "user",
+        **names,
+    }
+    transformations: list[dict[str, Any]] = [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {"excludeByName": {"Time": True}, "renameByName": renames},
+        },
+        {"id": "sortBy", "options": {"sort": [{"field": sort_by, "desc": not ascending}]}},
+    ]
+    if limit:
+        transformations.append({"id": "limit", "options": {"limitField": limit}})
+    return Panel(
+        "table",
+        title,
+        description,
+        targets,
+        width=width,
+        transformations=transformations,
+        overrides=[_unit(col, unit) for col, unit in units.items()],
+        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
+    )
+
+
+# --------------------------------------------------------------------------- the panels
+
+DEV_LEGEND = "{{Hostname}} GPU {{gpu}}"
+POD_LEGEND = "{{" + NS + "}}/{{" + POD + "}}"
+POD_DEVICE = f"{NS}, {POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
+
+
+def rows() -> list[Row]:
+    return [
+        Row(
+            "Overview",
+            [
+                _stat(
+                    "GPUs",
+                    "Physical GPUs that report metrics (dcgm-exporter), after the cluster, "
+                    "node and GPU filters.",
+                    f"count(count by (cluster, Hostname, gpu) "
+                    f"({sel('DCGM_FI_DEV_GPU_TEMP', *DEV_FILTER)}))",
+                ),
+                _stat(
+                    "GPUs in use",
+                    "Physical GPUs with at least one process on them, in a pod or not.",
+                    f"count(count by (cluster, Hostname, gpu) ({MEM_DEV} or "
+                    f"{sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)}))",
+                ),
+                _stat(
+                    "Pods on GPUs",
+                    "Pods with a process on a GPU, after every filter.",
+                    f"count(count by (cluster, {NS}, {POD}) ({MEM}))",
+                ),
+                _stat(
+                    "GPU memory used",
+                    "Device memory in use on the selected GPUs (dcgm-exporter's framebuffer "
+                    "counters; MIG GPUs counted per instance).",
+                    # max by device: dcgm-exporter's vGPU mode repeats a device per pod.
+                    f"sum(max by ({DEVICE}) ({FB_USED_DEVICES})) * 1048576",
+                    unit="bytes",
+                ),
+                _stat(
+                    "Memory unattributed",
+                    "GPU memory held by processes that belong to no known pod (host processes, "
+                    "containers outside Kubernetes, pods the watch has not seen; the MPS "
+                    "server's own memory left out). See the GpuMemoryUnattributed runbook.",
+                    "sum("
+                    + sel("gpu_unattributed_memory_used_bytes", *DEV_FILTER, 'reason!="mps_server"')
+                    + ")",
+                    unit="bytes",
+                    defaults={"color": {"mode": "thresholds"}},
+                ),
+                _stat(
+                    "Allocated but idle",
+                    "Devices the kubelet allocated to a container that has no process on them "
+                    "or uses them under 1% right now (needs the PodResources source).",
+                    f"count({ALLOCATED_IDLE})",
+                ),
+            ],
+        ),
+        Row(
+            "Memory",
+            [
+                _series(
+                    "GPU memory by pod",
+                    "Which pods hold GPU memory (NVML's per-process memory, summed per pod "
+                    "over its devices).",
+                    Target(f"sum by ({NS}, {POD}) ({MEM})", POD_LEGEND),
+                    unit="bytes",
+                    stacked=True,
+                    width=12,
+                ),
+                _series(
+                    "GPU memory by namespace",
+                    "Which namespaces (teams) hold GPU memory.",
+                    Target(f"sum by ({NS}) ({MEM})", "{{" + NS + "}}"),
+                    unit="bytes",
+                    stacked=True,
+                    width=12,
+                ),
+                _series(
+                    "GPU memory by workload",
+                    "GPU memory per Deployment, Job, StatefulSet, ... (from gpu_pod_info): "
+                    "all replicas of a workload together.",
+                    Target(
+                        f"sum by ({NS}, workload_kind, workload_name) ({MEM})",
+                        "{{" + NS + "}}/{{workload_kind}}/{{workload_name}}",
+                    ),
+                    unit="bytes",
+                    stacked=True,
+                    width=8,
+                ),
+                _series(
+                    "GPU memory by user",
+                    "GPU memory per JupyterHub user (the hub.jupyter.org/username annotation "
+                    "on gpu_pod_info; pods without it are left out).",
+                    Target(
+                        f"sum by ({USER}) ("
+                        + with_owner(
+                            sel("gpu_container_memory_used_bytes", *POD_FILTER), f'{USER}!=""'
+                        )
+                        + ")",
+                        "{{" + USER + "}}",
+                    ),
+                    unit="bytes",
+                    stacked=True,
+                    width=8,
+                ),
+                _series(
+                    "Unattributed GPU memory by reason",
+                    "Memory of GPU processes without a pod, per device and reason "
+                    "(host_process, pod_not_found, ...).",
+                    Target(
+                        "sum by (Hostname, gpu, GPU_I_ID, reason) "
+                        f"({sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)})",
+                        DEV_LEGEND + " {{GPU_I_ID}} {{reason}}",
+                    ),
+                    unit="bytes",
+                    stacked=True,
+                    width=8,
+                ),
+            ],
+        ),
+        Row(
+            "Utilization",
+            [
+                _series(
+                    "SM utilization by pod",
+                    "Share of SM time each pod used, in GPUs: 100% is one GPU kept busy, a pod "
+                    "on two busy GPUs shows 200%. NVML has no per-process figure on MIG "
+                    "instances, so MIG pods are missing here.",
+                    Target(f"sum by ({NS}, {POD}) ({UTIL})", POD_LEGEND),
+                    unit="percentunit",
+                    stacked=True,
+                    width=12,
+                ),
+                _series(
+                    "SM utilization by namespace",
+                    "GPUs' worth of SM time used per namespace.",
+                    Target(f"sum by ({NS}) ({UTIL})", "{{" + NS + "}}"),
+                    unit="percentunit",
+                    stacked=True,
+                    width=12,
+                ),
+            ],
+        ),
+        Row(
+            "Top pods",
+            [
+                _table(
+                    "Top pods by GPU memory",
+                    "The 20 pod-device pairs holding the most GPU memory now, with their peak "
+                    "over the dashboard's time range and their SM utilization. A peak well "
+                    "under 10, 20 or 40 GiB says a MIG slice of that size would do.",
+                    [
+                        Target(f"sum by ({POD_DEVICE}) ({MEM})", table=True),
+                        Target(
+                            f"max_over_time((sum by ({POD_DEVICE}) ({MEM}))[$__range:])",
+                            table=True,
+                        ),
+                        Target(f"sum by ({POD_DEVICE}) ({UTIL})", table=True),
+                    ],
+                    {
+                        "Value #A": "memory",
+                        "Value #B": "peak memory",
+                        "Value #C": "SM utilization",
+                        "Hostname": "node",
+                        "GPU_I_ID": "MIG instance",
+                    },
+                    "memory",
+                    {
+                        "memory": "bytes",
+                        "peak memory": "bytes",
+                        "SM utilization": "percentunit",
+                    },
+                    limit=20,
+                ),
+            ],
+        ),
+        Row(
+            "Shared GPUs",
+            [
+                _series(
+                    "Pods per shared device",
+                    "Devices (GPUs or MIG instances) with processes of more than one pod: "
+                    "time-slicing, MPS, or pods that see every GPU.",
+                    Target(f"{PODS_PER_DEVICE} > 1", DEV_LEGEND + " {{GPU_I_ID}}"),
+                    width=8,
+                ),
+                Panel(
+                    "bargauge",
+                    "Memory split on shared devices",
+                    "How the memory of each shared device divides between its pods.",
+                    [
+                        Target(
+                            f"sum by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}) and on ({DEVICE}) "
+                            f"({PODS_PER_DEVICE} > 1)",
+                            DEV_LEGEND + " {{GPU_I_ID}} " + POD_LEGEND,
+                            instant=True,
+                        )
+                    ],
+                    unit="bytes",
+                    options={
+                        "displayMode": "basic",
+                        "orientation": "horizontal",
+                        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "showUnfilled": True,
+                    },
+                ),
+                Panel(
+                    "bargauge",
+                    "SM split on shared devices",
+                    "How the SM time of each shared device divides between its pods "
+                    "(not available on MIG).",
+                    [
+                        Target(
+                            f"sum by ({DEVICE}, {NS}, {POD}) ({UTIL_DEV}) and on ({DEVICE}) "
+                            f"({PODS_PER_DEVICE} > 1)",
+                            DEV_LEGEND + " {{GPU_I_ID}} " + POD_LEGEND,
+                            instant=True,
+                        )
+                    ],
+                    unit="percentunit",
+                    options={
+                        "displayMode": "basic",
+                        "orientation": "horizontal",
+                        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "showUnfilled": True,
+                    },
+                ),
+            ],
+        ),
+        Row(
+            "Waste",
+            [
+                _table(
+                    "Allocated but idle",
+                    "Devices allocated to a container that has no process on them, or only "
+                    "processes under 1% SM utilization, right now (GpuAllocatedIdle fires "
+                    "after two hours). Needs the PodResources source.",
+                    [Target(ALLOCATED_IDLE, table=True)],
+                    {"Value": "allocated", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    "namespace",
+                    {},
+                    ascending=True,
+                    width=8,
+                ),
+                _table(
+                    "Memory held while idle",
+                    "Containers holding over 1 GiB of GPU memory with no SM use for the last "
+                    "hour: finished jobs and notebooks that kept their CUDA context.",
+                    [
+                        Target(
+                            f"sum by ({CONTAINER_DEVICE}) "
+                            f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
+                            f"> 1073741824 and on ({CONTAINER_DEVICE}) "
+                            f"max by ({CONTAINER_DEVICE}) (max_over_time("
+                            f"{sel('gpu_container_utilization_ratio', *POD_FILTER)}[1h])) < 0.01",
+                            table=True,
+                        )
+                    ],
+                    {"Value": "memory", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    "memory",
+                    {"memory": "bytes"},
+                    width=8,
+                ),
+                _table(
+                    "Used without request",
+                    "Pods with processes on a GPU that requested no nvidia.com resource and "
+                    "hold no allocation (for example NVIDIA_VISIBLE_DEVICES=all).",
+                    [Target(NOT_REQUESTED, table=True)],
+                    {"Value": "memory", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    "memory",
+                    {"memory": "bytes"},
+                    width=8,
+                ),
+                _series(
+                    "Allocated and in use, by namespace",
+                    "Devices allocated to each namespace (solid) against the devices its "
+                    "processes actually use (a shared device split between its containers). "
+                    "The gap is waste; in-use above allocated is use without request.",
+                    Target(
+                        f"sum by ({NS}) ({sel('gpu_container_allocated', *POD_FILTER)})",
+                        "{{" + NS + "}} allocated",
+                    ),
+                    Target(f"sum by ({NS}) ({IN_USE_SHARE})", "{{" + NS + "}} in use"),
+                    width=24,
+                ),
+            ],
+        ),
+        Row(
+            "Device health",
+            [
+                _series(
+                    "Temperature",
+                    "GPU temperature; GpuTemperatureHigh fires above 85 °C.",
+                    Target(device("DCGM_FI_DEV_GPU_TEMP"), DEV_LEGEND),
+                    unit="celsius",
+                ),
+                _series(
+                    "Power",
+                    "Power draw per GPU, in watts.",
+                    Target(device("DCGM_FI_DEV_POWER_USAGE"), DEV_LEGEND),
+                    unit="watt",
+                ),
+                _series(
+                    "Device memory used",
+                    "Share of each GPU's (or MIG instance's) memory in use; "
+                    "GpuMemoryNearlyFull fires above 95%.",
+                    Target(
+                        "max by (cluster, Hostname, gpu, GPU_I_ID) ("
+                        f"{sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} / "
+                        f"({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} + "
+                        f"{sel('DCGM_FI_DEV_FB_FREE', *DEV_FILTER)}))",
+                        DEV_LEGEND + " {{GPU_I_ID}}",
+                    ),
+                    unit="percentunit",
+                ),
+                _series(
+                    "GPU utilization",
+                    "dcgm-exporter's device utilization (the share of time a kernel ran).",
+                    Target(device("DCGM_FI_DEV_GPU_UTIL"), DEV_LEGEND),
+                    unit="percent",
+                ),
+                _series(
+                    "Last XID",
+                    "The last XID error code per GPU (0: none). See the runbook for which "
+                    "codes are critical.",
+                    Target(device("DCGM_FI_DEV_XID_ERRORS"), DEV_LEGEND),
+                ),
+                _series(
+                    "Remapped memory rows",
+                    "Rows remapped after uncorrectable and correctable memory errors, and "
+                    "remap failures (any failure: replace the GPU).",
+                    Target(
+                        device("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
+                        DEV_LEGEND + " uncorrectable",
+                    ),
+                    Target(
+                        device("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
+                        DEV_LEGEND + " correctable",
+                    ),
+                    Target(device("DCGM_FI_DEV_ROW_REMAP_FAILURE"), DEV_LEGEND + " failure"),
+                ),
+                _series(
+                    "PCIe replays",
+                    "PCIe transfers the link had to retry, per second; GpuPcieReplaysHigh "
+                    "fires above 8 a minute.",
+                    Target(
+                        "sum by (cluster, Hostname, gpu) (rate("
+                        f"{sel('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', *DEV_FILTER)}"
+                        "[$__rate_interval]))",
+                        DEV_LEGEND,
+                    ),
+                    unit="cps",
+                ),
+                _series(
+                    "Clocks",
+                    "SM and memory clocks: an SM clock far under its peers' while busy means "
+                    "thermal or power throttling.",
+                    Target(device("DCGM_FI_DEV_SM_CLOCK"), DEV_LEGEND + " SM"),
+                    Target(device("DCGM_FI_DEV_MEM_CLOCK"), DEV_LEGEND + " memory"),
+                    unit="rotmhz",
+                ),
+            ],
+        ),
+        Row(
+            "dcgm-enricher",
+            [
+                _stat(
+                    "Sources up (worst node)",
+                    "Per data source, 1 when it worked on every node's last scrape, 0 when it "
+                    "failed on at least one (see the table beside).",
+                    f"min by (source) ({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
+                    legend="{{source}}",
+                    width=8,
+                    defaults={
+                        "mappings": [
+                            {
+                                "type": "value",
+                                "options": {
+                                    "0": {"text": "down", "color": "red"},
+                                    "1": {"text": "up", "color": "green"},
+                                },
+                            }
+                        ],
+                        "color": {"mode": "thresholds"},
+                        "thresholds": {
+                            "mode": "absolute",
+                            "steps": [
+                                {"color": "red", "value": None},
+                                {"color": "green", "value": 1},
+                            ],
+                        },
+                    },
+                ),
+                _stat(
+                    "Enrichers reporting",
+                    "Enricher instances scraped, by version.",
+                    f"count by (version) ({sel('dcgm_enricher_build_info', *SELF_FILTER)})",
+                    legend="{{version}}",
+                    width=4,
+                ),
+                _stat(
+                    "Pod watch age",
+                    "Longest time since an enricher last heard from the Kubernetes API.",
+                    "max(time() - "
+                    f"{sel('dcgm_enricher_kubernetes_last_sync_timestamp_seconds', *SELF_FILTER)})",
+                    unit="s",
+                    width=4,
+                ),
+                _stat(
+                    "Upstream lines dropped",
+                    "Invalid or repeated lines dropped from dcgm-exporter's output on the last "
+                    "scrapes, all nodes together.",
+                    f"sum({sel('dcgm_enricher_upstream_invalid_lines', *SELF_FILTER)})",
+                    width=8,
+                ),
+                _table(
+                    "Sources per enricher",
+                    "Each enricher's sources on its last scrape (0: failed); failures first.",
+                    [
+                        Target(
+                            "min by (instance, node, source) "
+                            f"({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
+                            table=True,
+                        )
+                    ],
+                    {"Value": "up"},
+                    "up",
+                    {},
+                    ascending=True,
+                    width=8,
+                ),
+                _series(
+                    "Source duration (slowest enricher)",
+                    "Time each source took on the slowest enricher's last scrape.",
+                    Target(
+                        "max by (source) "
+                        f"({sel('dcgm_enricher_source_duration_seconds', *SELF_FILTER)})",
+                        "{{source}}",
+                    ),
+                    Target(
+                        f"max({sel('dcgm_enricher_scrape_duration_seconds', *SELF_FILTER)})",
+                        "whole scrape",
+                    ),
+                    unit="s",
+                ),
+                _series(
+                    "Source errors",
+                    "Errors per second of each source, all enrichers together.",
+                    Target(
+                        "sum by (source) (rate("
+                        f"{sel('dcgm_enricher_source_errors_total', *SELF_FILTER)}"
+                        "[$__rate_interval]))",
+                        "{{source}}",
+                    ),
+                    unit="cps",
+                ),
+                _series(
+                    "GPU processes",
+                    "GPU processes attributed to a pod, and those that are not.",
+                    Target(
+                        f"sum by (state) ({sel('dcgm_enricher_gpu_processes', *SELF_FILTER)})",
+                        "{{state}}",
+                    ),
+                    width=8,
+                ),
+            ],
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    custom: dict[str, Any] = {}
+    if panel.kind == "timeseries":
+        custom = {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 25 if panel.stacked else 0,
+            "stacking": {"mode": "normal" if panel.stacked else "none", "group": "A"},
+            "showPoints": "never",
+            "spanNulls": False,
+        }
+    defaults: dict[str, Any] = {"unit": panel.unit, **panel.extra_defaults}
+    if custom:
+        defaults["custom"] = custom
+    options = dict(panel.options)
+    if panel.kind == "timeseries":
+        options.setdefault(
+            "legend", {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull"]}
+        )
+        options.setdefault("tooltip", {"mode": "multi", "sort": "desc"})
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DS,
+        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
+        "options": options,
+        "targets": [t.render(chr(ord("A") + i)) for i, t in enumerate(panel.targets)],
+    }
+    if panel.transformations:
+        out["transformations"] = panel.transformations
+    return out
+
+
+def _query_variable(name: str, label: str, definition: str, description: str) -> dict[str, Any]:
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "description": description,
+        "datasource": DS,
+        "definition": definition,
+        "query": {"query": definition, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2,
+        "regex": "",
+        "sort": 1,
+        "multi": True,
+        "includeAll": True,
+        # Matches series that lack the label too (no cluster label, a device with no pod).
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "hide": 0,
+    }
+
+
+def variables() -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "datasource",
+            "name": "datasource",
+            "label": "Data source",
+            "query": "prometheus",
+            "regex": "",
+            "current": {},
+            "options": [],
+            "hide": 0,
+        },
+        {
+            "type": "textbox",
+            "name": "label_prefix",
+            "label": "Pod label prefix",
+            "description": "Leave empty when Prometheus scrapes the enricher with "
+            "honor_labels: true (every manifest of dcgm-enricher does). Type exported_ when it "
+            "scrapes with honor_labels: false and stored the pod labels as exported_namespace, "
+            "exported_pod and exported_container.",
+            "query": "",
+            "current": {"selected": False, "text": "", "value": ""},
+            "options": [{"selected": True, "text": "", "value": ""}],
+            "hide": 0,
+        },
+        _query_variable(
+            "cluster",
+            "Cluster",
+            "label_values(DCGM_FI_DEV_GPU_TEMP, cluster)",
+            "Where the series carry a cluster label (external labels, Thanos, Mimir).",
+        ),
+        _query_variable(
+            "node",
+            "Node",
+            'label_values(DCGM_FI_DEV_GPU_TEMP{cluster=~"$cluster"}, Hostname)',
+            "dcgm-exporter's Hostname label: the node name when the exporter has NODE_NAME.",
+        ),
+        _query_variable(
+            "gpu",
+            "GPU",
+            'label_values(DCGM_FI_DEV_GPU_TEMP{cluster=~"$cluster", Hostname=~"$node"}, gpu)',
+            "GPU index on the node.",
+        ),
+        _query_variable(
+            "namespace",
+            "Namespace",
+            f'label_values(gpu_container_memory_used_bytes{{cluster=~"$cluster", '
+            f'Hostname=~"$node"}}, {NS})',
+            "Namespaces with a process on a GPU.",
+        ),
+        _query_variable(
+            "workload",
+            "Workload",
+            f'label_values(gpu_pod_info{{cluster=~"$cluster", {NS}=~"$namespace"}}, workload_name)',
+            "The pods' controller: Deployment, Job, StatefulSet, ... (gpu_pod_info).",
+        ),
+        _query_variable(
+            "pod",
+            "Pod",
+            f'label_values(gpu_pod_info{{cluster=~"$cluster", {NS}=~"$namespace", '
+            f'workload_name=~"$workload"}}, {POD})',
+            "Pods with a process on a GPU.",
+        ),
+        _query_variable(
+            "user",
+            "User",
+            f'label_values(gpu_pod_info{{cluster=~"$cluster", {NS}=~"$namespace"}}, {USER})',
+            "JupyterHub user, from the hub.jupyter.org/username annotation the enricher "
+            "copies onto gpu_pod_info (--kube.pod-annotations).",
+        ),
+    ]
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's classic JSON model."""
+    panels: list[dict[str, Any]] = []
+    pid, y = 1, 0
+    for row in rows():
+        panels.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": row.title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
+        pid, y, x, line_height = pid + 1, y + 1, 0, 0
+        for panel in row.panels:
+            if x + panel.width > 24:
+                x, y, line_height = 0, y + line_height, 0
+            panels.append(_panel_json(panel, pid, x, y))
+            pid, x, line_height = pid + 1, x + panel.width, max(line_height, panel.height)
+        y += line_height
+    return {
+        "uid": UID,
+        "title": TITLE,
+        "description": "Who uses the GPUs: per-pod, namespace, workload and user GPU memory and "
+        "utilization, shared GPUs, waste and device health, from dcgm-exporter as rewritten by "
+        "dcgm-enricher.",
+        "tags": ["gpu", "dcgm", "kubernetes", "dcgm-enricher"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "timepicker": {},
+        "links": [
+            {
+                "title": "Runbook",
+                "type": "link",
+                "url": RUNBOOK,
+                "targetBlank": True,
+                "icon": "doc",
+                "tooltip": "What each GPU alert means and what to do",
+            }
+        ],
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                },
+                {
+                    "datasource": DS,
+                    "enable": True,
+                    "iconColor": "red",
+                    "name": "GPU alerts",
+                    "expr": 'ALERTS{alertname=~"Gpu.*", alertstate="firing"}',
+                    "step": "60s",
+                    "titleFormat": "{{alertname}}",
+                    "textFormat": "{{Hostname}} {{gpu}} {{namespace}}/{{pod}}",
+                    "useValueForTime": False,
+                },
+            ]
+        },
+        "templating": {"list": variables()},
+        "panels": panels,
+    }
+
+
+def render_dashboard() -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def render_configmap(dashboard_json: str) -> str:
+    """A ConfigMap that the Grafana sidecar (label grafana_dashboard: "1") loads."""
+    body = "".join(f"    {line}\n" if line else "\n" for line in dashboard_json.splitlines())
+    return (
+        "# GENERATED by grafana/generate.py from the dashboard it builds: do not edit.\n"
+        "# The Grafana sidecar of kube-prometheus-stack (grafana.sidecar.dashboards.enabled)\n"
+        '# loads every ConfigMap labelled grafana_dashboard: "1"; it must watch this namespace\n'
+        "# (sidecar.dashboards.searchNamespace: ALL, or the namespace of this ConfigMap).\n"
+        "apiVersion: v1\n"
+        "kind: ConfigMap\n"
+        "metadata:\n"
+        "  name: dcgm-enricher-dashboard\n"
+        "  labels:\n"
+        '    grafana_dashboard: "1"\n'
+        "  annotations:\n"
+        "    # Folder, where the sidecar is configured with folderAnnotation: grafana_folder.\n"
+        "    grafana_folder: GPU\n"
+        "data:\n"
+        "  dcgm-enricher.json: |\n" + body
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the output is stale")
+    args = parser.parse_args(argv)
+    dashboard = render_dashboard()
+    outputs = {DASHBOARD: dashboard, CONFIGMAP: render_configmap(dashboard)}
+    if args.check:
+        stale = [p for p, text in outputs.items() if not p.exists() or p.read_text("utf-8") != text]
+        for path in stale:
+            print(f"{path} is stale: run python grafana/generate.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

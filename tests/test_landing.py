@@ -1,0 +1,412 @@
+"""The node page at ``/``: the pure view, the HTML, and the page in a real headless browser.
+
+The browser test renders the demo node's page (the real enricher over a simulated node: there
+is no GPU here) in Debian's chromium and reads the table from the DOM the browser built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher import enrich
+from enricher.app import ScrapeResult
+from enricher.config import Config
+from enricher.enrich import Attribution
+from enricher.landing import (
+    MIB,
+    build_view,
+    parse_device_memory,
+    render_landing,
+)
+from enricher.model import (
+    GpuDevice,
+    GpuProcess,
+    GpuSnapshot,
+    MigDevice,
+    PodInfo,
+    ProcInfo,
+    SourceStatus,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+G0 = "GPU-00000000-0000-4000-8000-000000000000"
+G1 = "GPU-11111111-1111-4111-8111-111111111111"
+G2 = "GPU-22222222-2222-4222-8222-222222222222"
+
+
+# --------------------------------------------------------------------------- device memory
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{G0}"}} 1000\n'
+            f'DCGM_FI_DEV_FB_FREE{{gpu="0",UUID="{G0}"}} 3000\n',
+            {(G0, ""): (1000 * MIB, 4000 * MIB)},
+            id="whole-gpu",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_FREE{{UUID="{G1}",GPU_I_ID="5"}} 10\n'
+            f'DCGM_FI_DEV_FB_USED{{UUID="{G1}",GPU_I_ID="5"}} 30\n',
+            {(G1, "5"): (30 * MIB, 40 * MIB)},
+            id="mig-instance",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{uuid="{G0}"}} 1\nDCGM_FI_DEV_FB_FREE{{uuid="{G0}"}} 1\n',
+            {(G0, ""): (MIB, 2 * MIB)},
+            id="old-scheme-uuid",
+        ),
+        pytest.param(f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} 1000\n', {}, id="free-missing-no-total"),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} lots\nDCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 1\n',
+            {},
+            id="not-a-number",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} NaN\nDCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 1\n',
+            {},
+            id="nan",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{UUID="{G0}",,}} 1\nDCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 1\n',
+            {},
+            id="broken-labels",
+        ),
+        pytest.param(
+            'DCGM_FI_DEV_FB_USED{gpu="0"} 1\nDCGM_FI_DEV_FB_FREE{gpu="0"} 1\n', {}, id="no-uuid"
+        ),
+        pytest.param(
+            'DCGM_FI_DEV_FB_USED{UUID="GPU-\\"q\\"\\\\"} 2\n'
+            'DCGM_FI_DEV_FB_FREE{UUID="GPU-\\"q\\"\\\\"} 2\n',
+            {('GPU-"q"\\', ""): (2 * MIB, 4 * MIB)},
+            id="escaped-uuid",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED_PERCENT{{UUID="{G0}"}} 50\n'
+            f'# DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} 1\n'
+            f'xDCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 1\n',
+            {},
+            id="other-lines",
+        ),
+    ],
+)
+def test_parse_device_memory(body: str, expected: dict[Any, Any]) -> None:
+    assert parse_device_memory(body.encode()) == expected
+
+
+# --------------------------------------------------------------------------- the view
+
+
+def pod(name: str, ns: str = "ml", kind: str = "Job", workload: str = "train") -> PodInfo:
+    return PodInfo(
+        uid=f"uid-{name}", namespace=ns, name=name, workload_kind=kind, workload_name=workload
+    )
+
+
+def attribution(
+    gpu: str,
+    index: int,
+    pid: int,
+    mem_mib: int | None,
+    util: float | None,
+    owner: PodInfo | None,
+    container: str = "main",
+    reason: str = "",
+    gi: int | None = None,
+    comm: str = "python",
+) -> Attribution:
+    process = GpuProcess(gpu, index, gi, pid, None if mem_mib is None else mem_mib * MIB, util)
+    info = ProcInfo(pid, 1, 1.0, comm, None)
+    return Attribution(process, info, owner, container if owner else "", reason)
+
+
+SNAPSHOT = GpuSnapshot(
+    devices=(
+        GpuDevice(0, G0, "NVIDIA A100-SXM4-80GB"),
+        GpuDevice(1, G1, "NVIDIA A100-SXM4-80GB", mig_enabled=True),
+        GpuDevice(2, G2, "NVIDIA A100-SXM4-80GB"),
+    ),
+    migs=(
+        MigDevice(G1, 1, 5, 0, "MIG-a", "2g.20gb"),
+        MigDevice(G1, 1, 1, 0, "MIG-b", "3g.40gb"),
+    ),
+)
+TRAIN = pod("train-0")
+VLLM = pod("vllm-abc", "inference", "Deployment", "vllm")
+ATTRIBUTIONS = [
+    attribution(G0, 0, 11, 1000, 0.5, TRAIN),
+    attribution(G0, 0, 12, 500, 0.25, TRAIN, comm="pt_data_worker"),
+    attribution(G0, 0, 21, 4000, 0.1, VLLM, container="vllm"),
+    attribution(G0, 0, 31, 300, None, None, reason="host_process"),
+    attribution(G1, 1, 41, 2000, None, pod("bert-0", "research", "StatefulSet", "bert"), gi=1),
+]
+FB = (
+    f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} 6000\nDCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 75920\n'
+    f'DCGM_FI_DEV_FB_USED{{UUID="{G1}",GPU_I_ID="1"}} 2100\n'
+    f'DCGM_FI_DEV_FB_FREE{{UUID="{G1}",GPU_I_ID="1"}} 38860\n'
+).encode()
+STATUSES = [SourceStatus("upstream", True, 0.01, 0), SourceStatus("nvml", False, 0.0, 3)]
+
+
+def result(**kw: Any) -> ScrapeResult:
+    fields = {
+        "body": FB,
+        "attributions": ATTRIBUTIONS,
+        "snapshot": SNAPSHOT,
+        "statuses": STATUSES,
+        "finished_at": time.time(),
+    }
+    fields.update(kw)
+    return ScrapeResult(**fields)
+
+
+def test_view_lists_every_device_and_who_is_on_it() -> None:
+    view = build_view(result())
+    titles = [d.title for d in view.devices]
+    # MIG instances in GPU-instance order; a GPU with nothing on it is still listed.
+    assert titles == ["GPU 0", "GPU 1 · MIG 3g.40gb (GI 1)", "GPU 1 · MIG 2g.20gb (GI 5)", "GPU 2"]
+    gpu0 = view.devices[0]
+    assert (gpu0.used_bytes, gpu0.total_bytes) == (6000 * MIB, 81920 * MIB)
+    rows = [(o.namespace, o.pod, o.container, o.reason) for o in gpu0.owners]
+    # Biggest first, the unattributed processes last.
+    assert rows == [
+        ("inference", "vllm-abc", "vllm", ""),
+        ("ml", "train-0", "main", ""),
+        ("", "", "", "host_process"),
+    ]
+    train = gpu0.owners[1]
+    assert train.memory_bytes == 1500 * MIB
+    assert train.util_ratio == pytest.approx(0.75)
+    assert train.processes == ((11, "python"), (12, "pt_data_worker"))
+    assert train.workload == "Job/train"
+    assert gpu0.unattributed_bytes == 300 * MIB
+    mig = view.devices[1]
+    assert mig.owners[0].util_ratio is None  # NVML has no per-process data on MIG
+    assert view.devices[2].owners == () and view.devices[3].owners == ()
+    assert view.pods == {("ml", "train-0"), ("inference", "vllm-abc"), ("research", "bert-0")}
+    assert view.unattributed_bytes == 300 * MIB
+
+
+def test_view_never_hides_processes_on_an_unlisted_device() -> None:
+    ghost = attribution("GPU-gone", 7, 99, 100, 0.0, TRAIN)
+    view = build_view(result(attributions=[ghost]))
+    assert [d.title for d in view.devices][-1] == "GPU-gone"
+    assert view.devices[-1].owners[0].pod == "train-0"
+
+
+def test_no_scrape_yet() -> None:
+    assert build_view(None).devices == ()
+    page = render_landing(None, Config())
+    assert "no scrape yet" in page and "no GPU seen yet" in page
+
+
+def _allocation(key: tuple[str, str], pod_name: str, resource: str = "nvidia.com/gpu") -> Any:
+    cls = getattr(enrich, "AllocatedDevice", None)
+    if cls is None or "allocations" not in {f.name for f in dataclasses.fields(ScrapeResult)}:
+        pytest.skip("this tree has no kubelet allocations (issue 4)")
+    return cls(key, "ml", pod_name, "main", resource, "GPU-x")
+
+
+def test_allocated_idle_container_is_shown() -> None:
+    idle = _allocation((G2, ""), "finetune-0")
+    busy = _allocation((G0, ""), "train-0")
+    statuses = [*STATUSES, SourceStatus("podresources", True, 0.01, 0)]
+    view = build_view(result(allocations=[idle, busy], statuses=statuses))
+    gpu2 = view.devices[-1]
+    assert [(o.pod, o.allocated, o.processes) for o in gpu2.owners] == [
+        ("finetune-0", "nvidia.com/gpu", ())
+    ]
+    assert view.devices[0].owners[1].allocated == "nvidia.com/gpu"
+    page = render_landing(result(allocations=[idle, busy], statuses=statuses), Config())
+    assert "no process: allocated, idle" in page
+    # vllm-abc holds no allocation, and the kubelet was read: say so.
+    assert "not allocated" in page
+
+
+def test_not_allocated_only_when_the_kubelet_was_read() -> None:
+    page = render_landing(result(), Config())
+    assert "not allocated" not in page
+
+
+# --------------------------------------------------------------------------- the HTML
+
+HOSTILE = PodInfo(
+    uid="u",
+    namespace="a&b",
+    name="<script>alert(1)</script>",
+    workload_kind="Pod",
+    workload_name="x' onmouseover='y",
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "escaped"),
+    [
+        pytest.param(
+            "<script>alert(1)</script>", "&lt;script&gt;alert(1)&lt;/script&gt;", id="pod"
+        ),
+        pytest.param("a&b", "a&amp;b", id="namespace"),
+        pytest.param("x' onmouseover='y", "x&#x27; onmouseover=&#x27;y", id="workload"),
+        pytest.param('"><img src=x>', "&quot;&gt;&lt;img src=x&gt;", id="command"),
+    ],
+)
+def test_every_value_is_escaped(raw: str, escaped: str) -> None:
+    hostile = [attribution(G0, 0, 5, 10, 0.5, HOSTILE, container="c", comm='"><img src=x>')]
+    page = render_landing(result(attributions=hostile), Config(kube_node_name="n<1>"))
+    assert raw not in page
+    assert escaped in page
+    assert "n&lt;1&gt;" in page
+
+
+def test_page_is_self_contained_and_refreshes() -> None:
+    page = render_landing(result(), Config(simulated=True))
+    lowered = page.lower()
+    for external in ("<script", "<link", "src=", "http://", "https://", "url(", "@import"):
+        assert external not in lowered, external
+    assert "<meta http-equiv='refresh' content='10'>" in page
+    assert "SIMULATED NODE" in page
+    assert "SIMULATED" not in render_landing(result(), Config())
+    assert "nvml: down" in page and "upstream: up" in page
+
+
+# --------------------------------------------------------------------------- in a browser
+
+
+class TableReader(HTMLParser):
+    """Cells of the page's #gpus table, by CSS class, from the DOM the browser dumped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_table = False
+        self.cell_class: str | None = None
+        self.cells: list[tuple[str, str]] = []
+        self.devices = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table" and a.get("id") == "gpus":
+            self.in_table = True
+        if self.in_table and tag in ("td", "th"):
+            self.cell_class = a.get("class") or ""
+            self.cells.append((self.cell_class, ""))
+            if tag == "th" and "dev" in self.cell_class.split():
+                self.devices += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self.in_table = False
+
+    def handle_data(self, data: str) -> None:
+        if self.in_table and self.cells:
+            cls, text = self.cells[-1]
+            self.cells[-1] = (cls, text + data)
+
+    def texts(self, css: str) -> list[str]:
+        return [t.strip() for c, t in self.cells if css in c.split()]
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("chromium is missing in CI: .ci/system-deps must install Debian's chromium")
+    pytest.skip("chromium not installed (apt-get install chromium)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
+    browser = chromium()
+    port = _free_port()
+    log = (tmp_path / "demo.log").open("wb")
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        metrics = ""
+        deadline = time.monotonic() + 30
+        while not metrics and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    metrics = r.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert metrics, (tmp_path / "demo.log").read_text()
+        proc = subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--dump-dom",
+                f"http://127.0.0.1:{port}/",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    finally:
+        demo.send_signal(signal.SIGTERM)
+        try:
+            demo.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait(timeout=10)
+        log.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = TableReader()
+    table.feed(proc.stdout)
+
+    # Who the demo's /metrics says is on the GPUs, by process or by allocation.
+    expected_pods: set[str] = set()
+    reasons: set[str] = set()
+    devices = set()
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            if s.name in ("gpu_container_memory_used_bytes", "gpu_container_allocated"):
+                expected_pods.add(s.labels["pod"])
+            if s.name == "gpu_unattributed_memory_used_bytes":
+                reasons.add(s.labels["reason"])
+            if s.name == "DCGM_FI_DEV_FB_USED":
+                devices.add((s.labels["UUID"], s.labels.get("GPU_I_ID", "")))
+    assert {"jupyter-alice", "train-llama-4kq9z", "bert-finetune-0"} <= expected_pods
+    assert set(table.texts("pod")) == expected_pods
+    shown_reasons = {t.removeprefix("unattributed:").strip() for t in table.texts("un")}
+    assert reasons <= shown_reasons
+    # One section per device that dcgm-exporter reports memory for (GPUs and MIG instances),
+    # MIG-enabled GPUs counted by their instances.
+    assert table.devices == len(devices) - sum(
+        1 for uuid, gi in devices if gi == "" and any(u == uuid and g for u, g in devices)
+    )
+    assert "SIMULATED NODE" in proc.stdout

@@ -1,0 +1,350 @@
+"""The alerting and recording rules: promtool, their style, the runbook, the PrometheusRule.
+
+Real parts: Debian's promtool checks the rules and runs their unit tests
+(rules/*.tests.yaml, a firing and a quiet case for every alert); the real kubectl builds the
+monitoring component. What the rules do against a live Prometheus scraping the demo node is in
+test_dashboard.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES_DIR = ROOT / "rules"
+RULES = RULES_DIR / "dcgm-enricher.rules.yaml"
+TEST_FILES = sorted(RULES_DIR.glob("*.tests.yaml"))
+RUNBOOK = ROOT / "docs" / "runbook.md"
+MONITORING = ROOT / "manifests" / "monitoring"
+RUNBOOK_URL = "https://example.invalid/dcgm-enricher/blob/main/docs/runbook.md#"
+ALERT_PREFIX = "Gpu"
+SEVERITIES = {"info", "warning", "critical"}
+KUBECTL = shutil.which("kubectl")
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import one of the repository's generator scripts (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = load_module(RULES_DIR / "generate.py")
+
+
+def groups() -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = yaml.safe_load(RULES.read_text())["groups"]
+    return loaded
+
+
+def alerts() -> list[dict[str, Any]]:
+    return [r for g in groups() for r in g["rules"] if "alert" in r]
+
+
+def records() -> list[dict[str, Any]]:
+    return [r for g in groups() for r in g["rules"] if "record" in r]
+
+
+def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
+
+
+# --------------------------------------------------------------------------- promtool
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    proc = run([promtool, "check", "rules", str(RULES)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(alerts()) + len(records())} rules found" in proc.stdout
+
+
+def test_promtool_unit_tests(promtool: str) -> None:
+    proc = run([promtool, "test", "rules", *(p.name for p in TEST_FILES)], cwd=RULES_DIR)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_unit_tests_catch_a_changed_threshold(promtool: str, tmp_path: Path) -> None:
+    """The unit tests are not decoration: a rule whose threshold moves fails them."""
+    text = RULES.read_text()
+    old = "max by (cluster, Hostname, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP) > 85"
+    assert text.count(old) == 1
+    (tmp_path / RULES.name).write_text(text.replace(old, old.replace("> 85", "> 95")))
+    for file in TEST_FILES:
+        shutil.copy(file, tmp_path / file.name)
+    proc = run([promtool, "test", "rules", "dcgm-enricher.tests.yaml"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "GpuTemperatureHigh" in proc.stdout + proc.stderr
+
+
+def _alert_cases() -> dict[str, list[dict[str, Any]]]:
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for file in TEST_FILES:
+        for test in yaml.safe_load(file.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                cases.setdefault(case["alertname"], []).append(case)
+    return cases
+
+
+@pytest.mark.parametrize("alert", [a["alert"] for a in alerts()])
+def test_every_alert_has_a_firing_and_a_quiet_case(alert: str) -> None:
+    cases = _alert_cases().get(alert, [])
+    firing = [c for c in cases if c.get("exp_alerts")]
+    assert firing, f"no case where {alert} fires"
+    assert [c for c in cases if not c.get("exp_alerts")], f"no case where {alert} stays quiet"
+    rule = next(a for a in alerts() if a["alert"] == alert)
+    for case in firing:
+        for exp in case["exp_alerts"]:
+            # The whole alert is checked: its severity and every annotation, verbatim.
+            assert exp["exp_labels"]["severity"] == rule["labels"]["severity"]
+            assert set(exp["exp_annotations"]) == set(rule["annotations"])
+
+
+def test_every_recording_rule_is_unit_tested() -> None:
+    tested = {
+        name
+        for file in TEST_FILES
+        for test in yaml.safe_load(file.read_text())["tests"]
+        for case in test.get("promql_expr_test", [])
+        for name in re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", case["expr"])
+    }
+    untested = {r["record"] for r in records()} - tested
+    # The join helper is exercised through every workload and user record.
+    assert untested <= {"namespace_pod:gpu_pod_info:max"}, untested
+
+
+# --------------------------------------------------------------------------- style
+
+
+@pytest.mark.parametrize("rule", alerts(), ids=lambda r: r["alert"])
+def test_alert_follows_the_mixin_style(rule: dict[str, Any]) -> None:
+    assert re.fullmatch(rf"{ALERT_PREFIX}(?:[A-Z][a-z0-9]*)+", rule["alert"]), rule["alert"]
+    assert "for" in rule, "every alert says how long it must hold"
+    assert rule["labels"]["severity"] in SEVERITIES
+    annotations = rule["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url"}
+    assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"]
+    assert len(annotations["description"]) > 80, "the description says what to do"
+    assert annotations["runbook_url"] == RUNBOOK_URL + rule["alert"].lower()
+
+
+@pytest.mark.parametrize("rule", records(), ids=lambda r: r["record"])
+def test_record_names_follow_level_metric_operations(rule: dict[str, Any]) -> None:
+    assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+    # Every aggregation keeps the cluster label of multi-cluster setups.
+    for by in re.findall(r"\bby \(([^)]*)\)", rule["expr"]):
+        assert "cluster" in by.split(", "), f"{rule['record']}: by ({by}) drops cluster"
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [
+        pytest.param("GpuAllocatedIdle", "gpuallocatedidle", id="camel-case"),
+        pytest.param("The enricher", "the-enricher", id="spaces"),
+        pytest.param("Waste (and misuse)", "waste-and-misuse", id="punctuation"),
+    ],
+)
+def test_github_anchor(heading: str, anchor: str) -> None:
+    assert github_anchor(heading) == anchor
+
+
+def runbook_sections() -> dict[str, str]:
+    """Alert sections of the runbook (### headings), by anchor, with their text."""
+    sections: dict[str, str] = {}
+    current = None
+    for line in RUNBOOK.read_text().splitlines():
+        if line.startswith("### "):
+            current = github_anchor(line[4:])
+            sections[current] = ""
+        elif line.startswith("## "):
+            current = None
+        elif current is not None:
+            sections[current] += line + "\n"
+    return sections
+
+
+def test_runbook_has_one_section_per_alert() -> None:
+    sections = runbook_sections()
+    assert set(sections) == {a["alert"].lower() for a in alerts()}
+    for anchor, text in sections.items():
+        assert "**Meaning.**" in text and "**Mitigation.**" in text, anchor
+
+
+def test_runbook_links_resolve() -> None:
+    anchors = {github_anchor(m) for m in re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), re.M)}
+    for target in re.findall(r"\]\(#([^)]+)\)", RUNBOOK.read_text()):
+        assert target in anchors, target
+
+
+# --------------------------------------------------------------------------- PrometheusRule
+
+
+def test_prometheus_rule_is_generated_from_the_rules_file() -> None:
+    assert (MONITORING / "prometheusrule.yaml").read_text() == generate.render(RULES.read_text())
+
+
+def test_prometheus_rule_holds_the_same_groups() -> None:
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == groups()
+
+
+def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -> None:
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text(generate.render(RULES.read_text()).replace("for: 2h", "for: 3h"))
+    monkeypatch.setattr(generate, "PROMETHEUS_RULE", stale)
+    assert generate.main(["--check"]) == 1
+    monkeypatch.setattr(generate, "PROMETHEUS_RULE", tmp_path / "missing.yaml")
+    assert generate.main(["--check"]) == 1
+    assert generate.main([]) == 0
+    assert generate.main(["--check"]) == 0
+
+
+_DURATION = {"type": "string", "pattern": r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"}
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# The fields of monitoring.coreos.com/v1 PrometheusRule that we use, strict about unknown ones.
+PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "namespace": {"type": "string"},
+                "labels": _STRINGS,
+                "annotations": _STRINGS,
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "rules"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": _DURATION,
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["expr"],
+                                    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": _DURATION,
+                                        "labels": _STRINGS,
+                                        "annotations": _STRINGS,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+
+def prometheus_rule_errors(doc: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA)
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_prometheus_rule_matches_the_schema() -> None:
+    doc = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    assert prometheus_rule_errors(doc) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        pytest.param(lambda d: d["spec"]["groups"][0].update(rulez=[]), "groups", id="misspelt"),
+        pytest.param(
+            lambda d: d["spec"]["groups"][2]["rules"][0].update({"for": "2 hours"}),
+            "for",
+            id="bad-for",
+        ),
+        pytest.param(
+            lambda d: d["spec"]["groups"][0]["rules"][0].pop("record"), "rules", id="no-name"
+        ),
+        pytest.param(
+            lambda d: d.update(apiVersion="monitoring.coreos.com/v1alpha1"), "apiVersion", id="api"
+        ),
+    ],
+)
+def test_prometheus_rule_schema_rejects(mutate: Any, where: str) -> None:
+    doc = copy.deepcopy(yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text()))
+    mutate(doc)
+    errors = prometheus_rule_errors(doc)
+    assert errors and any(where in e for e in errors), errors
+
+
+def test_promtool_accepts_the_prometheus_rule_groups(promtool: str, tmp_path: Path) -> None:
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    (tmp_path / "groups.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    proc = run([promtool, "check", "rules", str(tmp_path / "groups.yaml")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_monitoring_component_builds(tmp_path: Path) -> None:
+    """An overlay that adds the component gets the PrometheusRule and the dashboard."""
+    assert KUBECTL is not None
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "gpu-monitoring",
+                "components": [os.path.relpath(MONITORING, tmp_path)],
+            }
+        )
+    )
+    proc = run([KUBECTL, "kustomize", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+    assert kinds == [("ConfigMap", "dcgm-enricher-dashboard"), ("PrometheusRule", "dcgm-enricher")]
+    assert all(d["metadata"]["namespace"] == "gpu-monitoring" for d in docs)
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    assert rule["spec"]["groups"] == groups()
+    dashboard = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}
+    shipped = (ROOT / "grafana" / "dcgm-enricher.json").read_text()
+    assert dashboard["data"]["dcgm-enricher.json"] == shipped
