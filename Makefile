@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test venv system-deps lint typecheck unit bench bench-quick clean
 
-$(BIN)/dcgm-enricher: pyproject.toml
+$(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
@@ -35,6 +35,14 @@ typecheck:
 
 unit:
 	$(BIN)/pytest
+
+## bench: the scrape-path benchmark (a few minutes): prints the table, writes bench/results/latest.json
+bench: system-deps venv
+	$(BIN)/python -m bench
+
+## bench-quick: every part of the benchmark, briefly (tests/test_bench.py runs it as a smoke test)
+bench-quick: system-deps venv
+	$(BIN)/python -m bench --quick --out bench/results/quick.json
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

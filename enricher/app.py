@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from aiohttp import web
 from . import __version__
 from .config import Config
 from .enrich import (
+    AllocatedDevice,
     Attribution,
     RenderOptions,
     attribute,
@@ -23,9 +25,11 @@ from .enrich import (
     plan_devices,
     render_families,
     render_self_metrics,
+    resolve_allocations,
 )
 from .exposition import DeviceKey, Rewriter
 from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
+from .podresources import ListResult
 from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
 
 log = logging.getLogger("enricher")
@@ -62,6 +66,16 @@ class PodSource(Protocol):
     def upstream_pods(self) -> list[PodInfo]: ...
 
 
+class AllocationSource(Protocol):
+    """The kubelet PodResources source (podresources.PodResourcesSource)."""
+
+    errors_total: int
+
+    def fetch(self) -> ListResult: ...
+
+    def close(self) -> None: ...
+
+
 class _Once:
     """Logs the first failure of a source at WARNING and repeats at DEBUG until it recovers."""
 
@@ -87,6 +101,7 @@ class ScrapeResult:
     statuses: list[SourceStatus]
     finished_at: float
     identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    allocations: list[AllocatedDevice] = field(default_factory=list)
 
 
 class Scraper:
@@ -99,12 +114,14 @@ class Scraper:
         gpu: GpuSource | None,
         procs: ProcSource,
         pods: PodSource | None,
+        podresources: AllocationSource | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.gpu = gpu
         self.procs = procs
         self.pods = pods
+        self.podresources = podresources
         self._clock = clock
         self._rewriter = Rewriter()
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
@@ -114,6 +131,13 @@ class Scraper:
         # threads (the next scrape reports it busy instead).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="enricher-gpu")
         self._gpu_busy = False
+        # The kubelet call has its own worker, so a slow kubelet never delays NVML; the source
+        # itself refuses to start a call while one is running.
+        self._kubelet_executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="enricher-kubelet"
+        )
+        self._kubelet_errors = 0  # calls abandoned here (the source counts its own failures)
+        self._kubelet_call: asyncio.Future[ListResult] | None = None
         self.upstream_errors = 0
         self.upstream_requests = 0
         self.scrapes_total = 0
@@ -122,11 +146,13 @@ class Scraper:
         self._last_duration = 0.0
         self._log_upstream = _Once("upstream")
         self._log_nvml = _Once("nvml")
+        self._log_kubelet = _Once("podresources")
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._kubelet_executor.shutdown(wait=False, cancel_futures=True)
 
     def _session_get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -222,18 +248,51 @@ class Scraper:
             self._log_nvml.fail(f"NVML/procfs read took over {self.config.scrape_timeout}s")
             return GpuSnapshot(), False, self.config.scrape_timeout, {}, 0.0
 
+    async def _fetch_allocations(self) -> tuple[ListResult, float]:
+        """One PodResources List call in the kubelet worker, bounded by --kubelet.timeout."""
+        start = self._clock()
+        source = self.podresources
+        if source is None:
+            return ListResult(enabled=False), 0.0
+        if self._kubelet_call is not None and not self._kubelet_call.done():
+            # Never queue a second call behind one that is stuck.
+            self._kubelet_errors += 1
+            result = ListResult(enabled=True, error="busy: the previous List call is still running")
+            self._log_kubelet.fail(result.error)
+            return result, self._clock() - start
+        loop = asyncio.get_running_loop()
+        fut = self._kubelet_call = loop.run_in_executor(self._kubelet_executor, source.fetch)
+        # The call carries its own deadline; this margin only guards against a stuck thread.
+        limit = self.config.kubelet_timeout + 1.0
+        try:
+            result = await asyncio.wait_for(asyncio.shield(fut), limit)
+        except asyncio.TimeoutError:
+            self._kubelet_errors += 1
+            result = ListResult(enabled=True, error=f"timeout: no answer within {limit:g}s")
+        except Exception as exc:  # the source never raises; a bug must not fail the scrape
+            self._kubelet_errors += 1
+            result = ListResult(enabled=True, error=f"{type(exc).__name__}: {exc}")
+        if result.ok:
+            self._log_kubelet.ok()
+        elif result.enabled:
+            self._log_kubelet.fail(result.error)
+        return result, self._clock() - start
+
     async def _scrape_once(self) -> ScrapeResult:
         started = self._clock()
         upstream_task = asyncio.create_task(self._fetch_upstream())
+        kubelet_task = asyncio.create_task(self._fetch_allocations())
         procfs_errors_before = self.procs.errors_total
         snapshot, nvml_ok, nvml_dur, procs, procfs_dur = await self._gpu_side()
         text, upstream_dur = await upstream_task
+        listed, kubelet_dur = await kubelet_task
 
         t_kube = self._clock()
         index = self.pods.index() if self.pods is not None else PodIndex()
         attributions = attribute(snapshot, procs, index)
         kube_dur = self._clock() - t_kube
-        plan = plan_devices(attributions)
+        allocated, unmapped = resolve_allocations(listed.allocations, snapshot)
+        plan = plan_devices(attributions, allocated)
 
         parts: list[str] = []
         invalid_lines = samples = 0
@@ -250,7 +309,7 @@ class Scraper:
             annotation_keys=self.config.kube_pod_annotations,
             process_series=self.config.collector_process,
         )
-        parts.append(render_families(attributions, identities, options))
+        parts.append(render_families(attributions, identities, options, allocated))
 
         statuses = [
             SourceStatus("upstream", text is not None, upstream_dur, self.upstream_errors),
@@ -273,6 +332,13 @@ class Scraper:
                 kube_dur,
                 self.pods.errors_total if self.pods else 0,
                 enabled=self.pods is not None,
+            ),
+            SourceStatus(
+                "podresources",
+                listed.ok,
+                kubelet_dur,
+                (self.podresources.errors_total if self.podresources else 0) + self._kubelet_errors,
+                enabled=listed.enabled,
             ),
         ]
         extra: dict[str, tuple[str, str, float]] = {
@@ -320,16 +386,34 @@ class Scraper:
                 "gauge",
                 len({p.uid for p in index.by_uid.values()}),
             )
+        if self.podresources is not None:
+            extra["dcgm_enricher_podresources_allocated_devices"] = (
+                "GPU device IDs (or shared replicas) the kubelet reported allocated to containers "
+                "on this scrape and that name a device of this node.",
+                "gauge",
+                len(allocated),
+            )
+            extra["dcgm_enricher_podresources_unmapped_devices"] = (
+                "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
+                "or MIG device NVML reported (unknown ID scheme, or NVML down), or that were "
+                "skipped as malformed; their containers get no gpu_container_allocated series.",
+                "gauge",
+                len(unmapped) + listed.skipped,
+            )
         parts.append(render_self_metrics(statuses, attributions, version=__version__, extra=extra))
         body = "".join(parts).encode("utf-8")
         self._last_duration = self._clock() - started
-        return ScrapeResult(body, attributions, snapshot, statuses, time.time(), identities)
+        return ScrapeResult(
+            body, attributions, snapshot, statuses, time.time(), identities, allocated
+        )
 
     def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:
         """Keep the upstream's device labels so our families keep the same label set when the
         upstream is briefly down."""
         if len(self._identities) + len(seen) > MAX_IDENTITIES:
             self._identities.clear()
+            if len(seen) > MAX_IDENTITIES:  # an upstream claiming absurdly many devices
+                seen = dict(itertools.islice(seen.items(), MAX_IDENTITIES))
         self._identities.update(seen)
 
 

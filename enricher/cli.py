@@ -92,6 +92,31 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             "--upstream.discover-pod (default %(default)s)",
         )
         g.add_argument(
+            "--kubelet.pod-resources-socket",
+            metavar="PATH",
+            dest="kubelet_pod_resources_socket",
+            default=_env("--kubelet.pod-resources-socket", _D.kubelet_pod_resources_socket),
+            help="the kubelet's PodResources socket, for which container was allocated each "
+            "GPU; empty switches it off, and a path that does not exist reports the source "
+            "disabled (default %(default)s)",
+        )
+        g.add_argument(
+            "--kubelet.timeout",
+            metavar="SECONDS",
+            dest="kubelet_timeout",
+            type=float,
+            default=_env("--kubelet.timeout", _D.kubelet_timeout),
+            help="seconds for one PodResources List call (default %(default)s)",
+        )
+        g.add_argument(
+            "--kubelet.gpu-resources",
+            metavar="NAMES",
+            dest="kubelet_gpu_resources",
+            default=_env("--kubelet.gpu-resources", ",".join(_D.kubelet_gpu_resources)),
+            help="more device plugin resource names whose devices are GPUs, besides "
+            "nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* (comma list)",
+        )
+        g.add_argument(
             "--collector.process",
             dest="collector_process",
             action=argparse.BooleanOptionalAction,
@@ -205,11 +230,13 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
     values = {k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
     values["kube_pod_labels"] = _csv(values.get("kube_pod_labels") or "")
     values["kube_pod_annotations"] = _csv(values.get("kube_pod_annotations") or "")
+    if "kubelet_gpu_resources" in values:
+        values["kubelet_gpu_resources"] = _csv(values["kubelet_gpu_resources"] or "")
     try:
-        for key in ("upstream_timeout", "scrape_timeout"):
+        for key in ("upstream_timeout", "scrape_timeout", "kubelet_timeout"):
             if key in values:
                 values[key] = float(values[key])
-                if values[key] <= 0:
+                if not 0 < values[key] < float("inf"):
                     raise ValueError(f"--{key.replace('_', '.', 1)} must be positive")
         if "upstream_max_bytes" in values:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])

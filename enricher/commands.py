@@ -12,6 +12,7 @@ from .app import PodSource, Scraper, make_app, serve
 from .config import Config
 from .enrich import Attribution, attribute
 from .model import PodIndex, ProcError
+from .podresources import PodResourcesSource
 from .procfs import ProcReader
 
 log = logging.getLogger("enricher")
@@ -42,6 +43,17 @@ def start_pod_cache(config: Config) -> Any:
     return cache
 
 
+def make_podresources_source(config: Config) -> PodResourcesSource | None:
+    """The kubelet PodResources source, or None when --kubelet.pod-resources-socket is empty."""
+    if not config.kubelet_pod_resources_socket:
+        return None
+    return PodResourcesSource(
+        config.kubelet_pod_resources_socket,
+        timeout=config.kubelet_timeout,
+        extra_resources=config.kubelet_gpu_resources,
+    )
+
+
 def make_gpu_source(config: Config) -> Any:
     if not config.nvml_enabled:
         return None
@@ -60,14 +72,18 @@ async def run_server(config: Config) -> int:
         log.error("cannot start the Kubernetes pod watch: %s", exc)
         return 2
     gpu = make_gpu_source(config)
-    scraper = Scraper(config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods)
+    podresources = make_podresources_source(config)
+    scraper = Scraper(
+        config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods, podresources=podresources
+    )
     runner = await serve(
         make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
     )
     log.info(
-        "dcgm-enricher serving on %s, upstream %s",
+        "dcgm-enricher serving on %s, upstream %s, kubelet PodResources %s",
         config.listen_address,
         "discovered on this node" if config.upstream_discover_pod else config.upstream_url,
+        config.kubelet_pod_resources_socket or "off",
     )
     try:
         await wait_for_signal()
@@ -77,6 +93,8 @@ async def run_server(config: Config) -> int:
             pods.stop()
         if gpu is not None:
             gpu.close()
+        if podresources is not None:
+            podresources.close()
     return 0
 
 

@@ -23,6 +23,8 @@ class Config:
     kube_pod_labels: tuple[str, ...] = ()
     kube_pod_annotations: tuple[str, ...] = ("hub.jupyter.org/username",)
     kubelet_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubelet_timeout: float = 2.0
+    kubelet_gpu_resources: tuple[str, ...] = ()  # besides nvidia.com/gpu, .shared, mig-*
     collector_process: bool = False
     scrape_timeout: float = 10.0
     max_request_header_bytes: int = 8190

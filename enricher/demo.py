@@ -2,18 +2,22 @@
 
 Everything simulated is in this module and says so: the GPUs (a stand-in for NVML), the
 dcgm-exporter it serves (an HTTP server on loopback), the /proc tree (written to a temporary
-directory) and the node's pods (a fixed list instead of a watch). What runs on top is the real
-thing: the upstream fetch over HTTP, the procfs reader and cgroup parser, attribution, the
-rewrite and the HTTP server.
+directory), the node's pods (a fixed list instead of a watch) and the kubelet's PodResources
+API (a real gRPC server on a temporary unix socket, answering with the simulated allocations).
+What runs on top is the real thing: the upstream fetch over HTTP, the PodResources client, the
+procfs reader and cgroup parser, attribution, the rewrite and the HTTP server.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from .config import Config
 from .exposition import FamilyWriter
 from .kube import build_index, parse_pod
 from .model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodIndex, PodInfo, ProcessKind
+from .podresources import DeviceAllocation, PodResourcesSource, load_grpc
 from .procfs import ProcReader
 
 GIB = 2**30
@@ -45,6 +50,9 @@ class SimPod:
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     cgroup_style: str = "systemd"  # systemd | cgroupfs | crio
+    # Device IDs the (simulated) device plugin allocated to the container, as the kubelet
+    # reports them: GPU-<uuid>, GPU-<uuid>::<replica>, MIG-<uuid>.
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,23 @@ def _cid(n: int) -> str:
     return f"{n:02x}" * 32
 
 
+GPUS = (
+    GpuDevice(0, "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(1, "GPU-1e2f3a4b-5c6d-7e8f-90a1-b2c3d4e5f607", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(
+        2, "GPU-2f3a4b5c-6d7e-8f90-a1b2-c3d4e5f60718", "NVIDIA A100-SXM4-80GB", mig_enabled=True
+    ),
+    GpuDevice(3, "GPU-3a4b5c6d-7e8f-90a1-b2c3-d4e5f6071829", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(4, "GPU-4c5d6e7f-8091-a2b3-c4d5-e6f70819203a", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(5, "GPU-5d6e7f80-91a2-b3c4-d5e6-f708192a3b4c", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(6, "GPU-6e7f8091-a2b3-c4d5-e6f7-08192a3b4c5d", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(7, "GPU-7f8091a2-b3c4-d5e6-f708-192a3b4c5d6e", "NVIDIA A100-SXM4-80GB"),
+)
+MIGS = (
+    MigDevice(GPUS[2].uuid, 2, 1, 0, "MIG-4b5c6d7e-8f90-5a1b-b2c3-d4e5f607182a", "3g.40gb"),
+    MigDevice(GPUS[2].uuid, 2, 5, 0, "MIG-5c6d7e8f-905a-6b1c-c3d4-e5f607182a3b", "2g.20gb"),
+    MigDevice(GPUS[2].uuid, 2, 13, 0, "MIG-6d7e8f90-5a6b-7c1d-d4e5-f607182a3b4c", "1g.10gb"),
+)
 TRAIN = SimPod(
     "ml-team",
     "train-llama-4kq9z",
@@ -72,6 +97,7 @@ TRAIN = SimPod(
     ("Job", "train-llama"),
     "nvidia.com/gpu",
     labels=(("team", "llm"),),
+    devices=(GPUS[0].uuid,),
 )
 VLLM = SimPod(
     "inference",
@@ -82,6 +108,7 @@ VLLM = SimPod(
     ("ReplicaSet", "vllm-7d9f8c6b5"),
     "nvidia.com/gpu",
     labels=(("pod-template-hash", "7d9f8c6b5"), ("team", "serving")),
+    devices=(f"{GPUS[1].uuid}::0",),  # a replica of the time-sliced GPU
 )
 TRITON = SimPod(
     "inference",
@@ -93,6 +120,7 @@ TRITON = SimPod(
     "nvidia.com/gpu",
     labels=(("pod-template-hash", "5c6d7f8b9"), ("team", "serving")),
     cgroup_style="crio",
+    devices=(f"{GPUS[1].uuid}::3",),
 )
 BERT = SimPod(
     "research",
@@ -104,6 +132,7 @@ BERT = SimPod(
     "nvidia.com/mig-3g.40gb",
     labels=(("team", "nlp"),),
     cgroup_style="cgroupfs",
+    devices=(MIGS[0].uuid,),  # a MIG device is allocated by its own UUID
 )
 JUPYTER = SimPod(
     "jupyterhub",
@@ -119,29 +148,98 @@ JUPYTER = SimPod(
     ),
     annotations=(("hub.jupyter.org/username", "alice@example.com"),),
 )
-PODS = (TRAIN, VLLM, TRITON, BERT, JUPYTER)
+EVAL = SimPod(
+    "research",
+    "eval-harness-0",
+    "9f0a1b2c-3d4e-4f5a-8b6c-7d8e9f0a1b2c",
+    "eval",
+    _cid(0xF6),
+    ("StatefulSet", "eval-harness"),
+    "nvidia.com/mig-1g.10gb",
+    labels=(("team", "nlp"),),
+    devices=(MIGS[2].uuid,),
+)
+MPS_DAEMON = SimPod(
+    "nvidia-device-plugin",
+    "nvidia-device-plugin-mps-control-daemon-5wq8k",
+    "0a1b2c3d-4e5f-4a6b-9c7d-8e9f0a1b2c3d",
+    "mps-control-daemon",
+    _cid(0x17),
+    ("DaemonSet", "nvidia-device-plugin-mps-control-daemon"),
+    None,
+)
+EMBED_A = SimPod(
+    "search",
+    "embedder-6f7d8c9b4-q7w2e",
+    "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e",
+    "embedder",
+    _cid(0x28),
+    ("ReplicaSet", "embedder-6f7d8c9b4"),
+    "nvidia.com/gpu.shared",  # MPS replicas under the renamed resource
+    labels=(("pod-template-hash", "6f7d8c9b4"), ("team", "search")),
+    devices=(f"{GPUS[4].uuid}::0",),
+)
+EMBED_B = replace(
+    EMBED_A,
+    name="embedder-6f7d8c9b4-m3x9z",
+    uid="2c3d4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f",
+    container_id=_cid(0x39),
+    devices=(f"{GPUS[4].uuid}::1",),
+)
+FINETUNE = SimPod(
+    "ml-team",
+    "finetune-mistral-0",
+    "3d4e5f6a-7b8c-4d9e-8f0a-1b2c3d4e5f6a",
+    "trainer",
+    _cid(0x4A),
+    ("Job", "finetune-mistral"),
+    "nvidia.com/gpu",
+    labels=(("team", "llm"),),
+    devices=(GPUS[5].uuid,),
+)
+LLAMA_EVAL = SimPod(
+    "ml-team",
+    "llama-eval-7xq2m",
+    "4e5f6a7b-8c9d-4e0f-9a1b-2c3d4e5f6a7b",
+    "eval",
+    _cid(0x5B),
+    ("Job", "llama-eval"),
+    "nvidia.com/gpu",
+    labels=(("team", "llm"),),
+    devices=(GPUS[6].uuid,),
+)
+PODS = (
+    TRAIN,
+    VLLM,
+    TRITON,
+    BERT,
+    EVAL,
+    JUPYTER,
+    MPS_DAEMON,
+    EMBED_A,
+    EMBED_B,
+    FINETUNE,
+    LLAMA_EVAL,
+)
 
-GPUS = (
-    GpuDevice(0, "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6", "NVIDIA A100-SXM4-80GB"),
-    GpuDevice(1, "GPU-1e2f3a4b-5c6d-7e8f-90a1-b2c3d4e5f607", "NVIDIA A100-SXM4-80GB"),
-    GpuDevice(
-        2, "GPU-2f3a4b5c-6d7e-8f90-a1b2-c3d4e5f60718", "NVIDIA A100-SXM4-80GB", mig_enabled=True
-    ),
-    GpuDevice(3, "GPU-3a4b5c6d-7e8f-90a1-b2c3-d4e5f6071829", "NVIDIA A100-SXM4-80GB"),
-)
-MIGS = (
-    MigDevice(GPUS[2].uuid, 2, 1, 0, "MIG-4b5c6d7e-8f90-5a1b-b2c3-d4e5f607182a", "3g.40gb"),
-    MigDevice(GPUS[2].uuid, 2, 5, 0, "MIG-5c6d7e8f-905a-6b1c-c3d4-e5f607182a3b", "2g.20gb"),
-    MigDevice(GPUS[2].uuid, 2, 13, 0, "MIG-6d7e8f90-5a6b-7c1d-d4e5-f607182a3b4c", "1g.10gb"),
-)
 PROCS = (
     SimProc(4101, "python", 0, None, 31_000, 0.82, TRAIN),
     SimProc(4102, "pt_data_worker", 0, None, 1_200, 0.05, TRAIN),
     SimProc(5201, "python3", 1, None, 20_500, 0.45, VLLM),
     SimProc(5301, "tritonserver", 1, None, 12_000, 0.30, TRITON),
     SimProc(6101, "python", 2, 1, 30_000, 0.0, BERT),  # MIG: NVML has no per-process SM data
+    SimProc(6201, "python", 2, 13, 4_000, 0.0, EVAL),
     SimProc(7001, "python3", 2, 5, 9_000, 0.0, None),  # a host process (systemd service)
     SimProc(8101, "python", 3, None, 6_000, 0.15, JUPYTER, ProcessKind.COMPUTE),
+    # MPS: the server holds memory for its clients; the clients come from NVML's MPS list.
+    SimProc(9001, "nvidia-cuda-mps-server", 4, None, 500, 0.0, MPS_DAEMON),
+    SimProc(9101, "python", 4, None, 7_000, 0.25, EMBED_A, ProcessKind.MPS),
+    SimProc(9102, "python", 4, None, 7_000, 0.20, EMBED_B, ProcessKind.MPS),
+    # GPU 5: allocated to finetune-mistral-0, which has no process on it (idle).
+    # GPU 6: an evaluation job that finished its work but kept its CUDA context: memory held
+    # at zero utilization.
+    SimProc(4201, "python", 6, None, 18_000, 0.0, LLAMA_EVAL),
+    # GPU 7: free (neither allocated nor used).
 )
 # What dcgm-exporter's own PodResources mapping says: it sees only pods that requested a GPU,
 # and on the time-sliced GPU it names just one of the two pods.
@@ -247,6 +345,89 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
     }
 
 
+def allocations() -> list[DeviceAllocation]:
+    """The SIMULATED kubelet's allocations: every demo pod's device IDs."""
+    return [
+        DeviceAllocation(p.namespace, p.name, p.container, p.gpu_request or "", device)
+        for p in PODS
+        for device in p.devices
+    ]
+
+
+def list_response(entries: Iterable[DeviceAllocation]) -> Any:
+    """A PodResources ``ListPodResourcesResponse`` holding ``entries``, grouped as the kubelet
+    groups them (per pod, per container, per resource)."""
+    from .proto import api_pb2
+
+    pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+    for e in entries:
+        by_resource = pods.setdefault((e.namespace, e.pod), {}).setdefault(e.container, {})
+        by_resource.setdefault(e.resource, []).append(e.device_id)
+    return api_pb2.ListPodResourcesResponse(
+        pod_resources=[
+            api_pb2.PodResources(
+                namespace=ns,
+                name=name,
+                containers=[
+                    api_pb2.ContainerResources(
+                        name=container,
+                        devices=[
+                            api_pb2.ContainerDevices(resource_name=r, device_ids=ids)
+                            for r, ids in resources.items()
+                        ],
+                    )
+                    for container, resources in containers.items()
+                ],
+            )
+            for (ns, name), containers in pods.items()
+        ]
+    )
+
+
+class SimulatedKubelet:
+    """A real gRPC server on a unix socket speaking the kubelet's PodResources v1 API, with
+    SIMULATED answers: ``respond(context)`` makes each List reply (it may also sleep, or end
+    the call with ``context.abort``). Counts calls, and the most that ran at once."""
+
+    def __init__(self, socket_path: str, respond: Callable[[Any], Any]) -> None:
+        self.socket_path = socket_path
+        self.respond = respond
+        self.calls = 0
+        self.max_concurrent = 0
+        self._running = 0
+        self._count_lock = threading.Lock()
+        self._server: Any = None
+
+    # Named as the gRPC method it serves.
+    def List(self, _request: Any, context: Any) -> Any:
+        with self._count_lock:
+            self.calls += 1
+            self._running += 1
+            self.max_concurrent = max(self.max_concurrent, self._running)
+        try:
+            return self.respond(context)
+        finally:
+            with self._count_lock:
+                self._running -= 1
+
+    def start(self) -> None:
+        from .proto import api_pb2_grpc
+
+        grpc = load_grpc()
+
+        server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet"))
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call,unused-ignore]
+        if not server.add_insecure_port("unix://" + os.path.abspath(self.socket_path)):
+            raise OSError(f"cannot listen on {self.socket_path}")
+        server.start()
+        self._server = server
+
+    def stop(self, grace: float | None = 0.5) -> None:
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+
 class StaticPods:
     """SIMULATED stand-in for the pod watch: the demo node's fixed pods."""
 
@@ -288,6 +469,19 @@ _FIELDS = (
         "Ratio of time the graphics engine is active.",
         True,
     ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Rows remapped after uncorrectable memory errors.",
+        False,
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Rows remapped after correctable memory errors.",
+        False,
+    ),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether a row remapping has failed.", False),
 )
 
 
@@ -349,6 +543,10 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                     "DCGM_FI_DEV_FB_FREE": max(0, total - mem),
                     "DCGM_FI_DEV_FB_USED": mem,
                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(load, 6),
+                    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+                    # One GPU has had a few correctable errors, as aging HBM does.
+                    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2 if gpu.index == 3 else 0,
+                    "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
                 }[name]
                 w.sample(name, labels, value)
     return w.render()
@@ -365,10 +563,15 @@ def make_upstream_app(gpus: SimulatedGpus) -> web.Application:
     return app
 
 
-async def start_demo(config: Config, proc_root: Path) -> tuple[Scraper, list[web.AppRunner]]:
-    """Start the simulated dcgm-exporter and the enricher in front of it."""
+async def start_demo(
+    config: Config, proc_root: Path, socket_path: Path
+) -> tuple[Scraper, list[web.AppRunner], SimulatedKubelet]:
+    """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them."""
     gpus = SimulatedGpus()
     write_proc_tree(proc_root, time.time())
+    response = list_response(allocations())
+    kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
+    kubelet.start()
     upstream = await serve(make_upstream_app(gpus), "127.0.0.1:0", max_header_bytes=8190)
     port = upstream.addresses[0][1]
     pods = StaticPods(
@@ -383,22 +586,44 @@ async def start_demo(config: Config, proc_root: Path) -> tuple[Scraper, list[web
         upstream_discover_pod=False,
         procfs=str(proc_root),
         kube_node_name=NODE,
+        kubelet_pod_resources_socket=str(socket_path),
         simulated=True,
     )
-    scraper = Scraper(demo_config, gpu=gpus, procs=ProcReader(str(proc_root)), pods=pods)
-    runner = await serve(
-        make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
+    podresources = PodResourcesSource(
+        str(socket_path),
+        timeout=demo_config.kubelet_timeout,
+        extra_resources=demo_config.kubelet_gpu_resources,
     )
-    return scraper, [runner, upstream]
+    scraper = Scraper(
+        demo_config,
+        gpu=gpus,
+        procs=ProcReader(str(proc_root)),
+        pods=pods,
+        podresources=podresources,
+    )
+    try:
+        runner = await serve(
+            make_app(scraper),
+            config.listen_address,
+            max_header_bytes=config.max_request_header_bytes,
+        )
+    except OSError:
+        await upstream.cleanup()
+        kubelet.stop()
+        raise
+    return scraper, [runner, upstream], kubelet
 
 
 async def run_demo(config: Config) -> int:
     """``dcgm-enricher demo``: serve until interrupted."""
     from .cli import wait_for_signal
 
-    with tempfile.TemporaryDirectory(prefix="dcgm-enricher-demo-proc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dcgm-enricher-demo-") as tmp:
+        proc_root = Path(tmp) / "proc"
+        socket_path = Path(tmp) / "pod-resources" / "kubelet.sock"
+        socket_path.parent.mkdir()
         try:
-            _scraper, runners = await start_demo(config, Path(tmp))
+            scraper, runners, kubelet = await start_demo(config, proc_root, socket_path)
         except OSError as exc:
             print(
                 f"dcgm-enricher demo: cannot listen on {config.listen_address}: {exc}",
@@ -408,10 +633,13 @@ async def run_demo(config: Config) -> int:
         host_port = config.listen_address
         url = f"http://{'localhost' + host_port if host_port.startswith(':') else host_port}"
         print(
-            "dcgm-enricher demo: a SIMULATED GPU node (4 A100s: one training job, one GPU\n"
-            "time-sliced between two inference pods, one in MIG mode with a pod and a host\n"
-            "process, one used by a Jupyter pod that never requested a GPU). The GPUs, the\n"
-            "dcgm-exporter, /proc and the pods are simulated; the enricher is the real one.\n"
+            "dcgm-enricher demo: a SIMULATED GPU node (8 A100s: one training job, one GPU\n"
+            "time-sliced between two inference pods, one in MIG mode with pods on two\n"
+            "instances and a host process, one used by a Jupyter pod that never requested a\n"
+            "GPU, one shared through MPS by two pods, one allocated to a pod that leaves it\n"
+            "idle, one held by a finished job that keeps its memory at zero utilization, one\n"
+            "free). The GPUs, the dcgm-exporter, the kubelet's PodResources API, /proc and the\n"
+            "pods are simulated; the enricher is the real one.\n"
             f"\n  enriched metrics:  {url}/metrics\n"
             f"  who is on the GPUs: {url}/\n"
             f"\n  try: curl -s {url}/metrics | grep -E '^gpu_(container|pod|unattr)'\n"
@@ -423,4 +651,7 @@ async def run_demo(config: Config) -> int:
         finally:
             for runner in runners:
                 await runner.cleanup()
+            kubelet.stop()
+            if scraper.podresources is not None:
+                scraper.podresources.close()
     return 0

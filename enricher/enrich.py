@@ -28,6 +28,7 @@ from .model import (
     ProcInfo,
     SourceStatus,
 )
+from .podresources import DeviceAllocation, DeviceIdKind, parse_device_id
 
 # Why a GPU process was not attributed to a pod: the `reason` label of
 # gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
@@ -36,6 +37,12 @@ REASON_NOT_IN_POD = "container_not_in_pod"
 REASON_UNKNOWN_CGROUP = "unknown_cgroup"
 REASON_POD_NOT_FOUND = "pod_not_found"
 REASON_CONFLICT = "cgroup_pod_mismatch"
+# The MPS control daemon and server: infrastructure that holds GPU memory for its clients, not
+# a workload. It never names a device's pod nor counts as a pod's usage, whatever pod runs it.
+REASON_MPS_SERVER = "mps_server"
+# /proc/<pid>/comm keeps 15 characters: nvidia-cuda-mps-control and nvidia-cuda-mps-server
+# both read "nvidia-cuda-mps".
+MPS_DAEMON_COMM_PREFIX = "nvidia-cuda-mps"
 
 _LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
 _NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
@@ -61,6 +68,23 @@ class Attribution:
         return self.info.comm if self.info is not None else ""
 
 
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One device (or replica of a shared one) the kubelet gave a container, on a device key."""
+
+    key: DeviceKey
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+
+
+def is_mps_daemon(comm: str) -> bool:
+    """Whether a process name is the MPS control daemon's or server's."""
+    return comm.startswith(MPS_DAEMON_COMM_PREFIX)
+
+
 def attribute(
     snapshot: GpuSnapshot,
     procs: Mapping[int, ProcInfo | ProcError],
@@ -77,6 +101,9 @@ def attribute(
         info = procs.get(proc.pid, ProcError.EXITED)
         if isinstance(info, ProcError):
             out.append(Attribution(proc, None, None, "", info.value))
+            continue
+        if is_mps_daemon(info.comm):
+            out.append(Attribution(proc, info, None, "", REASON_MPS_SERVER))
             continue
         cg = info.cgroup
         if cg is None:
@@ -103,32 +130,100 @@ def attribute(
     return out
 
 
-def plan_devices(attributions: Iterable[Attribution]) -> RewritePlan:
-    """Decide what the device series of each busy device name.
+def resolve_allocations(
+    allocations: Iterable[DeviceAllocation], snapshot: GpuSnapshot
+) -> tuple[list[AllocatedDevice], list[DeviceAllocation]]:
+    """Put each allocated device ID on its device key; also return those that fit no device.
 
-    One pod owns every process on a device: that pod (and its container when there is one).
-    Anything else (several pods, or any process we could not attribute): the pod labels are
-    cleared, because a device value cannot be split; the split lives in gpu_container_*.
-    A MIG process counts for its instance and for the whole GPU's series.
+    ``GPU-<uuid>`` (and its replicas) names its GPU even when NVML is down; ``MIG-<uuid>`` is
+    looked up in NVML's MIG devices; GPU indices (GKE's ``nvidia0``, the plugin's index
+    strategy) in NVML's GPUs. An ID that names nothing NVML reported stays unmapped: guessing
+    would risk naming the wrong pod.
+    """
+    by_index = {d.index: d.uuid for d in snapshot.devices}
+    migs = {m.uuid: m for m in snapshot.migs}
+    instances = {(m.gpu_uuid, m.gi_id) for m in snapshot.migs}
+    mapped: list[AllocatedDevice] = []
+    unmapped: list[DeviceAllocation] = []
+    for alloc in allocations:
+        ref = parse_device_id(alloc.device_id)
+        key: DeviceKey | None = None
+        if ref is None:
+            pass
+        elif ref.kind is DeviceIdKind.GPU_UUID:
+            key = (ref.uuid, "")
+        elif ref.kind is DeviceIdKind.MIG_UUID:
+            mig = migs.get(ref.uuid)
+            key = (mig.gpu_uuid, str(mig.gi_id)) if mig is not None else None
+        elif ref.kind is DeviceIdKind.MIG_LEGACY:
+            key = (ref.uuid, str(ref.gi))
+        elif ref.index is not None and ref.index in by_index:
+            uuid = by_index[ref.index]
+            if ref.kind is DeviceIdKind.GPU_INDEX:
+                key = (uuid, "")
+            elif ref.gi is not None and (uuid, ref.gi) in instances:
+                key = (uuid, str(ref.gi))
+        if key is None:
+            unmapped.append(alloc)
+        else:
+            mapped.append(
+                AllocatedDevice(
+                    key,
+                    alloc.namespace,
+                    alloc.pod,
+                    alloc.container,
+                    alloc.resource,
+                    alloc.device_id,
+                )
+            )
+    return mapped, unmapped
+
+
+def _owner_of(who_set: set[tuple[str, str, str] | None]) -> Owner:
+    if None in who_set:
+        return SHARED
+    pods = {(ns, pod) for ns, pod, _ in who_set}  # type: ignore[misc]
+    if len(pods) != 1:
+        return SHARED
+    ns, pod = next(iter(pods))
+    containers = {c for _, _, c in who_set}  # type: ignore[misc]
+    return Owner(ns, pod, containers.pop() if len(containers) == 1 else "")
+
+
+def plan_devices(
+    attributions: Iterable[Attribution], allocated: Iterable[AllocatedDevice] = ()
+) -> RewritePlan:
+    """Decide what the device series of each busy or allocated device name.
+
+    Process evidence first. One pod owns every process on a device: that pod (and its
+    container when there is one). Anything else (several pods, or any process we could not
+    attribute): the pod labels are cleared, because a device value cannot be split; the split
+    lives in gpu_container_*. MPS daemons are not workloads and are left out.
+
+    A device with no (workload) process is named after its allocation, when the kubelet gave it
+    to containers of one pod; shared between pods (time-slicing or MPS replicas), it is cleared.
+    A device that is neither busy nor allocated keeps the upstream's labels.
+
+    A MIG instance's processes, or allocations, count for the instance and the whole GPU.
     """
     owners_seen: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
     for a in attributions:
+        if a.reason == REASON_MPS_SERVER:
+            continue
         who = (a.pod.namespace, a.pod.name, a.container) if a.pod is not None else None
         owners_seen[a.device_key].add(who)
         if a.process.gi_id is not None:
             owners_seen[(a.process.gpu_uuid, "")].add(who)
-    owners: dict[DeviceKey, Owner] = {}
-    for key, who_set in owners_seen.items():
-        if None in who_set:
-            owners[key] = SHARED
-            continue
-        pods = {(ns, pod) for ns, pod, _ in who_set}  # type: ignore[misc]
-        if len(pods) != 1:
-            owners[key] = SHARED
-            continue
-        ns, pod = next(iter(pods))
-        containers = {c for _, _, c in who_set}  # type: ignore[misc]
-        owners[key] = Owner(ns, pod, containers.pop() if len(containers) == 1 else "")
+    allocated_to: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
+    for d in allocated:
+        who = (d.namespace, d.pod, d.container)
+        allocated_to[d.key].add(who)
+        if d.key[1]:
+            allocated_to[(d.key[0], "")].add(who)
+    owners = {key: _owner_of(who_set) for key, who_set in owners_seen.items()}
+    for key, who_set in allocated_to.items():
+        if key not in owners:
+            owners[key] = _owner_of(who_set)
     return RewritePlan(owners=owners)
 
 
@@ -173,6 +268,7 @@ UTIL = "gpu_container_utilization_ratio"
 PROC_MEM = "gpu_process_memory_used_bytes"
 UNATTR = "gpu_unattributed_memory_used_bytes"
 POD_INFO = "gpu_pod_info"
+ALLOCATED = "gpu_container_allocated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,14 +283,20 @@ def render_families(
     attributions: Sequence[Attribution],
     identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
     options: RenderOptions,
+    allocated: Sequence[AllocatedDevice] = (),
 ) -> str:
-    """Render the per-container, per-process, unattributed and pod-info families."""
+    """Render the per-container, per-process, unattributed, allocation and pod-info families."""
     w = FamilyWriter()
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
     w.family(
         UTIL,
         "Share of SM time a container's processes used on a GPU since the previous scrape, "
         "0 to 1 (NVML process utilization; absent where NVML has no data, e.g. MIG).",
+    )
+    w.family(
+        ALLOCATED,
+        "GPUs and MIG instances the kubelet allocated to a container (PodResources API): 1 per "
+        "device, or the number of replicas a container holds of a shared GPU.",
     )
     if options.process_series:
         w.family(PROC_MEM, "GPU memory used by one process (NVML), with its pod if known.")
@@ -275,6 +377,20 @@ def render_families(
         info_labels += [(n, info.labels.get(k, "")) for k, n in label_names]
         info_labels += [(n, info.annotations.get(k, "")) for k, n in annotation_names]
         w.sample(POD_INFO, info_labels, 1)
+
+    held: dict[tuple[DeviceKey, str, str, str, str], int] = defaultdict(int)
+    for d in allocated:
+        held[(d.key, d.namespace, d.pod, d.container, d.resource)] += 1
+    for hk in sorted(held):
+        key, ns, pod, container, resource = hk
+        labels = (
+            *ident(key),
+            ("namespace", ns),
+            ("pod", pod),
+            ("container", container),
+            ("resource", resource),
+        )
+        w.sample(ALLOCATED, labels, held[hk])
     return w.render()
 
 

@@ -137,7 +137,38 @@ def test_demo_serves_enriched_metrics() -> None:
         mem = {s.labels["pod"] for s in fams["gpu_container_memory_used_bytes"].samples}
         assert {"vllm-7d9f8c6b5-k2x4p", "triton-5c6d7f8b9-p8m2n", "bert-finetune-0"} <= mem
         reasons = {s.labels["reason"] for s in fams["gpu_unattributed_memory_used_bytes"].samples}
-        assert reasons == {"host_process"}
+        # The host process on a MIG instance, and the MPS server (not a workload).
+        assert reasons == {"host_process", "mps_server"}
+        # Allocations come from the simulated kubelet over gRPC on a unix socket.
+        up = {s.labels["source"]: s.value for s in fams["dcgm_enricher_source_up"].samples}
+        assert up["podresources"] == 1
+        allocated = {
+            (s.labels["gpu"], s.labels.get("GPU_I_ID", ""), s.labels["pod"])
+            for s in fams["gpu_container_allocated"].samples
+        }
+        assert {
+            ("1", "", "vllm-7d9f8c6b5-k2x4p"),  # time-sliced: both replicas' holders
+            ("1", "", "triton-5c6d7f8b9-p8m2n"),
+            ("2", "1", "bert-finetune-0"),  # MIG: pods on two instances
+            ("2", "13", "eval-harness-0"),
+            ("4", "", "embedder-6f7d8c9b4-q7w2e"),  # MPS
+            ("5", "", "finetune-mistral-0"),  # allocated, no process
+            ("6", "", "llama-eval-7xq2m"),  # allocated, memory held at zero utilization
+        } <= allocated
+        assert not any(gpu == "7" for gpu, _, _ in allocated)  # a free GPU
+        assert not any(gpu == "3" for gpu, _, _ in allocated)  # Jupyter never requested one
+        # The idle allocated GPU's series name its pod, which dcgm-exporter alone did not.
+        assert any(lbl["gpu"] == "5" and lbl["pod"] == "finetune-mistral-0" for lbl in util)
+        # The MPS GPU is shared by two clients: no single pod on its device series.
+        assert any(lbl["gpu"] == "4" and lbl["pod"] == "" for lbl in util)
+        assert {"embedder-6f7d8c9b4-q7w2e", "embedder-6f7d8c9b4-m3x9z"} <= mem
+        idle = {
+            s.labels["pod"]
+            for s in fams["gpu_container_utilization_ratio"].samples
+            if s.value == 0 and s.labels["gpu"] == "6"
+        }
+        assert idle == {"llama-eval-7xq2m"}
+        assert not any(pod.startswith("nvidia-device-plugin") for pod in mem)
         info = {s.labels["pod"]: s.labels for s in fams["gpu_pod_info"].samples}
         assert info["jupyter-alice"]["annotation_hub_jupyter_org_username"] == "alice@example.com"
         assert info["jupyter-alice"]["gpu_requested"] == "false"

@@ -375,7 +375,8 @@ def _needs_met(metrics_text: str) -> set[str]:
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
         "DCGM_FI_DEV_ROW_REMAP_FAILURE",
     )
-    if all(samples.get(name) for name in remap):
+    # prometheus_client names a counter's samples <name>_total.
+    if all(samples.get(name) or samples.get(name + "_total") for name in remap):
         met.add("remapped-rows")
     memory = {
         tuple(sorted(lbl.items())): v

@@ -50,7 +50,8 @@ ENRICHER_CONTAINER = "dcgm-enricher"
 ENRICHER_IMAGE_REPO = "ghcr.io/dcgm-enricher/dcgm-enricher"
 EXPORTER_IMAGE_REPO = "nvcr.io/nvidia/k8s/dcgm-exporter"
 ENRICHER_PORT = 9401
-ENRICHER_UID = 10001
+ENRICHER_UID = 0  # root without capabilities: the kubelet socket is root-only (see manifests)
+IMAGE_UID = 10001  # the image itself runs non-root by default
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_UPSTREAM_URL = "http://127.0.0.1:9400/metrics"
@@ -421,7 +422,7 @@ def enricher_problems(workload: Doc, container: Doc) -> list[str]:
 
     security = effective_security(spec, container)
     expected = {
-        "runAsNonRoot": True,
+        "runAsNonRoot": False,
         "runAsUser": ENRICHER_UID,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -1096,9 +1097,9 @@ MUTATIONS = [
         id="enricher-tag-not-project-version",
     ),
     pytest.param(
-        lambda d: _enricher(d)["securityContext"].update(runAsUser=0),
+        lambda d: _enricher(d)["securityContext"].update(runAsUser=1000),
         "runAsUser",
-        id="enricher-root",
+        id="enricher-other-uid",
     ),
     pytest.param(
         lambda d: _enricher(d)["securityContext"].pop("readOnlyRootFilesystem"),
@@ -1586,7 +1587,7 @@ def test_dockerfile_final_stage() -> None:
     builder, final = stages[1], stages[-1]
     assert builder[0][1].endswith("AS builder")
     instructions = dict(final)  # one of each in the final stage
-    assert instructions["USER"].split(":")[0] == str(ENRICHER_UID)
+    assert instructions["USER"].split(":")[0] == str(IMAGE_UID)
     assert json.loads(instructions["ENTRYPOINT"]) == ["/opt/venv/bin/dcgm-enricher"]
     assert json.loads(instructions["CMD"]) == ["serve"]
     assert instructions["EXPOSE"] == str(ENRICHER_PORT)
