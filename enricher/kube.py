@@ -398,6 +398,7 @@ class PodCache:
         label_keys: Sequence[str] = (),
         annotation_keys: Sequence[str] = (),
         upstream_selector: Mapping[str, str] | None = None,
+        upstream_namespace: str | None = None,
         watch_timeout_seconds: int = 300,
         request_timeout_seconds: float = 30.0,
         backoff_max_seconds: float = 30.0,
@@ -409,6 +410,9 @@ class PodCache:
         self._label_keys = tuple(label_keys)
         self._annotation_keys = tuple(annotation_keys)
         self._selector = dict(upstream_selector) if upstream_selector is not None else None
+        # Only pods of this namespace may become the upstream: a tenant who can run a pod with
+        # the exporter's labels on a GPU node must not be able to feed the enricher.
+        self._upstream_namespace = upstream_namespace or None
         self._watch_timeout = max(1, int(watch_timeout_seconds))
         self._request_timeout = max(0.001, float(request_timeout_seconds))
         self._backoff_max = max(0.0, float(backoff_max_seconds))
@@ -661,7 +665,11 @@ class PodCache:
                 log.warning("more than %d pods on node %s; ignoring the rest", MAX_PODS, self._node)
                 self._over_cap_logged = True
             return
-        matches = self._selector is not None and _labels_match(obj, self._selector)
+        matches = (
+            self._selector is not None
+            and _labels_match(obj, self._selector)
+            and (self._upstream_namespace is None or pod.namespace == self._upstream_namespace)
+        )
         pods[pod.uid] = (pod, matches)
 
     def _publish(self) -> None:
