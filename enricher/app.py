@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +17,13 @@ from aiohttp import web
 
 from . import __version__
 from .config import Config
+from .docker import DockerContainer
 from .enrich import (
     AllocatedDevice,
     Attribution,
     RenderOptions,
     attribute,
+    docker_lookup_ids,
     fallback_identity,
     plan_devices,
     render_families,
@@ -76,6 +79,18 @@ class AllocationSource(Protocol):
     def close(self) -> None: ...
 
 
+class ContainerSource(Protocol):
+    """The Docker source (docker.DockerSource): container names by container ID."""
+
+    up: bool
+    enabled: bool
+    errors_total: int
+
+    async def lookup(self, container_ids: Sequence[str]) -> dict[str, DockerContainer | None]: ...
+
+    async def close(self) -> None: ...
+
+
 class _Once:
     """Logs the first failure of a source at WARNING and repeats at DEBUG until it recovers."""
 
@@ -115,13 +130,17 @@ class Scraper:
         procs: ProcSource,
         pods: PodSource | None,
         podresources: AllocationSource | None = None,
+        docker: ContainerSource | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``docker``: name containers outside pods after Docker containers (Docker mode, for
+        hosts without Kubernetes); None reports the docker source disabled."""
         self.config = config
         self.gpu = gpu
         self.procs = procs
         self.pods = pods
         self.podresources = podresources
+        self.docker = docker
         self._clock = clock
         self._rewriter = Rewriter()
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
@@ -151,6 +170,8 @@ class Scraper:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self.docker is not None:
+            await self.docker.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._kubelet_executor.shutdown(wait=False, cancel_futures=True)
 
@@ -278,18 +299,36 @@ class Scraper:
             self._log_kubelet.fail(result.error)
         return result, self._clock() - start
 
+    async def _lookup_containers(
+        self, procs: dict[int, ProcInfo | ProcError]
+    ) -> tuple[dict[str, DockerContainer | None] | None, float]:
+        """The Docker source's answers for the containers of GPU processes outside pods (None
+        when there is no Docker source), and the time it took. Asked on every scrape, even
+        with no such process, so the source's health stays current."""
+        if self.docker is None:
+            return None, 0.0
+        start = self._clock()
+        try:
+            answers = await self.docker.lookup(docker_lookup_ids(procs))
+        except Exception as exc:  # the source never raises; a bug must not fail the scrape
+            log.warning("docker: lookup failed: %s: %s", type(exc).__name__, exc)
+            answers = {}
+        return answers, self._clock() - start
+
     async def _scrape_once(self) -> ScrapeResult:
         started = self._clock()
         upstream_task = asyncio.create_task(self._fetch_upstream())
         kubelet_task = asyncio.create_task(self._fetch_allocations())
         procfs_errors_before = self.procs.errors_total
         snapshot, nvml_ok, nvml_dur, procs, procfs_dur = await self._gpu_side()
+        # While the upstream answers: the Docker source is bounded by --docker.timeout.
+        containers, docker_dur = await self._lookup_containers(procs)
         text, upstream_dur = await upstream_task
         listed, kubelet_dur = await kubelet_task
 
         t_kube = self._clock()
         index = self.pods.index() if self.pods is not None else PodIndex()
-        attributions = attribute(snapshot, procs, index)
+        attributions = attribute(snapshot, procs, index, containers)
         kube_dur = self._clock() - t_kube
         allocated, unmapped = resolve_allocations(listed.allocations, snapshot)
         plan = plan_devices(attributions, allocated)
@@ -308,6 +347,7 @@ class Scraper:
             label_keys=self.config.kube_pod_labels,
             annotation_keys=self.config.kube_pod_annotations,
             process_series=self.config.collector_process,
+            docker=self.docker is not None,
         )
         parts.append(render_families(attributions, identities, options, allocated))
 
@@ -339,6 +379,13 @@ class Scraper:
                 kubelet_dur,
                 (self.podresources.errors_total if self.podresources else 0) + self._kubelet_errors,
                 enabled=listed.enabled,
+            ),
+            SourceStatus(
+                "docker",
+                bool(self.docker and self.docker.up),
+                docker_dur,
+                self.docker.errors_total if self.docker else 0,
+                enabled=bool(self.docker and self.docker.enabled),
             ),
         ]
         extra: dict[str, tuple[str, str, float]] = {
@@ -461,7 +508,11 @@ def make_app(scraper: Scraper) -> web.Application:
 
 
 async def serve(
-    app: web.Application, listen_address: str, *, max_header_bytes: int
+    app: web.Application,
+    listen_address: str,
+    *,
+    max_header_bytes: int,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> web.AppRunner:
     """Start serving ``app``; returns the runner (call ``runner.cleanup()`` to stop)."""
     host, port = parse_listen_address(listen_address)
@@ -473,6 +524,6 @@ async def serve(
         shutdown_timeout=2.0,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host=host, port=port)
+    site = web.TCPSite(runner, host=host, port=port, ssl_context=ssl_context)
     await site.start()
     return runner

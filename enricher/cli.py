@@ -92,6 +92,22 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             "--upstream.discover-pod (default %(default)s)",
         )
         g.add_argument(
+            "--upstream.pod-namespace",
+            metavar="NAMESPACE",
+            dest="upstream_pod_namespace",
+            default=_env("--upstream.pod-namespace", _D.upstream_pod_namespace),
+            help="namespace the discovered dcgm-exporter pod must be in, so that no other "
+            "pod with the same labels can become the upstream (default %(default)s)",
+        )
+        g.add_argument(
+            "--web.config.file",
+            metavar="FILE",
+            dest="web_config_file",
+            default=_env("--web.config.file", _D.web_config_file),
+            help="exporter-toolkit web config (YAML): TLS and basic auth for every path but "
+            "/healthz (default: none, plain HTTP)",
+        )
+        g.add_argument(
             "--kubelet.pod-resources-socket",
             metavar="PATH",
             dest="kubelet_pod_resources_socket",
@@ -189,6 +205,23 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
         "(comma list, default %(default)s)",
     )
     g.add_argument(
+        "--docker.host",
+        metavar="URL",
+        dest="docker_host",
+        default=_env("--docker.host", _D.docker_host),
+        help="Docker Engine API socket, to name the containers of GPU processes when "
+        "Kubernetes is off; empty: cgroup-only mode, containers named by short ID "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--docker.timeout",
+        metavar="SECONDS",
+        dest="docker_timeout",
+        type=float,
+        default=_env("--docker.timeout", _D.docker_timeout),
+        help="seconds for one Docker API request (default %(default)s)",
+    )
+    g.add_argument(
         "--log.level",
         metavar="LEVEL",
         dest="log_level",
@@ -233,7 +266,7 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
     if "kubelet_gpu_resources" in values:
         values["kubelet_gpu_resources"] = _csv(values["kubelet_gpu_resources"] or "")
     try:
-        for key in ("upstream_timeout", "scrape_timeout", "kubelet_timeout"):
+        for key in ("upstream_timeout", "scrape_timeout", "kubelet_timeout", "docker_timeout"):
             if key in values:
                 values[key] = float(values[key])
                 if not 0 < values[key] < float("inf"):
@@ -242,6 +275,9 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:
                 raise ValueError("--upstream.max-bytes must be at least 1024")
+        from .docker import parse_docker_host
+
+        parse_docker_host(values["docker_host"])
         if "listen_address" in values:
             from .app import parse_listen_address
 
@@ -250,6 +286,14 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
             from .kube import parse_selector
 
             parse_selector(values["upstream_pod_selector"])
+            if not values.get("upstream_pod_namespace"):
+                raise ValueError("--upstream.discover-pod needs --upstream.pod-namespace")
+        if values.get("web_config_file"):
+            from .webconfig import load_web_config, ssl_context
+
+            ssl_context(load_web_config(values["web_config_file"]))  # fail at start, not later
+        elif "web_config_file" in values:
+            values["web_config_file"] = None
     except ValueError as exc:
         parser.error(str(exc))
     if values.get("nvml_library") == "":

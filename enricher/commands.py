@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from .app import PodSource, Scraper, make_app, serve
 from .config import Config
-from .enrich import Attribution, attribute
-from .model import PodIndex, ProcError
+from .docker import DockerContainer, DockerSource
+from .enrich import Attribution, attribute, cgroup_containers, choose_docker, docker_lookup_ids
+from .model import CgroupRef, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
 
@@ -38,6 +40,7 @@ def start_pod_cache(config: Config) -> Any:
         label_keys=config.kube_pod_labels,
         annotation_keys=config.kube_pod_annotations,
         upstream_selector=selector,
+        upstream_namespace=config.upstream_pod_namespace,
     )
     cache.start()
     return cache
@@ -52,6 +55,14 @@ def make_podresources_source(config: Config) -> PodResourcesSource | None:
         timeout=config.kubelet_timeout,
         extra_resources=config.kubelet_gpu_resources,
     )
+
+
+def make_docker_source(config: Config) -> DockerSource | None:
+    """The Docker source in Docker mode (no Kubernetes), else None. With ``--docker.host=""``
+    it runs in cgroup-only mode and never opens a socket."""
+    if not config.docker_active:
+        return None
+    return DockerSource(config.docker_host, timeout=config.docker_timeout)
 
 
 def make_gpu_source(config: Config) -> Any:
@@ -73,17 +84,37 @@ async def run_server(config: Config) -> int:
         return 2
     gpu = make_gpu_source(config)
     podresources = make_podresources_source(config)
+    docker = make_docker_source(config)
     scraper = Scraper(
-        config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods, podresources=podresources
+        config,
+        gpu=gpu,
+        procs=ProcReader(config.procfs),
+        pods=pods,
+        podresources=podresources,
+        docker=docker,
     )
+    from .webconfig import WebConfig, WebConfigError, apply, load_web_config, ssl_context
+
+    try:
+        web_cfg = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
+        tls = ssl_context(web_cfg)
+    except WebConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    app = make_app(scraper)
+    apply(app, web_cfg)
     runner = await serve(
-        make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
+        app,
+        config.listen_address,
+        max_header_bytes=config.max_request_header_bytes,
+        ssl_context=tls,
     )
     log.info(
-        "dcgm-enricher serving on %s, upstream %s, kubelet PodResources %s",
+        "dcgm-enricher serving on %s, upstream %s, kubelet PodResources %s, Docker %s",
         config.listen_address,
         "discovered on this node" if config.upstream_discover_pod else config.upstream_url,
         config.kubelet_pod_resources_socket or "off",
+        _docker_mode(config),
     )
     try:
         await wait_for_signal()
@@ -96,6 +127,35 @@ async def run_server(config: Config) -> int:
         if podresources is not None:
             podresources.close()
     return 0
+
+
+def _docker_mode(config: Config) -> str:
+    if not config.docker_active:
+        return "off (Kubernetes)"
+    return config.docker_host or "cgroup-only (containers by short ID)"
+
+
+def _docker_answers(
+    config: Config, procs: Mapping[int, ProcInfo | ProcError]
+) -> tuple[dict[str, DockerContainer | None] | None, str]:
+    """A one-off Docker lookup for the troubleshooting commands: the answers by container ID
+    (None outside Docker mode) and a note when containers are named by short ID only."""
+    source = make_docker_source(config)
+    if source is None:
+        return None, ""
+
+    async def ask(ids: list[str]) -> dict[str, DockerContainer | None]:
+        try:
+            return await source.lookup(ids)
+        finally:
+            await source.close()
+
+    answers = asyncio.run(ask(docker_lookup_ids(procs)))
+    if not source.enabled:
+        return answers, "docker: cgroup-only mode, containers are named by short ID"
+    if any(c is not None and not c.resolved for c in answers.values()):
+        return answers, f"docker: no answer from {config.docker_host}, some containers by short ID"
+    return answers, ""
 
 
 def _pod_index(config: Config, wait: float = 5.0) -> tuple[PodIndex | None, str]:
@@ -119,9 +179,11 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO) -> int:
     """``dcgm-enricher resolve PID...``: one JSON line per PID."""
     reader = ProcReader(config.procfs)
     index, kube_note = _pod_index(config)
+    infos = {pid: reader.read(pid) for pid in dict.fromkeys(pids)}
+    docker, docker_note = _docker_answers(config, infos)
     failures = 0
     for pid in pids:
-        info = reader.read(pid)
+        info = infos[pid]
         rec: dict[str, Any] = {"pid": pid}
         if isinstance(info, ProcError):
             rec["error"] = info.value
@@ -149,8 +211,30 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO) -> int:
                     rec["note"] = "pod not found on this node"
             elif kube_note and cg.pod_uid:
                 rec["note"] = kube_note
+            if docker is not None and cg.container_id and not cg.pod_uid:
+                rec.update(_docker_fields(docker, cg, docker_note))
         out.write(json.dumps(rec, sort_keys=True) + "\n")
     return 1 if failures == len(pids) else 0
+
+
+def _docker_fields(
+    answers: Mapping[str, DockerContainer | None], cg: CgroupRef, note: str
+) -> dict[str, Any]:
+    found = choose_docker(cgroup_containers(cg), answers)
+    if found is None:
+        return {"note": "no such Docker container"}
+    rec: dict[str, Any] = {"container": found.name}
+    if found.id != cg.container_id:
+        rec["docker_container_id"] = found.id  # the outer container of a nested one
+    if found.resolved:
+        rec.update(
+            image=found.image,
+            compose_project=found.compose_project,
+            compose_service=found.compose_service,
+        )
+    elif note:
+        rec["note"] = note
+    return rec
 
 
 def render_ps_table(attributions: Sequence[Attribution]) -> str:
@@ -200,10 +284,13 @@ def ps(config: Config, out: TextIO, pods: PodSource | None = None) -> int:
         note = ""
     else:
         index, note = _pod_index(config)
-    attributions = attribute(snapshot, procs, index or PodIndex())
+    docker, docker_note = _docker_answers(config, procs)
+    attributions = attribute(snapshot, procs, index or PodIndex(), docker)
     out.write(render_ps_table(attributions))
     if note:
         out.write(f"# {note}: pods are not named\n")
+    if docker_note:
+        out.write(f"# {docker_note}\n")
     if snapshot.errors:
         out.write("# NVML errors: " + "; ".join(snapshot.errors) + "\n")
     out.write(

@@ -13,6 +13,8 @@ class Config:
     upstream_max_bytes: int = 32 * 1024 * 1024
     upstream_discover_pod: bool = False
     upstream_pod_selector: str = "app=nvidia-dcgm-exporter"
+    upstream_pod_namespace: str = "gpu-operator"
+    web_config_file: str | None = None
     procfs: str = "/proc"
     nvml_library: str | None = None
     nvml_enabled: bool = True
@@ -25,6 +27,9 @@ class Config:
     kubelet_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubelet_timeout: float = 2.0
     kubelet_gpu_resources: tuple[str, ...] = ()  # besides nvidia.com/gpu, .shared, mig-*
+    # Docker mode (only without Kubernetes): "" is cgroup-only mode, containers by short ID.
+    docker_host: str = "unix:///var/run/docker.sock"
+    docker_timeout: float = 2.0
     collector_process: bool = False
     scrape_timeout: float = 10.0
     max_request_header_bytes: int = 8190
@@ -37,3 +42,9 @@ class Config:
         if self.kube_enabled is None:
             return bool(self.kube_node_name)
         return self.kube_enabled
+
+    @property
+    def docker_active(self) -> bool:
+        """Whether GPU processes in containers are named after Docker containers: on a host
+        without Kubernetes (with the API, or from the cgroup alone when ``docker_host`` is "")."""
+        return not self.kube_active

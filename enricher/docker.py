@@ -274,7 +274,8 @@ class DockerSource:
     A container Docker does not know (404) is remembered as gone for ``vanished_ttl`` seconds,
     one found for ``found_ttl`` (so a rename shows up); entries are dropped at twice their TTL
     and the cache never holds more than ``cache_size`` IDs. While the API fails, a container
-    seen before keeps its last answer and a new one is named by its short ID.
+    seen before keeps its last answer and a new one is named by its short ID; so while the
+    socket is missing (a daemon restarting), until the last answer is twice its TTL old.
 
     Health: ``up`` is whether the last exchange with the daemon worked (a ``/_ping`` is sent
     when nothing else was asked for ``health_interval`` seconds); ``enabled`` is False in
@@ -350,11 +351,16 @@ class DockerSource:
                 wanted.append(cid)
             else:
                 out[cid] = DockerContainer.from_id(cid)
+        now = self._clock()
         if not self._check_socket():
-            out.update({cid: DockerContainer.from_id(cid) for cid in wanted})
+            # cgroup-only mode, or a socket gone while the daemon restarts: answers seen before
+            # hold until they age out (twice their TTL), the rest are short IDs.
+            self._sweep(now, keep=set())
+            for cid in wanted:
+                entry = self._cache.get(cid)
+                out[cid] = entry.container if entry is not None else DockerContainer.from_id(cid)
             return out
 
-        now = self._clock()
         self._sweep(now, keep=set(wanted))
         fetches: dict[str, asyncio.Task[_Entry | None]] = {}
         for cid in wanted:

@@ -3,6 +3,10 @@
 No I/O, no event loop, no globals: ``attribute`` decides who owns each GPU process,
 ``plan_devices`` decides what each device series names, and ``render_families`` writes the
 enricher's own families. The app wires them to the sources.
+
+On a host without Kubernetes, a process in a container is attributed to its Docker container
+(``docker_lookup_ids`` says what to ask the Docker source, ``attribute`` picks the answer):
+its series then carry ``container`` = the container's name, and ``namespace``/``pod`` empty.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .docker import DockerContainer, render_container_info
 from .exposition import (
+    MAX_LABEL_VALUE_LENGTH,
     SHARED,
     DeviceKey,
     FamilyWriter,
@@ -20,6 +26,7 @@ from .exposition import (
     RewritePlan,
 )
 from .model import (
+    CgroupRef,
     GpuProcess,
     GpuSnapshot,
     PodIndex,
@@ -29,6 +36,7 @@ from .model import (
     SourceStatus,
 )
 from .podresources import DeviceAllocation, DeviceIdKind, parse_device_id
+from .procfs import container_chain
 
 # Why a GPU process was not attributed to a pod: the `reason` label of
 # gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
@@ -37,6 +45,8 @@ REASON_NOT_IN_POD = "container_not_in_pod"
 REASON_UNKNOWN_CGROUP = "unknown_cgroup"
 REASON_POD_NOT_FOUND = "pod_not_found"
 REASON_CONFLICT = "cgroup_pod_mismatch"
+# Docker mode: Docker says no container of the cgroup's chain exists (any more).
+REASON_CONTAINER_NOT_FOUND = "container_not_found"
 # The MPS control daemon and server: infrastructure that holds GPU memory for its clients, not
 # a workload. It never names a device's pod nor counts as a pod's usage, whatever pod runs it.
 REASON_MPS_SERVER = "mps_server"
@@ -50,13 +60,19 @@ _NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
 
 @dataclass(frozen=True, slots=True)
 class Attribution:
-    """One GPU process and who owns it; ``pod`` None means unattributed with ``reason``."""
+    """One GPU process and who owns it: a pod, or (Docker mode) a Docker container, whose name
+    is then ``container``; neither means unattributed, with ``reason``."""
 
     process: GpuProcess
     info: ProcInfo | None
     pod: PodInfo | None
     container: str
     reason: str
+    docker: DockerContainer | None = None
+
+    @property
+    def attributed(self) -> bool:
+        return self.pod is not None or self.docker is not None
 
     @property
     def device_key(self) -> DeviceKey:
@@ -85,16 +101,64 @@ def is_mps_daemon(comm: str) -> bool:
     return comm.startswith(MPS_DAEMON_COMM_PREFIX)
 
 
+def docker_lookup_ids(procs: Mapping[int, ProcInfo | ProcError]) -> list[str]:
+    """The container IDs to ask Docker about: every ID in the cgroup path of each process that
+    is in a container outside any pod (a nested container's outer ones too), in order."""
+    ids: dict[str, None] = {}
+    for info in procs.values():
+        if isinstance(info, ProcError) or info.cgroup is None:
+            continue
+        cg = info.cgroup
+        if cg.container_id is None or cg.pod_uid is not None:
+            continue
+        for cid in cgroup_containers(cg):
+            ids[cid] = None
+    return list(ids)
+
+
+def cgroup_containers(cg: CgroupRef) -> tuple[str, ...]:
+    """Every container ID a cgroup names, outermost first; its ``container_id`` is last."""
+    chain = container_chain(cg.path)
+    if cg.container_id is None or chain[-1:] == (cg.container_id,):
+        return chain
+    return (*(c for c in chain if c != cg.container_id), cg.container_id)
+
+
+def choose_docker(
+    chain: Sequence[str], answers: Mapping[str, DockerContainer | None]
+) -> DockerContainer | None:
+    """Which Docker container a cgroup's chain of container IDs (outermost first) is.
+
+    The innermost one Docker knows; else the innermost one it could not be asked about, by
+    short ID; None when Docker says none of them exists. A nested container (Docker in
+    Docker) belongs to a daemon inside its outer container, which is what the host's Docker
+    knows: that outer container is named. An ID missing from ``answers`` was not asked.
+    """
+    found = [answers.get(cid, DockerContainer.from_id(cid)) for cid in chain]
+    for c in reversed(found):
+        if c is not None and c.resolved:
+            return c
+    for c in reversed(found):
+        if c is not None:
+            return c
+    return None
+
+
 def attribute(
     snapshot: GpuSnapshot,
     procs: Mapping[int, ProcInfo | ProcError],
     pods: PodIndex,
+    docker: Mapping[str, DockerContainer | None] | None = None,
 ) -> list[Attribution]:
     """Map each GPU process to its pod and container, or to the reason it has none.
 
     The container ID is the strongest evidence; the pod UID alone still names the pod (with an
     empty container) when the container has not reached the pod status yet. When the two
     disagree, nobody is named: a wrong pod label is worse than none.
+
+    ``docker`` (Docker mode) holds the Docker source's answers by container ID: a process in a
+    container that is in no pod is then attributed to the container ``choose_docker`` picks,
+    or is ``container_not_found``. Without it such a process is ``container_not_in_pod``.
     """
     out: list[Attribution] = []
     for proc in snapshot.processes:
@@ -125,8 +189,16 @@ def attribute(
             else:
                 out.append(Attribution(proc, info, None, "", REASON_POD_NOT_FOUND))
             continue
-        reason = REASON_NOT_IN_POD if cg.container_id is not None else REASON_HOST
-        out.append(Attribution(proc, info, None, "", reason))
+        if cg.container_id is None:
+            out.append(Attribution(proc, info, None, "", REASON_HOST))
+        elif docker is None:
+            out.append(Attribution(proc, info, None, "", REASON_NOT_IN_POD))
+        else:
+            found = choose_docker(cgroup_containers(cg), docker)
+            if found is None:
+                out.append(Attribution(proc, info, None, "", REASON_CONTAINER_NOT_FOUND))
+            else:
+                out.append(Attribution(proc, info, None, found.name, "", found))
     return out
 
 
@@ -190,13 +262,22 @@ def _owner_of(who_set: set[tuple[str, str, str] | None]) -> Owner:
     return Owner(ns, pod, containers.pop() if len(containers) == 1 else "")
 
 
+def _who(a: Attribution) -> tuple[str, str, str] | None:
+    if a.pod is not None:
+        return (a.pod.namespace, a.pod.name, a.container)
+    if a.docker is not None:
+        return ("", "", a.container)
+    return None
+
+
 def plan_devices(
     attributions: Iterable[Attribution], allocated: Iterable[AllocatedDevice] = ()
 ) -> RewritePlan:
     """Decide what the device series of each busy or allocated device name.
 
     Process evidence first. One pod owns every process on a device: that pod (and its
-    container when there is one). Anything else (several pods, or any process we could not
+    container when there is one); one Docker container: that container's name, with empty
+    namespace and pod. Anything else (several pods, or any process we could not
     attribute): the pod labels are cleared, because a device value cannot be split; the split
     lives in gpu_container_*. MPS daemons are not workloads and are left out.
 
@@ -210,7 +291,7 @@ def plan_devices(
     for a in attributions:
         if a.reason == REASON_MPS_SERVER:
             continue
-        who = (a.pod.namespace, a.pod.name, a.container) if a.pod is not None else None
+        who = _who(a)
         owners_seen[a.device_key].add(who)
         if a.process.gi_id is not None:
             owners_seen[(a.process.gpu_uuid, "")].add(who)
@@ -277,6 +358,8 @@ class RenderOptions:
     label_keys: Sequence[str] = ()
     annotation_keys: Sequence[str] = ()
     process_series: bool = False
+    # Docker mode: gpu_container_info is written (its HELP and TYPE even with no container).
+    docker: bool = False
 
 
 def render_families(
@@ -285,7 +368,8 @@ def render_families(
     options: RenderOptions,
     allocated: Sequence[AllocatedDevice] = (),
 ) -> str:
-    """Render the per-container, per-process, unattributed, allocation and pod-info families."""
+    """Render the per-container, per-process, unattributed, allocation and pod-info families,
+    and in Docker mode gpu_container_info."""
     w = FamilyWriter()
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
     w.family(
@@ -314,6 +398,7 @@ def render_families(
     util: dict[tuple[DeviceKey, str, str, str], float] = defaultdict(float)
     unattr: dict[tuple[DeviceKey, str], int] = defaultdict(int)
     pods: dict[str, PodInfo] = {}
+    containers: dict[str, DockerContainer] = {}
 
     def ident(key: DeviceKey) -> tuple[tuple[str, str], ...]:
         return identities.get(key) or (("UUID", key[0]),) + (
@@ -323,11 +408,18 @@ def render_families(
     for a in attributions:
         key = a.device_key
         p = a.process
-        if a.pod is None:
+        who = _who(a)
+        if who is None:
             unattr[(key, a.reason)] += p.used_memory_bytes or 0
         else:
-            pods[a.pod.uid] = a.pod
-            ck = (key, a.pod.namespace, a.pod.name, a.container)
+            if a.pod is not None:
+                pods[a.pod.uid] = a.pod
+            elif a.docker is not None:
+                containers[a.docker.id] = a.docker
+            # Keyed by the values as they will be written (cut to the label length bound), so
+            # two names that only differ past the cut add up instead of repeating a series.
+            ns, pod, container = (v[:MAX_LABEL_VALUE_LENGTH] for v in who)
+            ck = (key, ns, pod, container)
             if p.used_memory_bytes is not None:
                 mem[ck] += p.used_memory_bytes
                 mem_known.add(ck)
@@ -391,7 +483,10 @@ def render_families(
             ("resource", resource),
         )
         w.sample(ALLOCATED, labels, held[hk])
-    return w.render()
+    text = w.render()
+    if options.docker or containers:
+        text += render_container_info(containers.values())
+    return text
 
 
 def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]:
@@ -446,9 +541,10 @@ def render_self_metrics(
         w.sample("dcgm_enricher_source_errors_total", src, st.errors_total)
     w.family(
         "dcgm_enricher_gpu_processes",
-        "GPU processes on this node on this scrape, by whether a pod was found for them.",
+        "GPU processes on this node on this scrape, by whether a pod (or, without Kubernetes, "
+        "a Docker container) was found for them.",
     )
-    attributed = sum(1 for a in attributions if a.pod is not None)
+    attributed = sum(1 for a in attributions if a.attributed)
     w.sample("dcgm_enricher_gpu_processes", (("state", "attributed"),), attributed)
     w.sample(
         "dcgm_enricher_gpu_processes",

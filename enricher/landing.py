@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from . import __version__
 from .config import Config
+from .docker import DockerContainer
 from .enrich import Attribution
 from .exposition import DeviceKey, parse_label_block, unescape_label_value
 from .model import GpuSnapshot, SourceStatus
@@ -134,6 +135,8 @@ def _owner_rows(
     for a in attributions:
         if a.pod is not None:
             groups[(a.pod.namespace, a.pod.name, a.container, "")].append(a)
+        elif a.docker is not None:  # Docker mode: the container's name, no pod
+            groups[("", "", a.container, "")].append(a)
         else:
             groups[("", "", "", a.reason or "unknown")].append(a)
     given: dict[tuple[str, str, str], set[str]] = defaultdict(set)
@@ -149,7 +152,11 @@ def _owner_rows(
                 namespace=ns,
                 pod=pod,
                 container=container,
-                workload=f"{info.workload_kind}/{info.workload_name}" if info else "",
+                workload=(
+                    f"{info.workload_kind}/{info.workload_name}"
+                    if info
+                    else _compose(members[0].docker)
+                ),
                 memory_bytes=(
                     sum(v for v in known_mem if v is not None)
                     if any(v is not None for v in known_mem)
@@ -363,3 +370,12 @@ def render_landing(last: ScrapeResult | None, config: Config) -> str:
         f"dcgm-enricher {_e(__version__)}</p>"
         f"{summary}<table id='gpus'>{head}{body}</table></body></html>"
     )
+
+
+def _compose(container: DockerContainer | None) -> str:
+    """A Docker container's compose project/service, else its image."""
+    if container is None:
+        return ""
+    if container.compose_project:
+        return f"compose {container.compose_project}/{container.compose_service}"
+    return container.image

@@ -201,8 +201,8 @@ def test_enricher_command_parses_with_the_real_cli(
     assert upstream.port == int(listen.rsplit(":", 1)[1])
     port = config.listen_address.rsplit(":", 1)[1]
     assert service(compose, "enricher")["ports"] == [f"127.0.0.1:{port}:{port}"]
-    if hasattr(config, "docker_host"):  # once --docker.host exists (issue 8, phase 2)
-        assert config.docker_host == env(service(compose, "enricher"))["ENRICHER_DOCKER_HOST"]
+    assert config.docker_active  # containers are named after Docker's
+    assert config.docker_host == env(service(compose, "enricher"))["ENRICHER_DOCKER_HOST"]
 
 
 def test_enricher_service(compose: dict[str, Any]) -> None:

@@ -18,8 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from enricher.cli import parse_config
+from enricher.commands import make_docker_source
 from enricher.docker import (
     CONTAINER_INFO,
+    DEFAULT_HOST,
     MAX_VALUE_CHARS,
     DockerContainer,
     DockerSource,
@@ -30,6 +33,27 @@ from enricher.docker import (
     parse_inspect_body,
     render_container_info,
     short_id,
+)
+from enricher.enrich import (
+    Attribution,
+    RenderOptions,
+    attribute,
+    cgroup_containers,
+    choose_docker,
+    docker_lookup_ids,
+    plan_devices,
+    render_families,
+    render_self_metrics,
+)
+from enricher.exposition import SHARED, Owner
+from enricher.model import (
+    CgroupRef,
+    GpuProcess,
+    GpuSnapshot,
+    PodIndex,
+    ProcError,
+    ProcInfo,
+    Runtime,
 )
 from tests.conftest import assert_valid_exposition
 from tests.dockerapi import DockerAPI, FakeContainer, compose_labels, container_id, inspect_document
@@ -738,3 +762,318 @@ async def test_close_cancels_requests_in_flight(
     await source.close()
     # The lookup ends at once, naming the container by its short ID.
     assert (await asyncio.wait_for(pending, 5))[CID] == DockerContainer.from_id(CID)
+
+
+async def test_socket_gone_keeps_last_answers_until_they_age_out(
+    sock_dir: str, clock: Clock
+) -> None:
+    """A daemon restart removes and recreates its socket: names hold meanwhile."""
+    path = os.path.join(sock_dir, "docker.sock")
+    source = DockerSource(f"unix://{path}", timeout=2.0, clock=clock, found_ttl=300)
+    try:
+        with DockerAPI(path) as api:
+            api.add("trainer")
+            assert names(await source.lookup([CID]))[CID] == "trainer"
+        os.unlink(path)
+        got = await source.lookup([CID, CID2])
+        assert names(got) == {CID: "trainer", CID2: short_id(CID2)}
+        assert not source.enabled
+        clock.now += 2 * 300
+        assert (await source.lookup([CID]))[CID] == DockerContainer.from_id(CID)
+    finally:
+        await source.close()
+
+
+# --------------------------------------------------------------------------- Docker mode
+
+
+def test_docker_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("ENRICHER_DOCKER_HOST", "ENRICHER_DOCKER_TIMEOUT", "NODE_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    _, cfg, _ = parse_config([])
+    assert cfg.docker_host == DEFAULT_HOST and cfg.docker_timeout == 2.0
+    assert cfg.docker_active and not cfg.kube_active
+    monkeypatch.setenv("ENRICHER_DOCKER_HOST", "unix:///run/user/1000/docker.sock")
+    _, cfg, _ = parse_config(["--docker.timeout", "0.5"])
+    assert cfg.docker_host == "unix:///run/user/1000/docker.sock" and cfg.docker_timeout == 0.5
+    _, cfg, _ = parse_config(["ps", "--docker.host", ""])
+    assert cfg.docker_host == "" and cfg.docker_active
+    _, cfg, _ = parse_config(["--kube.node-name", "gpu-node-a"])
+    assert cfg.kube_active and not cfg.docker_active
+    assert make_docker_source(cfg) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--docker.host", "tcp://10.0.0.1:2375"], id="tcp"),
+        pytest.param(["--docker.host", "/var/run/docker.sock"], id="no-scheme"),
+        pytest.param(["resolve", "--docker.host", "unix://docker.sock", "1"], id="relative"),
+        pytest.param(["--docker.timeout", "0"], id="zero-timeout"),
+        pytest.param(["--docker.timeout", "inf"], id="infinite-timeout"),
+    ],
+)
+def test_docker_flag_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_config(argv)
+    assert info.value.code == 2
+    assert "--docker." in capsys.readouterr().err
+
+
+INNER = container_id("inner")
+ROOTLESS = container_id("rootless")
+
+
+def cg(path: str, container: str | None, pod: str | None = None) -> CgroupRef:
+    return CgroupRef(pod, container, Runtime.DOCKER, path)
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        pytest.param(cg(f"/docker/{CID}", CID), (CID,), id="v1-cgroupfs"),
+        pytest.param(cg(f"/system.slice/docker-{CID}.scope", CID), (CID,), id="v2-systemd"),
+        pytest.param(
+            cg(f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{CID}.scope", CID),
+            (CID,),
+            id="rootless",
+        ),
+        pytest.param(cg(f"/docker/{CID}/docker/{INNER}", INNER), (CID, INNER), id="dind"),
+        pytest.param(
+            cg(f"/system.slice/docker-{CID}.scope/docker/{INNER}", INNER),
+            (CID, INNER),
+            id="dind-systemd-outer",
+        ),
+        pytest.param(cg("/", INNER), (INNER,), id="path-names-nothing-keeps-the-id"),
+        pytest.param(cg("/system.slice/ollama.service", None), (), id="host"),
+    ],
+)
+def test_cgroup_containers(ref: CgroupRef, expected: tuple[str, ...]) -> None:
+    assert cgroup_containers(ref) == expected
+
+
+TRAINER_C = DockerContainer(CID, "t")
+OUTER_C = DockerContainer(CID, "ci-dind-1", "docker:27-dind", "ci", "dind")
+INNER_C = DockerContainer(INNER, "build")
+
+
+@pytest.mark.parametrize(
+    ("chain", "answers", "expected"),
+    [
+        pytest.param((CID,), {CID: TRAINER_C}, TRAINER_C, id="found"),
+        pytest.param((CID,), {CID: None}, None, id="gone"),
+        pytest.param((CID,), {}, DockerContainer.from_id(CID), id="not-asked-short-id"),
+        pytest.param(
+            (CID,), {CID: DockerContainer.from_id(CID)}, DockerContainer.from_id(CID), id="no-api"
+        ),
+        pytest.param((CID, INNER), {CID: OUTER_C, INNER: None}, OUTER_C, id="dind-outer-known"),
+        pytest.param((CID, INNER), {CID: OUTER_C, INNER: INNER_C}, INNER_C, id="innermost-known"),
+        pytest.param(
+            (CID, INNER),
+            {CID: OUTER_C, INNER: DockerContainer.from_id(INNER)},
+            OUTER_C,
+            id="resolved-beats-short-id",
+        ),
+        pytest.param(
+            (CID, INNER),
+            {CID: DockerContainer.from_id(CID), INNER: DockerContainer.from_id(INNER)},
+            DockerContainer.from_id(INNER),
+            id="api-down-innermost-short-id",
+        ),
+        pytest.param(
+            (CID, INNER),
+            {CID: None, INNER: DockerContainer.from_id(INNER)},
+            DockerContainer.from_id(INNER),
+            id="outer-gone-inner-unknown",
+        ),
+        pytest.param((CID, INNER), {CID: None, INNER: None}, None, id="all-gone"),
+        pytest.param((), {}, None, id="empty-chain"),
+    ],
+)
+def test_choose_docker(
+    chain: tuple[str, ...],
+    answers: dict[str, DockerContainer | None],
+    expected: DockerContainer | None,
+) -> None:
+    assert choose_docker(chain, answers) == expected
+
+
+@given(
+    chain=st.lists(st.sampled_from([CID, CID2, INNER, ROOTLESS]), unique=True, max_size=4),
+    states=st.lists(st.sampled_from(["found", "gone", "short", "missing"]), min_size=4),
+)
+def test_choose_docker_names_only_a_container_of_the_chain(
+    chain: list[str], states: list[str]
+) -> None:
+    answers: dict[str, DockerContainer | None] = {}
+    for cid, state in zip(chain, states, strict=False):
+        if state == "found":
+            answers[cid] = DockerContainer(cid, f"name-{cid[:4]}")
+        elif state == "gone":
+            answers[cid] = None
+        elif state == "short":
+            answers[cid] = DockerContainer.from_id(cid)
+    got = choose_docker(chain, answers)
+    if got is None:
+        assert all(cid in answers and answers[cid] is None for cid in chain)
+    else:
+        assert got.id in chain
+        # Never a short ID while some container of the chain has a real answer.
+        assert got.resolved or not any(c is not None and c.resolved for c in answers.values())
+
+
+GPU0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
+POD_UID = "11111111-aaaa-4aaa-8aaa-000000000001"
+
+
+def proc_info(pid: int, ref: CgroupRef | None, comm: str = "python") -> ProcInfo:
+    return ProcInfo(pid, 100, 1.0, comm, ref)
+
+
+@pytest.mark.parametrize(
+    ("info", "docker", "expected"),
+    [
+        pytest.param(
+            proc_info(1, cg(f"/docker/{CID}", CID)),
+            {CID: TRAINER_C},
+            ("t", "", True),
+            id="docker-container",
+        ),
+        pytest.param(
+            proc_info(1, cg(f"/docker/{CID}", CID)),
+            {CID: None},
+            ("", "container_not_found", False),
+            id="gone",
+        ),
+        pytest.param(
+            proc_info(1, cg(f"/docker/{CID}", CID)),
+            None,
+            ("", "container_not_in_pod", False),
+            id="kubernetes-mode",
+        ),
+        pytest.param(
+            proc_info(1, cg(f"/docker/{CID}/docker/{INNER}", INNER)),
+            {CID: OUTER_C, INNER: None},
+            ("ci-dind-1", "", True),
+            id="dind",
+        ),
+        pytest.param(
+            proc_info(1, cg("/system.slice/ollama.service", None)),
+            {},
+            ("", "host_process", False),
+            id="host",
+        ),
+        pytest.param(
+            proc_info(1, cg(f"/docker/{CID}", CID), comm="nvidia-cuda-mps"),
+            {CID: TRAINER_C},
+            ("", "mps_server", False),
+            id="mps-daemon-in-a-container",
+        ),
+        pytest.param(proc_info(1, None), {}, ("", "unknown_cgroup", False), id="unknown-cgroup"),
+        pytest.param(ProcError.EXITED, {}, ("", "process_exited", False), id="exited"),
+        pytest.param(
+            proc_info(1, CgroupRef(POD_UID, CID, Runtime.DOCKER, "/kubepods/x")),
+            {CID: TRAINER_C},
+            ("", "pod_not_found", False),
+            id="pod-cgroup-never-asks-docker",
+        ),
+    ],
+)
+def test_attribute_docker(
+    info: ProcInfo | ProcError,
+    docker: dict[str, DockerContainer | None] | None,
+    expected: tuple[str, str, bool],
+) -> None:
+    snapshot = GpuSnapshot(processes=(GpuProcess(GPU0, 0, None, 1, 1 << 30, 0.5),))
+    (a,) = attribute(snapshot, {1: info}, PodIndex(), docker)
+    assert (a.container, a.reason, a.attributed) == expected
+    assert a.pod is None
+    assert (a.docker is not None) == expected[2]
+
+
+def test_docker_lookup_ids() -> None:
+    procs: dict[int, ProcInfo | ProcError] = {
+        1: proc_info(1, cg(f"/docker/{CID}", CID)),
+        2: proc_info(2, cg(f"/system.slice/docker-{CID}.scope", CID)),  # same container
+        3: proc_info(3, cg(f"/docker/{CID2}/docker/{INNER}", INNER)),
+        4: proc_info(4, CgroupRef(POD_UID, ROOTLESS, Runtime.CONTAINERD, "/kubepods/x")),
+        5: proc_info(5, cg("/system.slice/ollama.service", None)),
+        6: proc_info(6, None),
+        7: ProcError.UNREADABLE,
+    }
+    assert docker_lookup_ids(procs) == [CID, CID2, INNER]
+
+
+def attribution(gpu_index: int, pid: int, who: DockerContainer | None, reason: str = "") -> Any:
+    uuid = f"GPU-{gpu_index}"
+    process = GpuProcess(uuid, gpu_index, None, pid, (pid % 7 + 1) << 30, 0.1 * (pid % 3))
+    name = who.name if who is not None else ""
+    return Attribution(process, proc_info(pid, None), None, name, reason, who)
+
+
+@pytest.mark.parametrize(
+    ("attributions", "expected"),
+    [
+        pytest.param([attribution(0, 1, TRAINER_C)], Owner("", "", "t"), id="one-container"),
+        pytest.param(
+            [attribution(0, 1, TRAINER_C), attribution(0, 2, TRAINER_C)],
+            Owner("", "", "t"),
+            id="one-container-two-processes",
+        ),
+        pytest.param(
+            [attribution(0, 1, TRAINER_C), attribution(0, 2, OUTER_C)], SHARED, id="two-containers"
+        ),
+        pytest.param(
+            [attribution(0, 1, TRAINER_C), attribution(0, 2, None, "host_process")],
+            SHARED,
+            id="container-and-host-process",
+        ),
+        pytest.param(
+            [attribution(0, 1, TRAINER_C), attribution(0, 2, None, "mps_server")],
+            Owner("", "", "t"),
+            id="mps-daemon-does-not-share",
+        ),
+    ],
+)
+def test_plan_devices_docker(attributions: list[Attribution], expected: Owner) -> None:
+    assert plan_devices(attributions).owners[("GPU-0", "")] == expected
+
+
+def test_render_families_docker(promtool: str) -> None:
+    odd = DockerContainer(CID2, 'we"ird\\name\n', 'img"\\\n', "p\n", 's"')
+    rows = [
+        attribution(0, 1, TRAINER_C),
+        attribution(0, 2, TRAINER_C),
+        attribution(0, 3, odd),
+        attribution(1, 4, None, "container_not_found"),
+    ]
+    text = render_families(rows, {}, RenderOptions(docker=True, process_series=True))
+    assert_valid_exposition(promtool, text)
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    mem = {s.labels["container"]: s for s in fams["gpu_container_memory_used_bytes"].samples}
+    assert set(mem) == {"t", odd.name}
+    assert mem["t"].value == (1 % 7 + 1 + 2 % 7 + 1) << 30
+    assert (mem["t"].labels["namespace"], mem["t"].labels["pod"]) == ("", "")
+    info = {s.labels["container_id"]: s.labels for s in fams["gpu_container_info"].samples}
+    assert info[CID2]["image"] == odd.image and info[CID2]["compose_project"] == "p\n"
+    assert set(info) == {CID, CID2}
+    procs = {
+        s.labels["pid"]: s.labels["container"]
+        for s in fams["gpu_process_memory_used_bytes"].samples
+    }
+    assert procs == {"1": "t", "2": "t", "3": odd.name, "4": ""}
+    (unattr,) = fams["gpu_unattributed_memory_used_bytes"].samples
+    assert unattr.labels["reason"] == "container_not_found"
+    assert not fams["gpu_pod_info"].samples
+
+
+def test_render_families_writes_container_info_only_in_docker_mode() -> None:
+    assert CONTAINER_INFO not in render_families([], {}, RenderOptions())
+    assert f"# TYPE {CONTAINER_INFO} gauge" in render_families([], {}, RenderOptions(docker=True))
+
+
+def test_self_metrics_count_docker_containers_as_attributed() -> None:
+    rows = [attribution(0, 1, TRAINER_C), attribution(0, 2, None, "container_not_found")]
+    text = render_self_metrics([], rows, version="test")
+    assert 'dcgm_enricher_gpu_processes{state="attributed"} 1' in text
+    assert 'dcgm_enricher_gpu_processes{state="unattributed"} 1' in text

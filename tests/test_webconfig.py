@@ -627,3 +627,94 @@ def test_ca_file_without_certificates(tmp_path: Path, pki: Pki) -> None:
     cfg = _tls_config(pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(empty))
     with pytest.raises(WebConfigError, match="client_ca_file"):
         ssl_context(cfg)
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def test_serve_with_web_config_file(pki: Pki, tmp_path: Path) -> None:
+    """`dcgm-enricher serve --web.config.file` as users run it: TLS and basic auth on /metrics,
+    /healthz open for probes, and a broken file refused at start with exit 2."""
+    import os
+    import socket
+    import ssl
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {pki.server_cert}\n"
+        f"  key_file: {pki.server_key}\n"
+        "basic_auth_users:\n"
+        f"  prometheus: {_hash(b'scrape-secret')}\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("NODE_NAME", None)
+    args = [
+        sys.executable,
+        "-m",
+        "enricher",
+        "serve",
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--upstream.url",
+        "http://127.0.0.1:9/metrics",
+        "--no-nvml.enabled",
+        "--kubelet.pod-resources-socket=",
+        "--docker.host=",
+    ]
+    bad = tmp_path / "bad.yml"
+    bad.write_text("basic_auth_users:\n  u: not-a-bcrypt-hash\n")
+    res = subprocess.run(
+        [*args, "--web.config.file", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=root,
+        check=False,
+    )
+    assert res.returncode == 2
+    assert "bad.yml" in res.stderr
+
+    proc = subprocess.Popen(
+        [*args, "--web.config.file", str(cfg)],
+        env=env,
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    base = f"https://localhost:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", context=ctx, timeout=5) as r:
+                    assert r.read() == b"ok\n"
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.2)
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{base}/metrics", context=ctx, timeout=5)
+        assert info.value.code == 401
+        request = urllib.request.Request(
+            f"{base}/metrics", headers=_basic("prometheus", "scrape-secret")
+        )
+        with urllib.request.urlopen(request, context=ctx, timeout=10) as r:
+            assert b'dcgm_enricher_source_up{source="upstream"} 0' in r.read()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP, TLS port
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
