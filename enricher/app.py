@@ -37,6 +37,7 @@ from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
 
 log = logging.getLogger("enricher")
 
+LANDING_MAX_AGE_SECONDS = 15.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_IDENTITIES = 4096
 
@@ -493,6 +494,11 @@ def make_app(scraper: Scraper) -> web.Application:
     async def landing(_request: web.Request) -> web.Response:
         from .landing import render_landing
 
+        # Someone looking at the page behind a port-forward may have no Prometheus scraping
+        # this node: refresh a view older than the page's own refresh period.
+        last = scraper.last
+        if last is None or time.time() - last.finished_at > LANDING_MAX_AGE_SECONDS:
+            await scraper.scrape()
         return web.Response(
             text=render_landing(scraper.last, scraper.config), content_type="text/html"
         )

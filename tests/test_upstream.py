@@ -248,7 +248,10 @@ async def test_healthz_and_landing() -> None:
         assert (await (await client.get("/healthz")).text()) == "ok\n"
         page = await (await client.get("/")).text()
         assert "/metrics" in page
-        assert "no scrape yet" in page
+        # With nobody scraping, opening the page runs a scrape itself (upstream down here).
+        assert "no scrape yet" not in page
+        metrics = await (await client.get("/metrics")).text()
+        assert _value(metrics, "dcgm_enricher_scrapes_total") == 2
     finally:
         await client.close()
 
