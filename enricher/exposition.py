@@ -3,12 +3,14 @@
 Everything here is pure. The rewrite is the hot path: it works line by line on the upstream
 text, parses each distinct label block once (blocks repeat across families: one per device),
 and regroups lines by family so the output is always valid exposition even when the upstream's
-is not (interleaved families, duplicate HELP lines, junk lines).
+is not (interleaved families, duplicate HELP lines, junk lines). Texts that differ from the
+previous one only in their values skip the per-line work through a template (see Rewriter).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -193,6 +195,7 @@ class RewriteResult:
     invalid_lines: int
     dropped_duplicates: int
     dropped_reserved: int
+    fast: bool = False  # served without the line-by-line pass (template or repeated text)
 
 
 @dataclass(slots=True)
@@ -201,6 +204,7 @@ class _Family:
     help: str | None = None
     type: str | None = None
     lines: list[str] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)  # input line number of each sample line
 
 
 @dataclass(slots=True)
@@ -210,20 +214,218 @@ class _Block:
     key: DeviceKey | None
     identity: tuple[tuple[str, str], ...]
     new: str  # the rewritten block text including braces
+    # The series identity as Prometheus sees it: labels sorted, empty values dropped (an empty
+    # label is an absent one), so two blocks that differ only in order or in empty labels are
+    # caught as one series.
+    canonical: str
+
+
+# A value the fast path may copy verbatim: a plain number, NaN or +-Inf, optionally followed
+# by an integer timestamp. Every string it matches is one that ``_valid_value`` accepts and that
+# ``str.strip`` leaves alone, so copying it is exactly what the line-by-line path does. The
+# quantifiers are possessive: no string it rejects is worth a second try.
+_FAST_VALUE = (
+    r"(?:[-+]?(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][-+]?[0-9]++)?+|NaN|[-+]?Inf)"
+    r"(?: -?[0-9]++)?+"
+)
+# A value slot: from a closing brace and a space to the end of the line. Finding slots with this
+# loose pattern is three times cheaper than with the value grammar in it; whether every slot
+# holds a fast value is then checked on all of them at once (_FAST_VALUES_RE).
+_SLOT_RE = re.compile(r"\} ([^\n]*)\n")
+_FAST_VALUES_RE = re.compile(rf"(?:{_FAST_VALUE}\n)*+")
+# Most exporters write only these (integers and %f floats): a simpler grammar checks them in
+# about half the time; anything it rejects gets the full one.
+_COMMON_VALUES_RE = re.compile(r"(?:-?[0-9]++(?:\.[0-9]++)?+\n)*+")
+_SPACED_VALUE_RE = re.compile(rf" {_FAST_VALUE}")
+# After this many templates in a row that never served a scrape, build one only every
+# _TEMPLATE_RETRY-th slow rewrite (an upstream whose text changes shape on every scrape).
+_TEMPLATE_MISSES = 2
+_TEMPLATE_RETRY = 16
+
+
+@dataclass(slots=True)
+class _Template:
+    """The rewrite of one upstream text, reusable for any text that differs only in values.
+
+    ``frame`` holds the input around its value slots (``frame[0] + v0 + frame[1] + ...`` is the
+    input), ``pieces`` the output around the same values in output order ``order`` (None: input
+    order). The counts and identities of the rewrite do not depend on the values.
+    """
+
+    plan: RewritePlan
+    frame: list[str]  # interleaved with "" placeholders at the odd indexes
+    pieces: list[str]  # likewise
+    order: Callable[[list[str]], Iterable[str]] | None
+    identities: dict[DeviceKey, tuple[tuple[str, str], ...]]
+    samples: int
+    invalid_lines: int
+    dropped_duplicates: int
+    dropped_reserved: int
+    hits: int = 0
+
+    def apply(self, text: str, plan: RewritePlan) -> RewriteResult | None:
+        """The rewrite of ``text``, or None when ``text`` does not fit this template.
+
+        Proof obligation: ``text`` is accepted only when it equals the template's input with
+        each value slot replaced by a fast-path value; those lines then go through the
+        line-by-line rewrite exactly as before (same head, same valid value copied after the
+        rewritten block), and every other line is byte-identical.
+        """
+        if plan is not self.plan and plan != self.plan:
+            return None
+        values = _SLOT_RE.findall(text)
+        frame = self.frame
+        if 2 * len(values) + 1 != len(frame) or not _all_fast_values(values):
+            return None
+        check = frame.copy()
+        check[1::2] = values
+        if "".join(check) != text:
+            return None
+        out = self.pieces.copy()
+        out[1::2] = values if self.order is None else self.order(values)
+        self.hits += 1
+        return RewriteResult(
+            text="".join(out),
+            identities=dict(self.identities),
+            samples=self.samples,
+            invalid_lines=self.invalid_lines,
+            dropped_duplicates=self.dropped_duplicates,
+            dropped_reserved=self.dropped_reserved,
+            fast=True,
+        )
+
+
+def _copy_result(result: RewriteResult, fast: bool) -> RewriteResult:
+    """A result the caller may keep and change without touching the cached one."""
+    return RewriteResult(
+        text=result.text,
+        identities=dict(result.identities),
+        samples=result.samples,
+        invalid_lines=result.invalid_lines,
+        dropped_duplicates=result.dropped_duplicates,
+        dropped_reserved=result.dropped_reserved,
+        fast=fast,
+    )
+
+
+def _all_fast_values(values: list[str]) -> bool:
+    """Whether every slot holds a value the fast path may copy (one regex pass for all)."""
+    joined = "\n".join(values) + "\n"
+    return (
+        _COMMON_VALUES_RE.fullmatch(joined) is not None
+        or _FAST_VALUES_RE.fullmatch(joined) is not None
+    )
+
+
+def _interleave(outer: list[str]) -> list[str]:
+    """``[a, b, c]`` -> ``[a, "", b, "", c]``: a join buffer whose odd slots take the values."""
+    buf = [""] * (2 * len(outer) - 1)
+    buf[0::2] = outer
+    return buf
+
+
+def _build_template(
+    text: str,
+    plan: RewritePlan,
+    result: RewriteResult,
+    out_lines: list[str],
+    out_sources: list[int],
+) -> _Template | None:
+    """A template from one line-by-line rewrite, or None when this text cannot have one.
+
+    Every value slot must be the value of a sample line that the rewrite kept (its output
+    line then ends with that value); anything else (a slot inside a comment, a dropped line)
+    would make the output depend on a value in a way the template cannot replay.
+    """
+    parts = _SLOT_RE.split(text)
+    n = len(parts) // 2
+    if n == 0 or not _all_fast_values(parts[1::2]):
+        return None
+    # Input line number of each slot, as ``text.split("\n")`` numbers them.
+    slot_of_line: dict[int, int] = {}
+    line = 0
+    for i in range(n):
+        line += parts[2 * i].count("\n")
+        slot_of_line[line] = i
+        line += 1
+    frame = [parts[0] + "} "]
+    frame += ["\n" + parts[2 * i] + "} " for i in range(1, n)]
+    frame.append("\n" + parts[2 * n])
+    values = parts[1::2]
+
+    pieces: list[str] = []
+    order: list[int] = []
+    pending: list[str] = []
+    for out_line, src in zip(out_lines, out_sources, strict=True):
+        slot = slot_of_line.get(src) if src >= 0 else None
+        if slot is None:
+            pending.append(out_line)
+            pending.append("\n")
+            continue
+        value = values[slot]
+        if not out_line.endswith(" " + value):
+            return None
+        pending.append(out_line[: len(out_line) - len(value)])
+        pieces.append("".join(pending))
+        pending = ["\n"]
+        order.append(slot)
+    if len(order) != n:
+        return None  # a slot line was dropped (or, impossibly, kept twice)
+    pieces.append("".join(pending))
+    if sorted(order) != list(range(n)):
+        return None
+    picker: Callable[[list[str]], Iterable[str]] | None = None
+    if order != list(range(n)):  # families were regrouped (so n > 1: a tuple comes back)
+        picker = operator.itemgetter(*order)
+    return _Template(
+        plan=plan,
+        frame=_interleave(frame),
+        pieces=_interleave(pieces),
+        order=picker,
+        identities=dict(result.identities),
+        samples=result.samples,
+        invalid_lines=result.invalid_lines,
+        dropped_duplicates=result.dropped_duplicates,
+        dropped_reserved=result.dropped_reserved,
+    )
 
 
 class Rewriter:
     """Rewrites upstream exposition according to a plan, caching per distinct label block.
 
-    One instance lives as long as the server; the caches are bounded and reset when the plan
-    changes (the parse of a block never changes, so that part of the cache survives).
+    One instance lives as long as the server. Its caches hold what the last text needed: the
+    rewritten blocks (dropped when the plan changes; the parse of a block survives), one
+    template and the last result, so memory follows the payload, not the uptime.
+
+    Consecutive scrapes of dcgm-exporter differ only in their values, so after each
+    line-by-line rewrite the rewriter keeps one template (input and output with the values
+    cut out). The next text that differs from the previous one only in its values is
+    rewritten by one regex pass that finds the values, one that checks them, one comparison
+    that proves the rest is unchanged, and one join: no Python code per line. The same text
+    and plan as the previous call (the exporter has not collected since) return the previous
+    result. Anything else takes the line-by-line path, which is the reference: the tests
+    compare both paths with it and with prometheus_client's parser. ``templates=False``
+    keeps to that path (and no result cache) for comparison.
     """
 
-    def __init__(self, cache_limit: int = 200_000) -> None:
+    def __init__(self, cache_limit: int = 200_000, *, templates: bool = True) -> None:
         self._parsed: dict[str, tuple[list[tuple[str, str]], DeviceKey | None] | None] = {}
         self._blocks: dict[str, _Block | None] = {}
         self._plan: RewritePlan | None = None
         self._cache_limit = cache_limit
+        self._templates = templates
+        self._template: _Template | None = None
+        self._wasted = 0  # templates in a row that served no scrape
+        self._slow_since_build = 0
+        self._last: tuple[str, RewritePlan, RewriteResult] | None = None
+        self.fast_rewrites = 0  # served by the template
+        self.slow_rewrites = 0  # line by line
+        self.repeated_rewrites = 0  # the same text and plan as the previous call
+        self.templates_built = 0
+
+    def cache_sizes(self) -> tuple[int, int]:
+        """(rewritten blocks, parsed blocks) held: both follow the last text's blocks."""
+        return len(self._blocks), len(self._parsed)
 
     def _parse(self, block: str) -> tuple[list[tuple[str, str]], DeviceKey | None] | None:
         hit = self._parsed.get(block, False)
@@ -276,12 +478,48 @@ class Rewriter:
                         new_pairs.append((name, values[name]))
             present = {n for n, _ in new_pairs}
             new_pairs.extend((n, "") for n in POD_GUARD_LABELS if n not in present)
-            out = _Block(key, identity, render_labels(new_pairs))
+            canonical = "\xff".join(f"{n}\xfe{v}" for n, v in sorted(new_pairs) if v)
+            out = _Block(key, identity, render_labels(new_pairs), canonical)
         self._blocks[block] = out
         return out
 
     def rewrite(self, text: str, plan: RewritePlan) -> RewriteResult:
         """Rewrite ``text`` (upstream exposition) under ``plan``."""
+        last = self._last
+        if last is not None and (text is last[0] or text == last[0]) and plan == last[1]:
+            # The upstream has not collected since the previous scrape: same answer.
+            self.repeated_rewrites += 1
+            return _copy_result(last[2], fast=True)
+        template = self._template
+        result: RewriteResult | None = None
+        if template is not None:
+            result = template.apply(text, plan)
+            if result is not None:
+                self.fast_rewrites += 1
+                self._wasted = 0
+            else:
+                if template.hits == 0:
+                    self._wasted += 1
+                self._template = None
+        if result is None:
+            self.slow_rewrites += 1
+            result, out_lines, out_sources = self._rewrite_lines(text, plan)
+            if self._templates:
+                self._slow_since_build += 1
+                if self._wasted < _TEMPLATE_MISSES or self._slow_since_build >= _TEMPLATE_RETRY:
+                    self._slow_since_build = 0
+                    self.templates_built += 1
+                    self._template = _build_template(text, plan, result, out_lines, out_sources)
+        if self._templates:
+            self._last = (text, plan, result)
+            return _copy_result(result, fast=result.fast)
+        return result
+
+    def _rewrite_lines(
+        self, text: str, plan: RewritePlan
+    ) -> tuple[RewriteResult, list[str], list[int]]:
+        """The line-by-line rewrite (the reference); also returns the output lines and, for
+        each, the input line it came from (-1 for HELP and TYPE)."""
         if plan != self._plan:
             self._blocks.clear()
             self._plan = plan
@@ -292,7 +530,10 @@ class Rewriter:
         reserved_prefixes = plan.reserved_prefixes
         cur_name = ""
         cur_fam: _Family | None = None
-        block_cache = self._blocks
+        # Blocks of this text only: the cache handed to the next call holds no block that the
+        # upstream stopped sending (pods come and go), so its size follows the payload's.
+        used: dict[str, _Block | None] = {}
+        spaced_value = _SPACED_VALUE_RE.fullmatch
 
         def family_for(name: str) -> _Family:
             fam = families.get(name)
@@ -300,7 +541,7 @@ class Rewriter:
                 fam = families[name] = _Family(name)
             return fam
 
-        for line in text.split("\n"):
+        for index, line in enumerate(text.split("\n")):
             if not line:
                 continue
             if line[0] == "#":
@@ -346,41 +587,56 @@ class Rewriter:
                     continue
                 cur_fam = self._sample_family(name, families)
                 cur_name = name
-            if not _valid_value(value):
+            # The common value (" 123") is checked by one regex; anything else the long way.
+            if spaced_value(value) is not None:
+                value = value[1:]
+            elif _valid_value(value):
+                value = value.strip()
+            else:
                 invalid += 1
                 continue
             if raw_block:
-                blk = block_cache.get(raw_block)
+                blk = used.get(raw_block)
                 if blk is None:
-                    blk = self._block(raw_block, plan)
+                    blk = used[raw_block] = self._block(raw_block, plan)
                     if blk is None:
                         invalid += 1
                         continue
                 if blk.key is not None and blk.key not in identities:
                     identities[blk.key] = blk.identity
-                new_line = f"{name}{blk.new} {value.strip()}"
                 series = name + blk.new
+                identity_key = name + "\xff" + blk.canonical
             else:
-                new_line = f"{name}{_GUARD_BLOCK} {value.strip()}"
-                series = name
-            if series in seen:
+                series = name + _GUARD_BLOCK
+                identity_key = name + "\xff"
+            # Dedupe on the series identity Prometheus sees (sorted, empty labels dropped).
+            if identity_key in seen:
                 dup += 1
                 continue
-            seen.add(series)
-            cur_fam.lines.append(new_line)
+            seen.add(identity_key)
+            cur_fam.lines.append(f"{series} {value}")
+            cur_fam.sources.append(index)
             samples += 1
 
+        self._blocks = used
+        if len(self._parsed) > 2 * len(used) + 1024:
+            self._parsed = {k: self._parsed[k] for k in used if k in self._parsed}
+
         out: list[str] = []
+        sources: list[int] = []
         for fam in families.values():
             if fam.help is None and fam.type is None and not fam.lines:
                 continue
             if fam.help is not None:
                 out.append(f"# HELP {fam.name} {fam.help}" if fam.help else f"# HELP {fam.name}")
+                sources.append(-1)
             if fam.type is not None:
                 out.append(f"# TYPE {fam.name} {fam.type}")
+                sources.append(-1)
             out.extend(fam.lines)
+            sources.extend(fam.sources)
         body = "\n".join(out)
-        return RewriteResult(
+        result = RewriteResult(
             text=body + "\n" if body else "",
             identities=identities,
             samples=samples,
@@ -388,6 +644,7 @@ class Rewriter:
             dropped_duplicates=dup,
             dropped_reserved=reserved,
         )
+        return result, out, sources
 
     @staticmethod
     def _sample_family(name: str, families: dict[str, _Family]) -> _Family:

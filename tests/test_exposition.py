@@ -6,16 +6,20 @@ import math
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.exposition import (
+    _COMMON_VALUES_RE,
+    _FAST_VALUES_RE,
     SHARED,
     FamilyWriter,
     Owner,
     RewritePlan,
     Rewriter,
+    RewriteResult,
+    _valid_value,
     escape_label_value,
     format_value,
     parse_label_block,
@@ -359,7 +363,7 @@ def _expected(text: str, owners: Mapping[tuple[str, str], Owner]) -> list[Sample
     """The input's samples with the plan applied; a series the rewrite makes equal to an
     earlier one is expected once (the first), since exposition may not repeat a series."""
     out: list[Sample] = []
-    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()  # series identities
     for name, labels, value in samples(text):
         d = dict(labels)
         owner = owners.get((d["UUID"], d.get("GPU_I_ID", ""))) if "UUID" in d else None
@@ -372,8 +376,10 @@ def _expected(text: str, owners: Mapping[tuple[str, str], Owner]) -> list[Sample
                 container=owner.container[:1024],
             )
         key = (name, tuple(sorted(d.items())))
-        if key not in seen:
-            seen.add(key)
+        # Prometheus's notion of one series: empty labels count as absent.
+        identity = (name, tuple(kv for kv in key[1] if kv[1]))
+        if identity not in seen:
+            seen.add(identity)
             out.append((*key, value))
     return out
 
@@ -390,3 +396,315 @@ def test_rewrite_matches_oracle(case: tuple[str, dict[tuple[str, str], Owner]]) 
 def test_rewrite_never_emits_invalid_output(junk: str) -> None:
     out = rewrite(junk, {(UUID_A, ""): Owner("n", "p", "c")})
     samples(out)  # parses
+
+
+# --------------------------------------------------------------------------- the fast path
+#
+# The rewriter serves a text that differs from the previous one only in its values from a
+# template, and a repeated text from its last result. The line-by-line path
+# (Rewriter(templates=False)) is the reference: whatever the history of a rewriter, its answer
+# to a text must be byte for byte the reference's, and that must match the oracle.
+
+
+def reference(text: str, owners: Mapping[tuple[str, str], Owner]) -> RewriteResult:
+    return Rewriter(templates=False).rewrite(text, RewritePlan(owners=dict(owners)))
+
+
+def same(got: RewriteResult, want: RewriteResult) -> None:
+    assert got.text == want.text
+    assert got.identities == want.identities
+    assert (got.samples, got.invalid_lines, got.dropped_duplicates, got.dropped_reserved) == (
+        want.samples,
+        want.invalid_lines,
+        want.dropped_duplicates,
+        want.dropped_reserved,
+    )
+
+
+FAST_OK = [
+    "0",
+    "17",
+    "-3",
+    "+4",
+    "0.000000",
+    "1.",
+    ".5",
+    "-.5",
+    "1e+20",
+    "2.5E-3",
+    "NaN",
+    "Inf",
+    "+Inf",
+    "-Inf",
+    "5 1712000000000",
+    "5 -1",
+]
+# Valid for the line-by-line path, but not copied by the fast path (the text falls back).
+SLOW_ONLY = ["nan", "+inf", "1e5 ", " 1", "\u0661", "Infinity", "5\t1"]
+# Dropped by both paths, and rejected by the oracle as well.
+INVALID = ["", "abc", "1_000", "1.2.3", "1e", "--1", "0x10", "} 5", '5"']
+# Dropped by both paths (a timestamp is an integer, and there is one), though the oracle,
+# more lenient than Prometheus, reads them.
+INVALID_TIMESTAMPS = ["5 1.5", "5 1 2"]
+
+
+@pytest.mark.parametrize("value", FAST_OK, ids=repr)
+def test_fast_values_are_what_the_line_path_copies(value: str) -> None:
+    assert _FAST_VALUES_RE.fullmatch(value + "\n") is not None
+    # What the line-by-line path does with it: accept, and copy unchanged.
+    assert _valid_value(" " + value)
+    assert (" " + value).strip() == value
+
+
+@pytest.mark.parametrize("value", SLOW_ONLY + INVALID + INVALID_TIMESTAMPS, ids=repr)
+def test_other_values_take_the_line_path(value: str) -> None:
+    assert _FAST_VALUES_RE.fullmatch(value + "\n") is None
+    assert _COMMON_VALUES_RE.fullmatch(value + "\n") is None
+
+
+@given(st.text(alphabet="0123456789.-+eE \n", max_size=12) | st.sampled_from(FAST_OK))
+def test_common_value_grammar_is_part_of_the_full_one(value: str) -> None:
+    """The quick check may only accept what the full grammar accepts."""
+    text = value + "\n"
+    if _COMMON_VALUES_RE.fullmatch(text) is not None:
+        assert _FAST_VALUES_RE.fullmatch(text) is not None
+    if _FAST_VALUES_RE.fullmatch(text) is not None:
+        for one in value.split("\n"):
+            assert _valid_value(" " + one)
+            assert one.strip() == one
+
+
+def _dcgm(values: tuple[str, str, str], help_text: str = "GPU utilization (in %).") -> str:
+    a, b, c = values
+    return (
+        f"# HELP DCGM_FI_DEV_GPU_UTIL {help_text}\n"
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{UUID_A}",Hostname="h"}} {a}\n'
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{UUID_B}",Hostname="h",'
+        f'container="c",namespace="n",pod="p"}} {b}\n'
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n"
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{UUID_A}",Hostname="h"}} {c}\n'
+    )
+
+
+OWNED = {(UUID_A, ""): Owner("ml", "train-0", "trainer")}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "served"),
+    [
+        pytest.param(_dcgm(("1", "2", "3")), _dcgm(("10", "0.5", "NaN")), "template", id="values"),
+        pytest.param(_dcgm(("1", "2", "3")), _dcgm(("1", "2", "3")), "repeat", id="same-text"),
+        pytest.param(
+            _dcgm(("1", "2", "3")), _dcgm(("1", "2", "3 1712000000")), "template", id="timestamp"
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3")),
+            _dcgm(("1", "2", "3")).replace('gpu="1"', 'gpu="7"'),
+            "line",
+            id="label-changed",
+        ),
+        pytest.param(_dcgm(("1", "2", "3")), _dcgm(("1", "x", "3")), "line", id="value-invalid"),
+        pytest.param(_dcgm(("1", "2", "3")), _dcgm(("1", "nan", "3")), "line", id="value-slow"),
+        pytest.param(
+            _dcgm(("1", "2", "3")), _dcgm(("1", "2", "3")) + "up 1\n", "line", id="line-added"
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3")) + "up 1\n",
+            _dcgm(("4", "5", "6")) + "up 0\n",
+            "line",
+            id="unlabelled-value-changed",
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3")) + "up 1\n",
+            _dcgm(("4", "5", "6")) + "up 1\n",
+            "template",
+            id="unlabelled-value-kept",
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3"), help_text="Odd} 5"),
+            _dcgm(("4", "5", "6"), help_text="Odd} 6"),
+            "line",
+            id="slot-in-help",
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3")).replace('Hostname="h"', 'Hostname="} 1"'),
+            _dcgm(("4", "5", "6")).replace('Hostname="h"', 'Hostname="} 1"'),
+            "line",
+            id="slot-in-label",
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3")) + f'DCGM_FI_DEV_GPU_UTIL{{gpu="9",UUID="{UUID_A}"}} 4\n',
+            _dcgm(("5", "6", "7")) + f'DCGM_FI_DEV_GPU_UTIL{{gpu="9",UUID="{UUID_A}"}} 8\n',
+            "template",
+            id="interleaved-family",
+        ),
+        pytest.param(
+            _dcgm(("1", "2", "3")) + f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{UUID_A}"}} 4\n'
+            f'DCGM_FI_DEV_FB_USED{{UUID="{UUID_A}",gpu="0",Hostname="h"}} 4\n',
+            _dcgm(("5", "6", "7")) + f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{UUID_A}"}} 8\n'
+            f'DCGM_FI_DEV_FB_USED{{UUID="{UUID_A}",gpu="0",Hostname="h"}} 8\n',
+            "line",
+            id="duplicate-series",
+        ),
+    ],
+)
+def test_second_scrape(first: str, second: str, served: str) -> None:
+    """Which path serves the second of two scrapes, and that its answer is the reference's."""
+    rw = Rewriter()
+    plan = RewritePlan(owners=dict(OWNED))
+    same(rw.rewrite(first, plan), reference(first, OWNED))
+    got = rw.rewrite(second, RewritePlan(owners=dict(OWNED)))  # an equal, new plan
+    same(got, reference(second, OWNED))
+    assert_valid_by_oracle(got.text, second, OWNED)
+    paths = {
+        "template": (rw.fast_rewrites, rw.repeated_rewrites, rw.slow_rewrites) == (1, 0, 1),
+        "repeat": (rw.fast_rewrites, rw.repeated_rewrites, rw.slow_rewrites) == (0, 1, 1),
+        "line": (rw.fast_rewrites, rw.repeated_rewrites, rw.slow_rewrites) == (0, 0, 2),
+    }
+    assert paths[served], (rw.fast_rewrites, rw.repeated_rewrites, rw.slow_rewrites)
+    assert got.fast == (served != "line")
+
+
+def assert_valid_by_oracle(out: str, text: str, owners: Mapping[tuple[str, str], Owner]) -> None:
+    """The oracle's view: same samples and values as ``text``, plus the intended labels."""
+    try:
+        want = _expected(text, owners)
+    except ValueError:
+        samples(out)  # the input is not valid exposition; the output still must be
+        return
+    assert sorted(samples(out), key=repr) == sorted(want, key=repr)
+
+
+def test_plan_change_is_never_served_from_the_template() -> None:
+    rw = Rewriter()
+    rw.rewrite(_dcgm(("1", "2", "3")), RewritePlan(owners=dict(OWNED)))
+    other = {(UUID_A, ""): Owner("ml", "train-1", "trainer")}
+    got = rw.rewrite(_dcgm(("4", "5", "6")), RewritePlan(owners=dict(other)))
+    same(got, reference(_dcgm(("4", "5", "6")), other))
+    assert 'pod="train-1"' in got.text
+    assert rw.slow_rewrites == 2
+
+
+def test_results_do_not_share_state() -> None:
+    """A caller that changes a result cannot change what the next scrape gets."""
+    rw = Rewriter()
+    plan = RewritePlan(owners=dict(OWNED))
+    first = rw.rewrite(_dcgm(("1", "2", "3")), plan)
+    first.identities.clear()
+    second = rw.rewrite(_dcgm(("1", "2", "3")), plan)
+    third = rw.rewrite(_dcgm(("4", "5", "6")), plan)
+    assert second.identities and third.identities
+    assert second.identities == reference(_dcgm(("1", "2", "3")), OWNED).identities
+
+
+def test_template_backs_off_when_texts_never_repeat_their_shape() -> None:
+    """An upstream whose shape changes on every scrape: templates stop being built, and
+    every answer is still the reference's."""
+    rw = Rewriter()
+    plan = RewritePlan(owners=dict(OWNED))
+    for i in range(40):
+        text = _dcgm(("1", "2", "3")).replace('Hostname="h"', f'Hostname="h{i}"')
+        same(rw.rewrite(text, plan), reference(text, OWNED))
+    assert rw.slow_rewrites == 40
+    assert rw.templates_built < 10
+
+
+def test_caches_follow_the_payload_not_the_uptime() -> None:
+    """Pods come and go on the upstream's labels: the caches keep only what the last text
+    used, so a long-running rewriter does not grow."""
+    rw = Rewriter()
+    plan = RewritePlan(owners=dict(OWNED))
+    for epoch in range(2_000):
+        text = _dcgm(("1", "2", "3")).replace('pod="p"', f'pod="p-{epoch}"')
+        rw.rewrite(text, plan)
+    blocks, parsed = rw.cache_sizes()
+    assert blocks == 2  # the distinct label blocks of one text
+    assert parsed <= 2 * 2 + 1024 + 1  # 2,001 distinct blocks were seen
+
+
+# Consecutive collections: one structure, several sets of values, sometimes mutated.
+
+# Mostly what exporters write; one value in eight is odd (slow-path only, or invalid).
+_VALUE_TEXT = st.integers(0, 7).flatmap(
+    lambda n: values.map(_val) if n else st.sampled_from(FAST_OK + SLOW_ONLY + INVALID[1:])
+)
+
+
+@st.composite
+def collections(
+    draw: st.DrawFn,
+) -> tuple[list[str], list[dict[tuple[str, str], Owner]], bool]:
+    """Up to four scrapes of one upstream: the same lines with new values each time, now and
+    then a line added, dropped or relabelled, a plan change. Also says whether every scrape
+    after the first is one the fast path must serve (clean values, same shape, same plan)."""
+    text, owners = draw(expositions())
+    # Split each sample line into its head and value (the generator writes "head value[ ts]").
+    lines = text.rstrip("\n").split("\n")
+    heads: list[str | None] = []
+    for line in lines:
+        if line.startswith("#"):
+            heads.append(None)
+        elif "{" in line:
+            heads.append(line[: line.rindex("}") + 1])
+        elif draw(st.booleans()):
+            heads.append(line.split(" ", 1)[0] + '{job="x"}')  # most exporters label all
+        else:
+            heads.append(line.split(" ", 1)[0])
+    texts: list[str] = []
+    plans = [owners]
+    clean = "}" not in "".join(h[: h.rindex("}")] for h in heads if h and "{" in h) and all(
+        "{" in h for h in heads if h is not None
+    )
+    clean = clean and not any("}" in line for line in lines if line.startswith("#"))
+    for scrape in range(draw(st.integers(2, 4))):
+        out = []
+        for line, head in zip(lines, heads, strict=True):
+            if head is None:
+                out.append(line)
+                continue
+            value = draw(_VALUE_TEXT)
+            clean = clean and _FAST_VALUES_RE.fullmatch(value + "\n") is not None
+            out.append(f"{head} {value}")
+        if scrape and draw(st.integers(0, 5)) == 0:
+            clean = False
+            what = draw(st.sampled_from(["add", "drop", "relabel", "plan"]))
+            if what == "add":
+                # At the end: the oracle reads a sample that interleaves a counter family
+                # differently from the same sample regrouped (test_interleaved_... covers that).
+                out.append('late_family{a="1"} 1')
+            elif what == "drop" and out:
+                out.pop(draw(st.integers(0, len(out) - 1)))
+            elif what == "relabel":
+                out = [line.replace('="', '="x', 1) for line in out]
+            else:
+                plans.append({k: Owner("other", "pod-2", "c") for k in owners})
+        texts.append("\n".join(out) + "\n")
+        if len(plans) < len(texts):
+            plans.append(plans[-1])
+    return texts, plans, clean
+
+
+# Up to four rewrites and oracle parses per example: capped so that CI's profile stays quick.
+@settings(max_examples=min(settings.default.max_examples, 500))
+@given(collections())
+def test_fast_path_matches_line_path_and_oracle(
+    case: tuple[list[str], list[dict[tuple[str, str], Owner]], bool],
+) -> None:
+    """Whatever came before, each scrape's rewrite is byte for byte the reference's, and the
+    oracle sees the input's samples and values plus exactly the intended pod labels. Texts
+    that differ only in fast-path values are served without the line-by-line pass."""
+    texts, plans, clean = case
+    rw = Rewriter()
+    results = []
+    for text, owners in zip(texts, plans, strict=True):
+        got = rw.rewrite(text, RewritePlan(owners=dict(owners)))
+        same(got, reference(text, owners))
+        assert_valid_by_oracle(got.text, text, owners)
+        results.append(got)
+    first = results[0]
+    expect_fast = clean and first.invalid_lines == first.dropped_duplicates == 0
+    event(f"expect fast path: {expect_fast}; served fast: {sum(r.fast for r in results[1:])}")
+    if expect_fast and first.dropped_reserved == 0:
+        assert all(r.fast for r in results[1:]), [r.fast for r in results]
