@@ -1,0 +1,1 @@
+"""The scrape-path benchmark: ``python -m bench`` (see bench/README.md)."""

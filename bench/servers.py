@@ -1,0 +1,322 @@
+"""The benchmark's server processes: upstream, pass-through proxy and the real enricher.
+
+Each runs in its own process (spawned, so nothing is inherited but what is passed), serves
+on a free loopback port, sends ``("ready", port)`` on its pipe and runs until it reads
+``"stop"``. The upstream also takes ``("epoch", n)``: it switches to the payload of pod
+epoch ``n`` (pod labels follow pod churn) and answers ``("epoch", n)`` once it serves it;
+``("every", k)``: from then on each client (``?client=NAME``) gets a new collection (new
+values) on every ``k``-th of its requests, as a dcgm-exporter serves the same body between
+two collections; ``("period", s)``: a new collection every ``s`` seconds of wall time, for
+every client. Both are answered with the message. Every body ends with
+``bench_collection_timestamp_seconds``, the wall time its collection was made, so a client
+can tell how old the values it got are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from . import payloads
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Values differ on every request: the upstream cycles through this many collections, more
+# than any cache in the enricher could hold, so no scrape is served from a cached body.
+VARIANTS = 16
+
+
+async def _until_stopped(conn: Connection, on_message: Any = None) -> None:
+    """Wait for "stop" on ``conn``; hand any other message to ``on_message``."""
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+
+    def readable() -> None:
+        while conn.poll():
+            try:
+                msg = conn.recv()
+            except EOFError:
+                stopped.set()
+                return
+            if msg == "stop":
+                stopped.set()
+            elif on_message is not None:
+                on_message(msg)
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        await stopped.wait()
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, int(port)
+
+
+# --------------------------------------------------------------------------- upstream
+
+
+def run_upstream(conn: Connection, shape: str) -> None:
+    """A dcgm-exporter stand-in: pre-rendered bodies, a different collection per request."""
+    asyncio.run(_upstream(conn, shape))
+
+
+STAMP = "bench_collection_timestamp_seconds"
+_STAMP_HEAD = (
+    f"# HELP {STAMP} When the upstream made this collection (Unix time; benchmark only).\n"
+    f"# TYPE {STAMP} gauge\n"
+)
+
+
+def stamp_line(when: float) -> bytes:
+    return f'{_STAMP_HEAD}{STAMP}{{Hostname="{payloads.HOSTNAME}"}} {when:.3f}\n'.encode()
+
+
+def collection_time(body: bytes) -> float | None:
+    """The ``bench_collection_timestamp_seconds`` value of a served body."""
+    at = body.rfind(STAMP.encode() + b"{")
+    if at < 0:
+        return None
+    start = body.index(b"} ", at) + 2
+    return float(body[start : body.index(b"\n", start)])
+
+
+async def _upstream(conn: Connection, shape: str) -> None:
+    bodies = [payloads.generate(shape, v).encode() for v in range(VARIANTS)]
+    # client -> (requests so far, variant, collection time) in "every" mode
+    clients: dict[str, tuple[int, int, float]] = {}
+    rhythm: list[Any] = ["every", 1]
+
+    async def metrics(request: web.Request) -> web.Response:
+        if rhythm[0] == "period":
+            index = int(time.time() / rhythm[1])
+            variant, made = index % VARIANTS, index * rhythm[1]
+        else:
+            client = request.query.get("client", "")
+            n, variant, made = clients.get(client, (0, -1, 0.0))
+            if n % rhythm[1] == 0:
+                variant, made = (variant + 1) % VARIANTS, time.time()
+            clients[client] = (n + 1, variant, made)
+        body = bodies[variant] + stamp_line(made)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    def on_message(msg: Any) -> None:
+        if isinstance(msg, tuple) and msg[0] == "epoch":
+            epoch = int(msg[1])
+            bodies[:] = [payloads.generate(shape, v, epoch).encode() for v in range(VARIANTS)]
+            conn.send(("epoch", epoch))
+        elif isinstance(msg, tuple) and msg[0] in ("every", "period"):
+            rhythm[:] = [msg[0], max(1, int(msg[1])) if msg[0] == "every" else float(msg[1])]
+            clients.clear()
+            conn.send(msg)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner, port = await _serve(app)
+    conn.send(("ready", port))
+    await _until_stopped(conn, on_message)
+    await runner.cleanup()
+
+
+# --------------------------------------------------------------------------- proxy
+
+
+def run_proxy(conn: Connection, upstream_url: str) -> None:
+    """A plain aiohttp pass-through proxy: fetch the upstream body, return it unchanged."""
+    asyncio.run(_proxy(conn, upstream_url))
+
+
+async def _proxy(conn: Connection, upstream_url: str) -> None:
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4))
+
+    async def metrics(_request: web.Request) -> web.Response:
+        async with session.get(upstream_url) as resp:
+            body = await resp.read()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner, port = await _serve(app)
+    conn.send(("ready", port))
+    await _until_stopped(conn)
+    await runner.cleanup()
+    await session.close()
+
+
+# --------------------------------------------------------------------------- enricher
+
+
+@dataclass(frozen=True)
+class EnricherSpec:
+    upstream_url: str
+    procfs: str
+    nvml_library: str
+    nvml_state: str
+    kubeconfig: str
+    node_name: str
+    # 0: the app as it is (NVML, procfs and the kubelet read on every scrape); > 0: the node
+    # side refreshed in the background every that many seconds (bench/prototype.py until
+    # app.py has it).
+    collect_interval: float = 0.0
+    # > 0: the upstream is followed (fetched after each of its collections) with this step.
+    follow_step: float = 0.0
+    kube: bool = True  # False: no pod watch (and no kubernetes client in the process)
+
+
+def run_enricher(conn: Connection, spec: EnricherSpec) -> None:
+    """The real enricher, wired as ``dcgm-enricher serve`` wires it (commands.run_server)."""
+    logging.basicConfig(level=logging.WARNING)
+    os.environ["FAKE_NVML_STATE"] = spec.nvml_state  # read by the fake libnvidia-ml
+    asyncio.run(_enricher(conn, spec))
+
+
+class _Timings:
+    """Where a scrape's time goes, measured inside the enricher's process: the upstream fetch,
+    the rewrite and the whole scrape (the rest of the request is aiohttp's serving)."""
+
+    def __init__(self) -> None:
+        self.fetch: list[float] = []
+        self.rewrite: list[float] = []
+        self.scrape: list[float] = []
+
+    def install(self, app_module: Any, scraper: Any) -> None:
+        timings = self
+        fetch = app_module.fetch_upstream
+        rewrite = scraper._rewriter.rewrite
+        scrape = scraper.scrape
+
+        async def timed_fetch(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await fetch(*args, **kwargs)
+            finally:
+                timings.fetch.append(time.perf_counter() - t0)
+
+        def timed_rewrite(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return rewrite(*args)
+            finally:
+                timings.rewrite.append(time.perf_counter() - t0)
+
+        async def timed_scrape() -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await scrape()
+            finally:
+                timings.scrape.append(time.perf_counter() - t0)
+
+        app_module.fetch_upstream = timed_fetch
+        scraper._rewriter.rewrite = timed_rewrite
+        scraper.scrape = timed_scrape
+
+    def medians_ms(self) -> dict[str, float]:
+        out = {}
+        for name in ("fetch", "rewrite", "scrape"):
+            values = sorted(getattr(self, name))
+            if values:
+                out[name] = round(values[len(values) // 2] * 1000.0, 4)
+        return out
+
+    def clear(self) -> None:
+        self.fetch.clear()
+        self.rewrite.clear()
+        self.scrape.clear()
+
+
+async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
+    import enricher.app as app_module
+    from enricher.app import Scraper, make_app, serve
+    from enricher.commands import make_gpu_source, start_pod_cache
+    from enricher.config import Config
+    from enricher.procfs import ProcReader
+
+    settings: dict[str, Any] = {
+        "listen_address": "127.0.0.1:0",
+        "upstream_url": spec.upstream_url,
+        "procfs": spec.procfs,
+        "nvml_library": spec.nvml_library,
+        "kube_node_name": spec.node_name,
+        "kube_kubeconfig": spec.kubeconfig,
+        "kube_enabled": spec.kube,
+    }
+    fields = Config.__dataclass_fields__
+    if "kubelet_pod_resources_socket" in fields:
+        settings["kubelet_pod_resources_socket"] = ""  # no kubelet on a benchmark machine
+    # Once app.py has the proposed design itself, its settings are used instead of the
+    # prototype (bench/prototype.py).
+    native = "collect_interval" in fields and (
+        spec.follow_step == 0 or "upstream_follow_step" in fields
+    )
+    if "collect_interval" in fields:
+        settings["collect_interval"] = spec.collect_interval
+    if "upstream_follow_step" in fields:
+        settings["upstream_follow_step"] = spec.follow_step
+    config = replace(Config(), **settings)
+    pods = start_pod_cache(config)
+    if spec.kube and (pods is None or not pods.synced.wait(30)):
+        raise RuntimeError("the pod watch did not sync with the API stand-in")
+    gpu = make_gpu_source(config)
+    if (spec.collect_interval > 0 or spec.follow_step > 0) and not native:
+        from .prototype import RefreshingScraper
+
+        scraper: Scraper = RefreshingScraper(
+            config,
+            gpu=gpu,
+            procs=ProcReader(config.procfs),
+            pods=pods,
+            collect_interval=spec.collect_interval,
+            follow_step=spec.follow_step,
+        )
+    else:
+        scraper = Scraper(config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods)
+    timings = _Timings()
+    timings.install(app_module, scraper)
+    runner = await serve(
+        make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
+    )
+    port = int(runner.addresses[0][1])
+    conn.send(("ready", port))
+
+    def on_message(msg: Any) -> None:
+        if msg == "modules":  # what this process loaded beyond the enricher's own needs
+            conn.send(("modules", sorted({m.split(".")[0] for m in sys.modules})))
+        elif msg == "timings":
+            conn.send(("timings", timings.medians_ms()))
+        elif msg == "clear-timings":
+            timings.clear()
+        elif msg == "stats":
+            rw = scraper._rewriter
+            conn.send(
+                (
+                    "stats",
+                    {
+                        "template": rw.fast_rewrites,
+                        "repeated": rw.repeated_rewrites,
+                        "line_by_line": rw.slow_rewrites,
+                    },
+                )
+            )
+
+    try:
+        await _until_stopped(conn, on_message)
+    finally:
+        await runner.cleanup()
+        if pods is not None:
+            pods.stop()
+        if gpu is not None:
+            gpu.close()

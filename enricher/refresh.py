@@ -1,0 +1,323 @@
+"""Background refresh: keep the newest result of a collection ready, off the scrape path.
+
+A scrape that had to read NVML, procfs and the kubelet itself would wait for all three (and,
+under the GIL, the event loop would too). A :class:`Refresher` runs the collection in the
+background every ``interval`` seconds and hands the newest result to whoever asks, so a scrape
+only fetches and rewrites the upstream. A :class:`Follower` goes one step further for the
+upstream: it fetches dcgm-exporter right after each of its collections (learning their
+rhythm from when the body changes), so a scrape waits for nothing at all.
+
+Freshness is bounded, never assumed: :meth:`Refresher.get` returns the newest result only
+while it is at most ``max_age`` old (counted from when its collection started); older than
+that, because the loop fell behind or the collection failed, the caller waits for a new one.
+The default ``max_age`` is the interval plus the time the last collection took plus a tenth
+of the interval as slack, so a healthy loop never makes a scrape wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger("enricher")
+
+T = TypeVar("T")
+
+
+class Refresher(Generic[T]):
+    """Runs ``collect`` now and then every ``interval`` seconds; :meth:`get` returns the newest.
+
+    One collection runs at a time: a :meth:`get` that finds the result too old joins the run in
+    flight (or starts one) instead of starting another. A collection that raises keeps the
+    previous result (until it is too old) and counts in ``errors``.
+    """
+
+    def __init__(
+        self,
+        collect: Callable[[], Awaitable[T]],
+        interval: float,
+        *,
+        max_age: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "refresh",
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, got {interval!r}")
+        if max_age is not None and not max_age > 0:
+            raise ValueError(f"max_age must be positive, got {max_age!r}")
+        self._collect = collect
+        self.interval = float(interval)
+        self._max_age = max_age
+        self._clock = clock
+        self.name = name
+        self._latest: T | None = None
+        self._started_at = 0.0  # when the collection behind _latest started
+        self._last_duration = 0.0
+        self._inflight: asyncio.Task[T] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.runs = 0
+        self.errors = 0
+
+    @property
+    def max_age(self) -> float:
+        """How old a result may be and still be served."""
+        if self._max_age is not None:
+            return self._max_age
+        return self.interval * 1.1 + self._last_duration
+
+    def age(self) -> float | None:
+        """Seconds since the newest result's collection started; None before the first."""
+        if self._latest is None:
+            return None
+        return self._clock() - self._started_at
+
+    def start(self) -> None:
+        """Start the background loop (in the running event loop); a no-op while it runs."""
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"{self.name}-loop"
+            )
+
+    async def close(self) -> None:
+        """Stop the loop and any collection in flight."""
+        for task in (self._loop_task, self._inflight):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._loop_task = self._inflight = None
+
+    async def get(self) -> T:
+        """The newest result if it is at most ``max_age`` old, else a new one (waited for)."""
+        latest = self._latest
+        if latest is not None and self._clock() - self._started_at <= self.max_age:
+            return latest
+        return await self.refresh()
+
+    async def refresh(self) -> T:
+        """Collect now, or join the collection in flight. Raises what the collection raises."""
+        task = self._inflight
+        if task is None or task.done():
+            task = self._inflight = asyncio.get_running_loop().create_task(
+                self._collect_once(), name=f"{self.name}-collect"
+            )
+        # A caller that gives up (a cancelled scrape) must not cancel the shared collection.
+        return await asyncio.shield(task)
+
+    async def _collect_once(self) -> T:
+        started = self._clock()
+        self.runs += 1
+        try:
+            result = await self._collect()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.errors += 1
+            raise
+        self._latest, self._started_at = result, started
+        self._last_duration = self._clock() - started
+        return result
+
+    async def _run(self) -> None:
+        while True:
+            started = self._clock()
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Logged once per failure; get() keeps serving the last result until it is
+                # too old, then waits for (and raises from) a collection of its own.
+                log.warning("%s: collection failed: %s", self.name, exc or type(exc).__name__)
+            elapsed = self._clock() - started
+            await asyncio.sleep(max(0.0, self.interval - elapsed))
+
+
+# --------------------------------------------------------------------------- following
+
+
+def follow_delay(
+    now: float,
+    polled_at: float,
+    last_change: float | None,
+    precise: bool,
+    interval: float | None,
+    *,
+    step: float,
+    coarse: float,
+    learn_limit: float,
+) -> float:
+    """Seconds from ``now`` until the next poll of a source that changes once per collection
+    (pure). Polls are spaced from the start of the last one (``polled_at``).
+
+    ``last_change`` is when a poll last saw new content; ``precise`` says whether that poll
+    came right after the one before (so the change is known to within a step);
+    ``interval`` is the collection interval learnt from the gaps between precise changes
+    (None until there is one).
+
+    * Nothing seen yet, or no change for two intervals (the rhythm is lost): every ``coarse``.
+    * A change seen late (not precise), or no interval yet: every ``step`` until the next
+      change, which is then precise; for at most ``learn_limit`` seconds, then ``coarse``.
+    * A source that changes on (nearly) every poll: every ``step``.
+    * Otherwise: sleep until shortly before the next change is due (five steps, or 2 % of
+      the interval if that is more, but at least half the interval after the last change),
+      then every ``step`` until the change shows: at most a step after it happened.
+    """
+    fine = max(0.0, polled_at + step - now)
+    slow = max(0.0, polled_at + coarse - now)
+    if last_change is None:
+        return slow
+    since = now - last_change
+    if not precise or interval is None:
+        return fine if since <= learn_limit else slow
+    if interval < 2 * step:
+        return fine
+    if since > 2 * interval:
+        return slow
+    window = last_change + max(0.5 * interval, interval - max(5 * step, 0.02 * interval))
+    return window - now if now < window else fine
+
+
+class Follower(Generic[T]):
+    """Polls a source right after each of its collections and keeps the newest answer.
+
+    dcgm-exporter serves the same body between two collections. The follower learns the
+    collection interval from when the answer changes (polling every ``step`` until it has
+    seen two changes to within a step; the shortest of the last gaps, so a collection that
+    changed nothing does not stretch it) and then polls every ``step`` seconds around the time
+    the next collection is due (see :func:`follow_delay`): once the rhythm is learnt, what it
+    holds is at most ``step`` (plus one poll) behind the source.
+    ``key`` says what of an answer counts as its content (default: all of it);
+    ``on_change`` runs after a poll that brought new content (to prepare the next scrapes'
+    work). ``poll`` should not raise; if it does, the error is counted and logged and the
+    previous answer kept. :meth:`latest` never returns an answer older than twice the
+    longer of ``coarse`` and the interval: it polls itself if the loop fell that far behind.
+    """
+
+    def __init__(
+        self,
+        poll: Callable[[], Awaitable[T]],
+        *,
+        step: float = 0.1,
+        coarse: float = 1.0,
+        learn_limit: float = 120.0,
+        key: Callable[[T], object] | None = None,
+        on_change: Callable[[T], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "follow",
+    ) -> None:
+        if not (step > 0 and coarse >= step):
+            raise ValueError(f"need 0 < step <= coarse, got step={step!r} coarse={coarse!r}")
+        self._poll = poll
+        self.step = float(step)
+        self.coarse = float(coarse)
+        self.learn_limit = float(learn_limit)
+        self._key = key
+        self._on_change = on_change
+        self._clock = clock
+        self.name = name
+        self._latest: tuple[T, float] | None = None  # (answer, when its poll started)
+        self._content: object = None
+        self.last_change: float | None = None
+        self.precise = False  # the last change is known to within a step
+        self._previous_poll: float | None = None
+        self._last_duration = 0.0
+        self._gaps: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+        self._polling: asyncio.Task[bool] | None = None
+        self.polls = 0
+        self.changes = 0
+        self.errors = 0
+
+    @property
+    def interval(self) -> float | None:
+        """The learnt collection interval (None until two changes were seen)."""
+        return min(self._gaps) if self._gaps else None
+
+    @property
+    def max_age(self) -> float:
+        return 2.0 * max(self.coarse, self.interval or 0.0)
+
+    def start(self) -> None:
+        """Start polling (in the running event loop); a no-op while it runs."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"{self.name}-loop"
+            )
+
+    async def close(self) -> None:
+        for task in (self._task, self._polling):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._task = self._polling = None
+
+    async def latest(self) -> tuple[T, float]:
+        """The newest answer and the clock time its poll started (polls if there is none, or
+        if it is older than :attr:`max_age`)."""
+        latest = self._latest
+        if latest is None or self._clock() - latest[1] > self.max_age:
+            await self.poll_once()
+            latest = self._latest
+            if latest is None:
+                raise RuntimeError(f"{self.name}: no answer from the source")
+        return latest
+
+    async def poll_once(self) -> bool:
+        """Poll now, or join the poll in flight; True when the content changed."""
+        task = self._polling
+        if task is None or task.done():
+            task = self._polling = asyncio.get_running_loop().create_task(self._poll_once())
+        return await asyncio.shield(task)
+
+    async def _poll_once(self) -> bool:
+        self.polls += 1
+        started = self._clock()
+        try:
+            answer = await self._poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.errors += 1
+            log.warning("%s: poll failed: %s", self.name, exc or type(exc).__name__)
+            return False
+        content = answer if self._key is None else self._key(answer)
+        changed = self._latest is None or content != self._content
+        previous, self._previous_poll = self._previous_poll, started
+        took, self._last_duration = self._last_duration, self._clock() - started
+        self._latest, self._content = (answer, started), content
+        if changed:
+            self.changes += 1
+            # Right after the previous poll: a step later, or at once if polls take longer.
+            precise = previous is not None and started - previous <= 1.5 * max(self.step, took)
+            if precise and self.precise and self.last_change is not None:
+                self._gaps = [*self._gaps[-4:], started - self.last_change]
+            self.last_change, self.precise = started, precise
+            if self._on_change is not None:
+                try:
+                    await self._on_change(answer)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # preparing is an optimisation: never stop polling
+                    log.warning("%s: on_change failed: %s", self.name, exc or type(exc).__name__)
+        return changed
+
+    async def _run(self) -> None:
+        while True:
+            await self.poll_once()
+            delay = follow_delay(
+                self._clock(),
+                self._previous_poll or 0.0,
+                self.last_change,
+                self.precise,
+                self.interval,
+                step=self.step,
+                coarse=self.coarse,
+                learn_limit=self.learn_limit,
+            )
+            await asyncio.sleep(delay)

@@ -1,0 +1,224 @@
+"""The benchmark still works: its payloads have the exporter's shapes, and ``python -m bench
+--quick`` runs every part through the real app and writes its JSON. Nothing here asserts a
+timing: speed is the benchmark's business, on a machine chosen for it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import payloads
+from bench.node import NODE, SimNode
+from bench.prototype import RefreshingScraper
+from enricher.app import Scraper
+from enricher.config import Config
+from enricher.kube import build_index, parse_pod
+from enricher.model import PodIndex, PodInfo
+from enricher.procfs import ProcReader
+
+from .nvmlfake import FakeNvml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# dcgm-exporter's label order; the optional groups are MIG instances and allocated devices.
+LABEL_ORDER = re.compile(
+    r'\{gpu="\d+",UUID="GPU-[0-9a-f-]{36}",pci_bus_id="[0-9A-F:.]+",device="nvidia\d+",'
+    r'modelName="[^"]+",(GPU_I_PROFILE="[^"]+",GPU_I_ID="\d+",)?Hostname="[^"]+",'
+    r'DCGM_FI_DRIVER_VERSION="[^"]+"(,container="[^"]+",namespace="[^"]+",pod="[^"]+")?\} '
+)
+
+
+@pytest.mark.parametrize(
+    ("shape", "series", "mig"),
+    [
+        pytest.param("gpu1", 40, False, id="gpu1"),
+        pytest.param("node8", 400, False, id="node8"),
+        pytest.param("mig56", 2520, True, id="mig56"),
+        pytest.param("stress", 20160, True, id="stress"),
+    ],
+)
+def test_payload_shapes(shape: str, series: int, mig: bool) -> None:
+    text = payloads.generate(shape)
+    lines = [line for line in text.split("\n") if line and not line.startswith("#")]
+    assert len(lines) == series
+    assert all(LABEL_ORDER.search(line) for line in lines)
+    assert any("GPU_I_ID" in line for line in lines) == mig
+    assert any('pod="' in line for line in lines)  # allocated devices carry pod labels
+    assert any('pod="' not in line for line in lines) or shape == "gpu1"
+    families = text.count("# TYPE ")
+    assert text.count("# HELP ") == families == len({line.split("{")[0] for line in lines})
+
+
+@pytest.mark.parametrize("shape", ["gpu1", "node8"])
+def test_payloads_parse_and_differ_only_in_values(shape: str) -> None:
+    one, two = payloads.generate(shape, 0), payloads.generate(shape, 1)
+    parsed = [
+        {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams for s in f.samples}
+        for fams in (
+            text_string_to_metric_families(one),
+            text_string_to_metric_families(two),
+        )
+    ]
+    assert parsed[0].keys() == parsed[1].keys()
+    assert parsed[0] != parsed[1]
+
+
+def test_pod_epochs_relabel_a_tenth_of_the_allocated_devices() -> None:
+    shape = payloads.SHAPES["mig56"]
+    before = {d.uuid + str(d.gi_id): d.pod for d in payloads.devices(shape, 0)}
+    after = {d.uuid + str(d.gi_id): d.pod for d in payloads.devices(shape, 1)}
+    changed = [k for k in before if before[k] != after[k]]
+    allocated = [k for k in before if before[k] is not None]
+    assert 0 < len(changed) <= len(allocated) // 10 + 1
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the fake libnvidia-ml")
+def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Targets" in proc.stdout  # the table was printed
+    data = json.loads(out.read_text())
+    assert data["mode"] == "quick"
+
+    rewrite = data["rewrite"]["payloads"]
+    assert set(rewrite) == set(payloads.SHAPES)
+    for row in rewrite.values():
+        assert row["series"] > 0
+        assert row["rewrite_ms"] > 0 and row["limit_ms"] > 0 and row["line_by_line_ms"] > 0
+    assert rewrite["mig56"]["naive_ms"] > 0
+
+    # (new values through the template, a repeated body through the last result) expected
+    rhythms = {"every_1": (True, False), "every_4": (True, True), "period_2": (None, True)}
+    for rhythm, (template, repeated) in rhythms.items():
+        e2e = data["e2e"][rhythm]
+        targets = ["upstream", "proxy", "enricher", "enricher_app"]
+        if rhythm.startswith("period"):
+            targets.append("enricher_follow")
+        for kind in ("sequential", "concurrent3"):
+            for target in targets:
+                row = e2e[kind][target]
+                assert row["p50_ms"] > 0
+                assert row["age_max_s"] >= row["age_p50_s"] >= 0
+        for name in targets[2:]:
+            rewrites = e2e[f"{name}_rewrites"]
+            assert rewrites["line_by_line"] >= 1
+            assert set(e2e[f"{name}_inside_ms"]) >= {"rewrite", "scrape"}
+            if name == "enricher_follow":
+                continue  # a quick run may end before the upstream's next collection
+            # Through the real app over HTTP. With a 2 s rhythm, a quick run may see no new
+            # collection at all, but the same body many times.
+            if template is not None:
+                assert (rewrites["template"] > 0) == template, (rhythm, name, rewrites)
+            assert (rewrites["repeated"] > 0) == repeated, (rhythm, name, rewrites)
+
+    attribution = data["attribution"]
+    assert attribution["node8"]["processes"] == attribution["node8"]["attributed"] == 64
+    assert attribution["mig56"]["attributed"] == 64
+
+    memory = data["memory"]
+    assert memory["churns"] >= 1
+    assert set(memory["rss_mib"]) == {"start", "50", "100", "150"}
+    assert memory["foreign_modules"] == ["bench"]  # no test or benchmark code but the glue
+
+    assert {t["name"] for t in data["targets"]} >= {
+        "rewrite mig56 vs naive",
+        "rewrite mig56 vs limit",
+        "attribution 64 procs / 8 GPUs",
+        "RSS",
+    }
+
+
+class StaticPods:
+    """A node's pods that never change (the pod watch's interface, without a watch)."""
+
+    up = True
+    errors_total = 0
+    last_sync = 1_700_000_000.0
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self._index = build_index(parse_pod(o) for o in objects)
+
+    def index(self) -> PodIndex:
+        return self._index
+
+    def upstream_pods(self) -> list[PodInfo]:
+        return []
+
+
+def _without_self_metrics(body: bytes) -> str:
+    # Our own health series differ in durations and request counts by design.
+    lines = body.decode().split("\n")
+    return "\n".join(line for line in lines if "dcgm_enricher_" not in line)
+
+
+@pytest.mark.parametrize(
+    ("collect_interval", "follow_step"),
+    [
+        pytest.param(0.0, 0.0, id="as-before"),
+        pytest.param(30.0, 0.0, id="node-in-background"),
+        pytest.param(30.0, 0.05, id="following-the-upstream"),
+    ],
+)
+async def test_prototype_serves_what_the_app_serves(
+    tmp_path: Path, fake_nvml: FakeNvml, collect_interval: float, follow_step: float
+) -> None:
+    """The proposed pipeline (bench/prototype.py) moves work off the scrape path and changes
+    nothing in what a scrape returns: same upstream rewrite, same families."""
+    sim = SimNode(tmp_path, payloads.SHAPES["node8"])
+    sim.write()
+    fake_nvml.write(sim.nvml())
+    text = payloads.generate("node8")
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    upstream_app = web.Application()
+    upstream_app.router.add_get("/metrics", metrics)
+    async with TestServer(upstream_app) as server:
+        config = replace(
+            Config(),
+            upstream_url=str(server.make_url("/metrics")),
+            kube_node_name=NODE,
+            kubelet_pod_resources_socket="",
+        )
+        pods = StaticPods(sim.pod_objects())
+        plain = Scraper(
+            config, gpu=fake_nvml.source(), procs=ProcReader(str(sim.proc_root)), pods=pods
+        )
+        proposed = RefreshingScraper(
+            config,
+            gpu=fake_nvml.source(),
+            procs=ProcReader(str(sim.proc_root)),
+            pods=pods,
+            collect_interval=collect_interval,
+            follow_step=follow_step,
+        )
+        try:
+            want = _without_self_metrics((await plain.scrape()).body)
+            got = _without_self_metrics((await proposed.scrape()).body)
+            assert got == want
+            assert 'pod="worker-' in got  # device series name the pods NVML saw
+            if collect_interval:  # the next scrape: from what the background keeps ready
+                assert _without_self_metrics((await proposed.scrape()).body) == want
+        finally:
+            await plain.close()
+            await proposed.close()

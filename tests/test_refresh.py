@@ -1,0 +1,384 @@
+"""The background refresher: freshness bound, one collection at a time, failures, shutdown.
+
+Time is a fake clock wherever freshness is decided, so nothing here depends on how fast the
+machine is; the one test of the background loop waits for events, not for durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from enricher.refresh import Follower, Refresher, follow_delay
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Collect:
+    """A collection that returns 1, 2, 3, ... and can be made slow, or to fail, on demand."""
+
+    def __init__(self, clock: Clock, takes: float = 0.0) -> None:
+        self.clock = clock
+        self.takes = takes  # fake seconds one collection takes
+        self.calls = 0
+        self.gate: asyncio.Event | None = None  # when set: wait for it before answering
+        self.fail: Exception | None = None
+
+    async def __call__(self) -> int:
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        self.clock.now += self.takes
+        if self.fail is not None:
+            raise self.fail
+        return self.calls
+
+
+@pytest.mark.parametrize(
+    ("interval", "max_age"),
+    [
+        pytest.param(0.0, None, id="zero-interval"),
+        pytest.param(-1.0, None, id="negative-interval"),
+        pytest.param(float("nan"), None, id="nan-interval"),
+        pytest.param(1.0, 0.0, id="zero-max-age"),
+    ],
+)
+def test_rejects_bad_settings(interval: float, max_age: float | None) -> None:
+    clock = Clock()
+    with pytest.raises(ValueError):
+        Refresher(Collect(clock), interval, max_age=max_age, clock=clock)
+
+
+async def test_serves_the_newest_result_while_it_is_fresh() -> None:
+    clock = Clock()
+    collect = Collect(clock)
+    r = Refresher(collect, 10.0, clock=clock)
+    assert r.age() is None
+    assert await r.get() == 1  # nothing yet: the first caller waits for a collection
+    clock.now += 10.9
+    assert await r.get() == 1  # within interval * 1.1: no new collection
+    assert collect.calls == 1
+    clock.now += 0.2
+    assert await r.get() == 2  # too old: a new collection, waited for
+    assert r.age() == 0.0
+
+
+async def test_a_slow_collection_widens_the_bound_by_its_duration() -> None:
+    """Age counts from when a collection started, so the bound allows for its duration."""
+    clock = Clock()
+    r = Refresher(Collect(clock, takes=3.0), 10.0, clock=clock)
+    await r.get()
+    assert r.age() == 3.0
+    assert r.max_age == pytest.approx(14.0)
+    clock.now += 10.9  # age 13.9
+    assert await r.get() == 1
+    clock.now += 0.2  # age 14.1
+    assert await r.get() == 2
+
+
+async def test_explicit_max_age_is_the_bound() -> None:
+    clock = Clock()
+    r = Refresher(Collect(clock), 10.0, max_age=2.0, clock=clock)
+    await r.get()
+    clock.now += 2.0
+    assert await r.get() == 1
+    clock.now += 0.1
+    assert await r.get() == 2
+
+
+async def test_concurrent_callers_share_one_collection() -> None:
+    clock = Clock()
+    collect = Collect(clock)
+    collect.gate = asyncio.Event()
+    r = Refresher(collect, 10.0, clock=clock)
+    waiters = [asyncio.create_task(r.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    collect.gate.set()
+    assert await asyncio.gather(*waiters) == [1, 1, 1]
+    assert collect.calls == 1
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_collection() -> None:
+    """A scrape whose client went away must not abort the read the next scrape needs."""
+    clock = Clock()
+    collect = Collect(clock)
+    collect.gate = asyncio.Event()
+    r = Refresher(collect, 10.0, clock=clock)
+    first = asyncio.create_task(r.get())
+    await asyncio.sleep(0)
+    first.cancel()
+    second = asyncio.create_task(r.get())
+    await asyncio.sleep(0)
+    collect.gate.set()
+    assert await second == 1
+    assert collect.calls == 1
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
+async def test_failures_keep_the_last_result_until_it_is_too_old() -> None:
+    clock = Clock()
+    collect = Collect(clock)
+    r = Refresher(collect, 10.0, clock=clock)
+    assert await r.get() == 1
+    collect.fail = RuntimeError("nvml went away")
+    with pytest.raises(RuntimeError):
+        await r.refresh()
+    assert r.errors == 1
+    assert await r.get() == 1  # still fresh enough: served
+    clock.now += 20.0
+    with pytest.raises(RuntimeError, match="nvml went away"):
+        await r.get()  # too old: never served stale, the failure shows
+    collect.fail = None
+    assert await r.get() == 4
+
+
+async def test_first_collection_failing_raises_to_the_caller() -> None:
+    clock = Clock()
+    collect = Collect(clock)
+    collect.fail = OSError("no /proc")
+    r = Refresher(collect, 10.0, clock=clock)
+    with pytest.raises(OSError):
+        await r.get()
+    assert r.age() is None
+
+
+async def test_background_loop_keeps_collecting_and_stops_on_close() -> None:
+    third = asyncio.Event()
+    runs = 0
+
+    async def collect() -> int:
+        nonlocal runs
+        runs += 1
+        if runs == 3:
+            third.set()
+        return runs
+
+    r = Refresher(collect, 0.001)
+    r.start()
+    r.start()  # a second start is a no-op: still one loop
+    await asyncio.wait_for(third.wait(), 10)
+    await r.close()
+    stopped_at = runs
+    await asyncio.sleep(0.01)
+    assert runs == stopped_at
+    assert r.runs == runs
+
+
+async def test_background_loop_survives_a_failing_collection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recovered = asyncio.Event()
+    runs = 0
+
+    async def collect() -> int:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise RuntimeError("transient")
+        recovered.set()
+        return runs
+
+    r = Refresher(collect, 0.001, name="node")
+    r.start()
+    await asyncio.wait_for(recovered.wait(), 10)
+    await r.close()
+    assert r.errors == 1
+    assert "node: collection failed: transient" in caplog.text
+    assert await Refresher(collect, 1.0).get() >= 2
+
+
+# --------------------------------------------------------------------------- following
+
+STEP, COARSE, LEARN = 0.1, 1.0, 120.0
+
+
+@pytest.mark.parametrize(
+    ("now", "polled_at", "last_change", "precise", "interval", "delay"),
+    [
+        pytest.param(10.0, 9.8, None, False, None, 0.8, id="nothing-yet-coarse"),
+        pytest.param(10.0, 9.95, 9.95, False, None, 0.05, id="late-change-fine"),
+        pytest.param(10.0, 9.95, 9.95, True, None, 0.05, id="no-interval-fine"),
+        pytest.param(200.0, 199.95, 70.0, False, None, 0.95, id="learning-gave-up-coarse"),
+        pytest.param(10.0, 9.95, 9.95, True, 0.15, 0.05, id="changes-every-poll-fine"),
+        pytest.param(10.0, 9.9, 9.9, True, 30.0, 29.3, id="sleep-until-window"),
+        pytest.param(39.5, 39.45, 10.0, True, 30.0, 0.05, id="in-window-fine"),
+        pytest.param(10.0, 9.9, 9.9, True, 0.3, 0.05, id="short-interval-half-window"),
+        pytest.param(71.0, 70.9, 10.0, True, 30.0, 0.9, id="rhythm-lost-coarse"),
+        pytest.param(10.0, 9.0, 9.95, False, None, 0.0, id="never-negative"),
+    ],
+)
+def test_follow_delay(
+    now: float,
+    polled_at: float,
+    last_change: float | None,
+    precise: bool,
+    interval: float | None,
+    delay: float,
+) -> None:
+    got = follow_delay(
+        now,
+        polled_at,
+        last_change,
+        precise,
+        interval,
+        step=STEP,
+        coarse=COARSE,
+        learn_limit=LEARN,
+    )
+    assert got == pytest.approx(delay)
+
+
+class Source:
+    """An upstream whose content the test changes; polls take no time on the fake clock."""
+
+    def __init__(self) -> None:
+        self.content = "collection-0"
+        self.fail: Exception | None = None
+
+    async def __call__(self) -> tuple[str, float]:
+        if self.fail is not None:
+            raise self.fail
+        return self.content, 0.001  # (text, fetch duration): only the text is content
+
+
+def follower(clock: Clock, source: Source, **kwargs: object) -> Follower[tuple[str, float]]:
+    return Follower(
+        source,
+        step=STEP,
+        coarse=COARSE,
+        key=lambda answer: answer[0],
+        clock=clock,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def poll_at(f: Follower[tuple[str, float]], clock: Clock, at: float) -> bool:
+    clock.now = at
+    return await f.poll_once()
+
+
+async def test_follower_learns_the_interval_from_precise_changes_only() -> None:
+    clock, source = Clock(), Source()
+    f = follower(clock, source)
+    assert await poll_at(f, clock, 0.0)  # the first answer: new, but not known to a step
+    assert not f.precise
+    source.content = "collection-1"
+    assert await poll_at(f, clock, 0.9)  # seen a coarse poll late: when it changed is unknown
+    assert not f.precise and f.interval is None
+    assert not await poll_at(f, clock, 1.0)
+    source.content = "collection-2"
+    assert await poll_at(f, clock, 1.1)  # a step after the last poll: precise
+    assert f.precise and f.interval is None  # one precise change is no gap yet
+    for t in (1.2, 1.3, 1.4, 10.9, 11.0):
+        assert not await poll_at(f, clock, t)
+    source.content = "collection-3"
+    assert await poll_at(f, clock, 11.1)
+    assert f.interval == pytest.approx(10.0)
+    source.content = "collection-4"
+    assert await poll_at(f, clock, 50.0)  # late again (the rhythm was lost): no gap
+    assert f.interval == pytest.approx(10.0)
+    assert f.changes == 5
+
+
+async def test_follower_keeps_the_shortest_recent_gap() -> None:
+    """A collection that changed nothing doubles one gap; the interval is not stretched."""
+    clock, source = Clock(), Source()
+    f = follower(clock, source)
+    t = 0.0
+    for i, gap in enumerate([10.0, 10.0, 20.0, 10.0]):
+        await poll_at(f, clock, t - STEP)
+        source.content = f"c{i}"
+        await poll_at(f, clock, t)
+        t += gap
+    assert f.interval == pytest.approx(10.0)
+
+
+async def test_latest_polls_when_there_is_nothing_or_it_is_too_old() -> None:
+    clock, source = Clock(), Source()
+    f = follower(clock, source)
+    assert (await f.latest())[0] == ("collection-0", 0.001)
+    assert f.polls == 1
+    await f.latest()
+    assert f.polls == 1  # young enough: no poll
+    clock.now += 2 * COARSE + 0.1
+    source.content = "collection-1"
+    assert (await f.latest())[0][0] == "collection-1"
+    assert f.polls == 2
+
+
+async def test_poll_failure_keeps_the_previous_answer(caplog: pytest.LogCaptureFixture) -> None:
+    clock, source = Clock(), Source()
+    f = follower(clock, source)
+    await f.poll_once()
+    source.fail = RuntimeError("connection refused")
+    assert not await f.poll_once()
+    assert f.errors == 1
+    assert (await f.latest())[0][0] == "collection-0"
+    assert "connection refused" in caplog.text
+
+
+async def test_on_change_runs_once_per_new_content_and_may_fail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, source = Clock(), Source()
+    seen: list[str] = []
+
+    async def prepare(answer: tuple[str, float]) -> None:
+        seen.append(answer[0])
+        if answer[0] == "bad":
+            raise ValueError("cannot prepare")
+
+    f = follower(clock, source, on_change=prepare)
+    await f.poll_once()
+    await f.poll_once()
+    source.content = "bad"
+    await f.poll_once()
+    source.content = "good"
+    await f.poll_once()
+    assert seen == ["collection-0", "bad", "good"]
+    assert "cannot prepare" in caplog.text
+
+
+async def test_follower_loop_polls_until_closed() -> None:
+    changed = asyncio.Event()
+    count = 0
+
+    async def poll() -> int:
+        nonlocal count
+        count += 1
+        if count == 5:
+            changed.set()
+        return count // 2
+
+    f = Follower(poll, step=0.001, coarse=0.001)
+    f.start()
+    await asyncio.wait_for(changed.wait(), 10)
+    await f.close()
+    stopped = count
+    await asyncio.sleep(0.01)
+    assert count == stopped
+    assert f.changes >= 2
+
+
+@pytest.mark.parametrize(
+    ("step", "coarse"),
+    [
+        pytest.param(0.0, 1.0, id="zero-step"),
+        pytest.param(2.0, 1.0, id="coarse-below-step"),
+        pytest.param(float("nan"), 1.0, id="nan-step"),
+    ],
+)
+def test_follower_rejects_bad_settings(step: float, coarse: float) -> None:
+    async def poll() -> int:
+        return 0
+
+    with pytest.raises(ValueError):
+        Follower(poll, step=step, coarse=coarse)
