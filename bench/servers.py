@@ -169,8 +169,7 @@ class EnricherSpec:
     kubeconfig: str
     node_name: str
     # 0: the app as it is (NVML, procfs and the kubelet read on every scrape); > 0: the node
-    # side refreshed in the background every that many seconds (bench/prototype.py until
-    # app.py has it).
+    # side refreshed in the background every that many seconds (--collect.interval).
     collect_interval: float = 0.0
     # > 0: the upstream is followed (fetched after each of its collections) with this step.
     follow_step: float = 0.0
@@ -257,33 +256,14 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     fields = Config.__dataclass_fields__
     if "kubelet_pod_resources_socket" in fields:
         settings["kubelet_pod_resources_socket"] = ""  # no kubelet on a benchmark machine
-    # Once app.py has the proposed design itself, its settings are used instead of the
-    # prototype (bench/prototype.py).
-    native = "collect_interval" in fields and (
-        spec.follow_step == 0 or "upstream_follow_step" in fields
-    )
-    if "collect_interval" in fields:
-        settings["collect_interval"] = spec.collect_interval
-    if "upstream_follow_step" in fields:
-        settings["upstream_follow_step"] = spec.follow_step
+    settings["collect_interval"] = spec.collect_interval
+    settings["upstream_follow_step"] = spec.follow_step
     config = replace(Config(), **settings)
     pods = start_pod_cache(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")
     gpu = make_gpu_source(config)
-    if (spec.collect_interval > 0 or spec.follow_step > 0) and not native:
-        from .prototype import RefreshingScraper
-
-        scraper: Scraper = RefreshingScraper(
-            config,
-            gpu=gpu,
-            procs=ProcReader(config.procfs),
-            pods=pods,
-            collect_interval=spec.collect_interval,
-            follow_step=spec.follow_step,
-        )
-    else:
-        scraper = Scraper(config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods)
+    scraper = Scraper(config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods)
     timings = _Timings()
     timings.install(app_module, scraper)
     runner = await serve(

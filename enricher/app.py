@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -30,9 +30,10 @@ from .enrich import (
     render_self_metrics,
     resolve_allocations,
 )
-from .exposition import DeviceKey, Rewriter
+from .exposition import DeviceKey, RewritePlan, Rewriter
 from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
 from .podresources import ListResult
+from .refresh import Follower, Refresher
 from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
 
 log = logging.getLogger("enricher")
@@ -120,6 +121,27 @@ class ScrapeResult:
     allocations: list[AllocatedDevice] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One read of the node: what the GPUs run and who owns it."""
+
+    snapshot: GpuSnapshot
+    nvml_ok: bool
+    nvml_duration: float
+    procfs_ok: bool
+    procfs_duration: float
+    listed: ListResult
+    kubelet_duration: float
+    docker_duration: float
+    index: PodIndex
+    attributions: list[Attribution]
+    kube_duration: float
+    allocated: list[AllocatedDevice]
+    unmapped: int
+    plan: RewritePlan
+    fallback: dict[DeviceKey, tuple[tuple[str, str], ...]]  # device labels from NVML
+
+
 class Scraper:
     """Runs one scrape at a time; scrapes that arrive meanwhile share its result."""
 
@@ -167,8 +189,35 @@ class Scraper:
         self._log_upstream = _Once("upstream")
         self._log_nvml = _Once("nvml")
         self._log_kubelet = _Once("podresources")
+        # The node side (NVML, procfs, the kubelet, Docker) read in the background every
+        # --collect.interval seconds; with 0, on every scrape.
+        self._node = (
+            Refresher(self._node_side, config.collect_interval, clock=clock, name="node")
+            if config.collect_interval > 0
+            else None
+        )
+        # The upstream fetched right after each of its collections (--upstream.follow-step);
+        # with 0, on every scrape.
+        self._follower = (
+            Follower(
+                self._fetch_upstream,
+                step=config.upstream_follow_step,
+                coarse=max(config.upstream_follow_step, 1.0),
+                key=lambda answer: answer[0],
+                on_change=self._prepare,
+                clock=clock,
+                name="upstream",
+            )
+            if config.upstream_follow_step > 0
+            else None
+        )
+        self._families_memo: tuple[NodeView, dict[DeviceKey, Any], str] | None = None
 
     async def close(self) -> None:
+        if self._follower is not None:
+            await self._follower.close()
+        if self._node is not None:
+            await self._node.close()
         if self._session is not None:
             await self._session.close()
         if self.docker is not None:
@@ -186,6 +235,10 @@ class Scraper:
 
     async def scrape(self) -> ScrapeResult:
         """Return a fresh scrape; joins the one in flight if there is one."""
+        if self._node is not None:
+            self._node.start()
+        if self._follower is not None:
+            self._follower.start()
         self.scrapes_total += 1
         if self._inflight is not None and not self._inflight.done():
             self.shared_scrapes_total += 1
@@ -316,33 +369,73 @@ class Scraper:
             answers = {}
         return answers, self._clock() - start
 
-    async def _scrape_once(self) -> ScrapeResult:
-        started = self._clock()
-        upstream_task = asyncio.create_task(self._fetch_upstream())
+    async def _prepare(self, answer: tuple[str | None, float]) -> None:
+        """A new upstream collection: rewrite it now, so scrapes get the cached result."""
+        text = answer[0]
+        if text is not None:
+            node = await (self._node.get() if self._node is not None else self._node_side())
+            self._remember(self._rewriter.rewrite(text, node.plan).identities)
+
+    async def _upstream(self) -> tuple[str | None, float]:
+        if self._follower is not None:
+            answer, _polled_at = await self._follower.latest()
+            return answer
+        return await self._fetch_upstream()
+
+    async def _node_side(self) -> NodeView:
         kubelet_task = asyncio.create_task(self._fetch_allocations())
         procfs_errors_before = self.procs.errors_total
         snapshot, nvml_ok, nvml_dur, procs, procfs_dur = await self._gpu_side()
-        # While the upstream answers: the Docker source is bounded by --docker.timeout.
         containers, docker_dur = await self._lookup_containers(procs)
-        text, upstream_dur = await upstream_task
         listed, kubelet_dur = await kubelet_task
-
         t_kube = self._clock()
         index = self.pods.index() if self.pods is not None else PodIndex()
         attributions = attribute(snapshot, procs, index, containers)
         kube_dur = self._clock() - t_kube
         allocated, unmapped = resolve_allocations(listed.allocations, snapshot)
-        plan = plan_devices(attributions, allocated)
+        return NodeView(
+            snapshot=snapshot,
+            nvml_ok=nvml_ok,
+            nvml_duration=nvml_dur,
+            procfs_ok=self.procs.errors_total == procfs_errors_before,
+            procfs_duration=procfs_dur,
+            listed=listed,
+            kubelet_duration=kubelet_dur,
+            docker_duration=docker_dur,
+            index=index,
+            attributions=attributions,
+            kube_duration=kube_dur,
+            allocated=allocated,
+            unmapped=len(unmapped),
+            plan=plan_devices(attributions, allocated),
+            fallback=fallback_identity(snapshot, self.config.kube_node_name),
+        )
+
+    def _families(
+        self, node: NodeView, identities: dict[DeviceKey, Any], options: RenderOptions
+    ) -> str:
+        memo = self._families_memo
+        if memo is not None and memo[0] is node and memo[1] == identities:
+            return memo[2]
+        text = render_families(node.attributions, identities, options, node.allocated)
+        self._families_memo = (node, identities, text)
+        return text
+
+    async def _scrape_once(self) -> ScrapeResult:
+        started = self._clock()
+        upstream_task = asyncio.create_task(self._upstream())
+        node = await (self._node.get() if self._node is not None else self._node_side())
+        text, upstream_dur = await upstream_task
 
         parts: list[str] = []
         invalid_lines = samples = 0
         if text is not None:
-            rewritten = self._rewriter.rewrite(text, plan)
+            rewritten = self._rewriter.rewrite(text, node.plan)
             parts.append(rewritten.text)
             invalid_lines = rewritten.invalid_lines + rewritten.dropped_duplicates
             samples = rewritten.samples
             self._remember(rewritten.identities)
-        identities = {**fallback_identity(snapshot, self.config.kube_node_name), **self._identities}
+        identities = {**node.fallback, **self._identities}
         options = RenderOptions(
             node_name=self.config.kube_node_name,
             label_keys=self.config.kube_pod_labels,
@@ -350,41 +443,36 @@ class Scraper:
             process_series=self.config.collector_process,
             docker=self.docker is not None,
         )
-        parts.append(render_families(attributions, identities, options, allocated))
+        parts.append(self._families(node, identities, options))
 
         statuses = [
             SourceStatus("upstream", text is not None, upstream_dur, self.upstream_errors),
             SourceStatus(
                 "nvml",
-                nvml_ok,
-                nvml_dur,
+                node.nvml_ok,
+                node.nvml_duration,
                 self.gpu.errors_total if self.gpu else 0,
                 enabled=self.gpu is not None,
             ),
-            SourceStatus(
-                "procfs",
-                self.procs.errors_total == procfs_errors_before,
-                procfs_dur,
-                self.procs.errors_total,
-            ),
+            SourceStatus("procfs", node.procfs_ok, node.procfs_duration, self.procs.errors_total),
             SourceStatus(
                 "kubernetes",
                 bool(self.pods and self.pods.up),
-                kube_dur,
+                node.kube_duration,
                 self.pods.errors_total if self.pods else 0,
                 enabled=self.pods is not None,
             ),
             SourceStatus(
                 "podresources",
-                listed.ok,
-                kubelet_dur,
+                node.listed.ok,
+                node.kubelet_duration,
                 (self.podresources.errors_total if self.podresources else 0) + self._kubelet_errors,
-                enabled=listed.enabled,
+                enabled=node.listed.enabled,
             ),
             SourceStatus(
                 "docker",
                 bool(self.docker and self.docker.up),
-                docker_dur,
+                node.docker_duration,
                 self.docker.errors_total if self.docker else 0,
                 enabled=bool(self.docker and self.docker.enabled),
             ),
@@ -432,27 +520,35 @@ class Scraper:
             extra["dcgm_enricher_kubernetes_pods"] = (
                 "Pods of this node in the watch cache.",
                 "gauge",
-                len({p.uid for p in index.by_uid.values()}),
+                len({p.uid for p in node.index.by_uid.values()}),
             )
         if self.podresources is not None:
             extra["dcgm_enricher_podresources_allocated_devices"] = (
                 "GPU device IDs (or shared replicas) the kubelet reported allocated to containers "
                 "on this scrape and that name a device of this node.",
                 "gauge",
-                len(allocated),
+                len(node.allocated),
             )
             extra["dcgm_enricher_podresources_unmapped_devices"] = (
                 "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
                 "or MIG device NVML reported (unknown ID scheme, or NVML down), or that were "
                 "skipped as malformed; their containers get no gpu_container_allocated series.",
                 "gauge",
-                len(unmapped) + listed.skipped,
+                node.unmapped + node.listed.skipped,
             )
-        parts.append(render_self_metrics(statuses, attributions, version=__version__, extra=extra))
+        parts.append(
+            render_self_metrics(statuses, node.attributions, version=__version__, extra=extra)
+        )
         body = "".join(parts).encode("utf-8")
         self._last_duration = self._clock() - started
         return ScrapeResult(
-            body, attributions, snapshot, statuses, time.time(), identities, allocated
+            body,
+            node.attributions,
+            node.snapshot,
+            statuses,
+            time.time(),
+            identities,
+            node.allocated,
         )
 
     def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:

@@ -100,6 +100,25 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             "pod with the same labels can become the upstream (default %(default)s)",
         )
         g.add_argument(
+            "--collect.interval",
+            metavar="SECONDS",
+            dest="collect_interval",
+            type=float,
+            default=_env("--collect.interval", _D.collect_interval),
+            help="read NVML, procfs and the kubelet in the background every SECONDS instead of "
+            "on every scrape; at most dcgm-exporter's collect interval (default 0: every scrape)",
+        )
+        g.add_argument(
+            "--upstream.follow-step",
+            metavar="SECONDS",
+            dest="upstream_follow_step",
+            type=float,
+            default=_env("--upstream.follow-step", _D.upstream_follow_step),
+            help="fetch dcgm-exporter right after each of its collections, polling every SECONDS "
+            "around the expected time, and serve scrapes from that (default 0: fetch on every "
+            "scrape)",
+        )
+        g.add_argument(
             "--web.config.file",
             metavar="FILE",
             dest="web_config_file",
@@ -271,6 +290,14 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
                 values[key] = float(values[key])
                 if not 0 < values[key] < float("inf"):
                     raise ValueError(f"--{key.replace('_', '.', 1)} must be positive")
+        for key, flag in (
+            ("collect_interval", "--collect.interval"),
+            ("upstream_follow_step", "--upstream.follow-step"),
+        ):
+            if key in values:
+                values[key] = float(values[key])
+                if not 0 <= values[key] < float("inf"):
+                    raise ValueError(f"{flag} must be 0 or positive")
         if "upstream_max_bytes" in values:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:

@@ -32,6 +32,10 @@ class Config:
     docker_timeout: float = 2.0
     collector_process: bool = False
     scrape_timeout: float = 10.0
+    # 0: NVML, procfs and the kubelet are read on every scrape; > 0: in the background.
+    collect_interval: float = 0.0
+    # 0: the upstream is fetched on every scrape; > 0: followed in the background.
+    upstream_follow_step: float = 0.0
     max_request_header_bytes: int = 8190
     log_level: str = "info"
     # Set by the demo only: shown on the landing page.

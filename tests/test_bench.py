@@ -20,7 +20,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
 from bench.node import NODE, SimNode
-from bench.prototype import RefreshingScraper
 from enricher.app import Scraper
 from enricher.config import Config
 from enricher.kube import build_index, parse_pod
@@ -178,10 +177,10 @@ def _without_self_metrics(body: bytes) -> str:
         pytest.param(30.0, 0.05, id="following-the-upstream"),
     ],
 )
-async def test_prototype_serves_what_the_app_serves(
+async def test_background_modes_serve_what_the_app_serves(
     tmp_path: Path, fake_nvml: FakeNvml, collect_interval: float, follow_step: float
 ) -> None:
-    """The proposed pipeline (bench/prototype.py) moves work off the scrape path and changes
+    """--collect.interval and --upstream.follow-step move work off the scrape path and change
     nothing in what a scrape returns: same upstream rewrite, same families."""
     sim = SimNode(tmp_path, payloads.SHAPES["node8"])
     sim.write()
@@ -204,13 +203,11 @@ async def test_prototype_serves_what_the_app_serves(
         plain = Scraper(
             config, gpu=fake_nvml.source(), procs=ProcReader(str(sim.proc_root)), pods=pods
         )
-        proposed = RefreshingScraper(
-            config,
+        proposed = Scraper(
+            replace(config, collect_interval=collect_interval, upstream_follow_step=follow_step),
             gpu=fake_nvml.source(),
             procs=ProcReader(str(sim.proc_root)),
             pods=pods,
-            collect_interval=collect_interval,
-            follow_step=follow_step,
         )
         try:
             want = _without_self_metrics((await plain.scrape()).body)
