@@ -74,6 +74,18 @@ def escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
+_BLANKS = re.compile(r"[ \t]+")
+
+
+def split_comment(line: str) -> list[str]:
+    """Split ``# HELP name text`` into at most four parts on blanks (space and tab only).
+
+    ``str.split()`` would also split on Unicode separators (U+2028, U+00A0, ...), which are
+    ordinary characters of HELP text in the exposition format.
+    """
+    return _BLANKS.split(line, maxsplit=3)
+
+
 def unescape_help(raw: str) -> str:
     r"""Undo HELP escaping (``\\`` and ``\n``); other backslashes stand for themselves."""
     if "\\" not in raw:
@@ -545,7 +557,7 @@ class Rewriter:
             if not line:
                 continue
             if line[0] == "#":
-                parts = line.split(None, 3)
+                parts = split_comment(line)
                 if len(parts) < 3 or parts[0] != "#" or parts[1] not in ("HELP", "TYPE"):
                     continue  # other comments carry nothing we need
                 name = parts[2]

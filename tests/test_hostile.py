@@ -849,12 +849,6 @@ def test_long_backslash_run() -> None:
     assert row["annotation_hub_jupyter_org_username"] == "\\" * LIMIT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="exposition.Rewriter splits '# HELP name text' with str.split(None, 3), which "
-    "treats Unicode separators (U+2028, U+0085, U+00A0, U+001C..U+001F) as whitespace: HELP "
-    "text that starts with one loses it (and a name followed by one is cut there)",
-)
 def test_help_keeps_leading_unicode_space() -> None:
     text = "# HELP m \u2028two lines\n# TYPE m gauge\nm 1\n"
     out = Rewriter().rewrite(text, RewritePlan()).text
