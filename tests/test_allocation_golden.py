@@ -41,6 +41,7 @@ from enricher.procfs import ProcReader
 from .conftest import GOLDEN, assert_valid_exposition
 from .kubeapi import KubeApiStandIn, make_api_client, make_pod
 from .nvmlfake import FakeNvml, FakeNvmlState
+from .test_golden import cid, normalise, series
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "allocation.prom"
 NODE = "gpu-node-c"
@@ -56,10 +57,6 @@ U = [
 MIG_1 = "MIG-b3b3b3b3-0001-4001-8001-0000000000b1"  # GPU 3, GPU_I_ID 1 (3g.40gb)
 MIG_2 = "MIG-b3b3b3b3-0002-4002-8002-0000000000b2"  # GPU 3, GPU_I_ID 2 (2g.20gb)
 GIB = 1 << 30
-
-
-def cid(n: int) -> str:
-    return f"{n:064x}"
 
 
 @dataclass(frozen=True)
@@ -341,38 +338,12 @@ async def scrape(node: Node) -> str:
     return await resp.text()
 
 
-def series(text: str, name: str) -> list[dict[str, str]]:
-    """Samples of ``name`` as label dicts with the value under ``__value__``."""
-    out = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name:
-                out.append(dict(s.labels) | {"__value__": repr(float(s.value))})
-    return out
-
-
 def by_device(rows: list[dict[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
     return {(r["UUID"], r.get("GPU_I_ID", "")): r for r in rows}
 
 
 def who(row: dict[str, str]) -> tuple[str, str, str]:
     return (row["namespace"], row["pod"], row["container"])
-
-
-_VOLATILE_NAMES = (
-    "dcgm_enricher_source_duration_seconds",
-    "dcgm_enricher_scrape_duration_seconds",
-    "dcgm_enricher_kubernetes_last_sync_timestamp_seconds",
-)
-
-
-def normalise(text: str) -> str:
-    lines = []
-    for line in text.splitlines():
-        if line.startswith(_VOLATILE_NAMES):
-            line = line.rsplit(" ", 1)[0] + " <volatile>"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- golden
