@@ -373,6 +373,16 @@ class _RawWatch(kubernetes.watch.Watch):
         return None
 
 
+# The query parameters of a pod list/watch, by the snake_case names Watch.stream passes.
+_QUERY_NAMES = {
+    "field_selector": "fieldSelector",
+    "resource_version": "resourceVersion",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "timeout_seconds": "timeoutSeconds",
+    "watch": "watch",
+}
+MAX_ERROR_BYTES = 64 * 1024  # of an error answer's body, kept for the log
+
 _CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 
 
@@ -405,7 +415,7 @@ class PodCache:
     ) -> None:
         if not node_name:
             raise ValueError("node_name is required: the cache is scoped to one node")
-        self._core = kubernetes.client.CoreV1Api(api_client)
+        self._api = api_client
         self._node = node_name
         self._label_keys = tuple(label_keys)
         self._annotation_keys = tuple(annotation_keys)
@@ -549,9 +559,8 @@ class PodCache:
             kwargs["resource_version"] = "0"
         # _preload_content=False: the raw response, read with a size cap and parsed as JSON by
         # parse_pod_list instead of being turned into models.
-        resp: Any = self._core.list_pod_for_all_namespaces(
+        resp: Any = self._request_pods(
             field_selector=f"spec.nodeName={self._node}",
-            _preload_content=False,
             _request_timeout=self._request_timeout,
             **kwargs,
         )
@@ -577,9 +586,39 @@ class PodCache:
         self._healthy()
         self.synced.set()
 
+    def _request_pods(self, *, _request_timeout: Any, **params: Any) -> Any:
+        """GET /api/v1/pods with ``params`` (snake_case names, as the generated API takes
+        them); the raw urllib3 response, unread. Non-2xx answers raise ``ApiException``.
+
+        The request is built by the client's ``ApiClient`` (host, TLS, bearer token with its
+        refresh hook) like ``CoreV1Api.list_pod_for_all_namespaces`` builds it; that class is
+        not used because importing its 63,000-line module costs the process about 21 MiB.
+        """
+        query = [(_QUERY_NAMES[name], value) for name, value in params.items() if value is not None]
+        method, url, headers, body, post = self._api.param_serialize(
+            method="GET",
+            resource_path="/api/v1/pods",
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._api.call_api(
+            method, url, headers, body, post, _request_timeout=_request_timeout
+        )
+        if not 200 <= resp.status <= 299:
+            try:
+                detail = resp.response.read(MAX_ERROR_BYTES)
+            finally:
+                resp.response.close()
+            exc = kubernetes.client.ApiException(status=resp.status, reason=resp.reason)
+            exc.body = detail.decode("utf-8", "replace")
+            raise exc
+        return resp.response
+
     def _open_watch(self, **kwargs: Any) -> Any:
         """The watch request for Watch.stream; notes the response so stop() can cut it."""
-        resp: Any = self._core.list_pod_for_all_namespaces(**kwargs)
+        kwargs.pop("_preload_content", None)  # Watch.stream asks for the raw response anyway
+        resp: Any = self._request_pods(**kwargs)
         with self._resp_lock:
             self._resp = resp
             stopping = self._stop.is_set()

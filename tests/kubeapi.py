@@ -66,6 +66,7 @@ class ApiRequest:
     path: str
     query: Mapping[str, str]
     at: float  # time.monotonic() when it arrived
+    authorization: str | None = None  # the Authorization header, as sent
 
 
 @dataclass
@@ -162,6 +163,7 @@ class KubeApiStandIn:
         self._drop_gen = 0
         self._down = False
         self._down_reset = False
+        self._refuse: tuple[int, str] | None = None
         self._delay = 0.0
         self._stopping = threading.Event()
         self._log: list[ApiRequest] = []
@@ -299,6 +301,12 @@ class KubeApiStandIn:
                 self._drop_gen += 1
                 self._cond.notify_all()
 
+    def set_refusal(self, code: int | None, reason: str = "Forbidden") -> None:
+        """Answer every request with this error status (403 for RBAC that does not allow the
+        request, 401 for a bad token) until called with None."""
+        with self._cond:
+            self._refuse = None if code is None else (code, reason)
+
     def set_delay(self, seconds: float) -> None:
         """Wait this long before answering each request (a slow or overloaded API server)."""
         with self._cond:
@@ -339,13 +347,17 @@ class KubeApiStandIn:
             dropped = self._events.pop(0)
             self._compacted_rv = max(self._compacted_rv, dropped.rv)
 
-    def _log_request(self, kind: str, path: str, query: Mapping[str, str]) -> None:
+    def _log_request(
+        self, kind: str, path: str, query: Mapping[str, str], authorization: str | None = None
+    ) -> None:
         with self._cond:
             if kind == "list":
                 self.list_requests += 1
             elif kind == "watch":
                 self.watch_requests += 1
-            self._log.append(ApiRequest(kind, path, dict(query), time.monotonic()))
+            self._log.append(
+                ApiRequest(kind, path, dict(query), time.monotonic(), authorization)
+            )
             del self._log[:-REQUEST_LOG_LIMIT]
 
 
@@ -399,16 +411,20 @@ class _Handler(BaseHTTPRequestHandler):
                 kind = "other"
         else:
             kind = "other"
-        api._log_request(kind, parts.path, query)
+        api._log_request(kind, parts.path, query, self.headers.get("Authorization"))
 
         with api._cond:
             delay, down, reset = api._delay, api._down, api._down_reset
+            refuse = api._refuse
         if delay and api._stopping.wait(delay):
             return self._reset()
         if down:
             if reset:
                 return self._reset()
             return self._send_json(500, _status(500, "InternalError", "stand-in is down"))
+        if refuse is not None:
+            code, reason = refuse
+            return self._send_json(code, _status(code, reason, f'pods is {reason.lower()}: User "u"'))
         if kind == "other":
             return self._send_json(
                 404, _status(404, "NotFound", "the server could not find the requested resource")

@@ -950,6 +950,45 @@ def test_oversized_list_is_an_error_and_keeps_the_index(
     wait_until(lambda: names(cache) == {"a", "b"} and cache.up)
 
 
+def test_requests_are_the_clients_own(
+    api: KubeApiStandIn, no_cluster_env: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PodCache builds its requests with the client's ApiClient, not CoreV1Api (whose module
+    costs ~21 MiB): the list must be the request CoreV1Api sends, with the kubeconfig's
+    bearer token on the list and on every watch."""
+    caplog.set_level(logging.DEBUG, logger="enricher")
+    api.add_pod(make_pod("a"))
+    path = _kubeconfig(no_cluster_env / "config", api.url)
+    with load_api_client(str(path)) as client:
+        kubernetes.client.CoreV1Api(client).list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={NODE}", resource_version="0", _request_timeout=5
+        )
+        reference = api.requests("list")[-1]
+        cache = PodCache(client, NODE, request_timeout_seconds=2.0, backoff_max_seconds=0.2)
+        cache.start()
+        try:
+            assert cache.synced.wait(WAIT) and api.wait_for_watch()
+            listed, watched = api.requests("list")[-1], api.requests("watch")[-1]
+            assert (listed.path, listed.query) == (reference.path, reference.query)
+            assert reference.authorization == listed.authorization == "Bearer t"
+            assert watched.authorization == "Bearer t"
+            assert watched.query["allowWatchBookmarks"] == "true"
+            assert watched.query["fieldSelector"] == f"spec.nodeName={NODE}"
+            assert watched.query["resourceVersion"] == api.resource_version
+
+            # RBAC that does not allow the watch: an API error, counted and logged, the
+            # last index kept; recovery once the role is fixed.
+            api.set_refusal(403)
+            api.drop_watches()
+            wait_until(lambda: not cache.up and cache.errors_total >= 2)
+            assert names(cache) == {"a"}
+            assert "API error 403: Forbidden" in caplog.text
+            api.set_refusal(None)
+            wait_until(lambda: cache.up and api.open_watches == 1)
+        finally:
+            cache.stop()
+
+
 def test_requires_node_name(client: kubernetes.client.ApiClient) -> None:
     with pytest.raises(ValueError):
         PodCache(client, "")
