@@ -13,7 +13,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
 
@@ -243,17 +243,22 @@ def _parse_stat(text: str) -> tuple[str, int]:
     close_paren = text.rfind(")")
     if open_paren < 1 or close_paren < open_paren:
         raise ValueError("stat: no '(comm)' after the pid")
-    if not _DIGITS.fullmatch(text[:open_paren].strip()):
+    # len, isascii and isdigit match what _DIGITS matches (the only ASCII digits are 0-9) at a
+    # fraction of a regex call's cost, and this runs for every PID on every scrape.
+    pid = text[:open_paren].strip()
+    if not (len(pid) <= 20 and pid.isascii() and pid.isdigit()):
         raise ValueError("stat: the pid is not a number")
     comm = text[open_paren + 1 : close_paren]
-    fields = text[close_paren + 1 :].split()
+    # Only fields up to starttime matter; 20 splits leave fields[0..19] whole and the ~30
+    # fields after starttime in one unsplit tail.
+    fields = text[close_paren + 1 :].split(None, 20)
     # fields[0] is field 3 (state), so field 22 (starttime) is fields[19].
     if len(fields) < 20:
         raise ValueError(f"stat: {len(fields) + 2} fields, starttime is field 22")
     state, starttime = fields[0], fields[19]
     if len(state) != 1 or not state.isalpha():
         raise ValueError(f"stat: bad state {state[:8]!r}")
-    if not _DIGITS.fullmatch(starttime):
+    if not (len(starttime) <= 20 and starttime.isascii() and starttime.isdigit()):
         raise ValueError(f"stat: bad starttime {starttime[:24]!r}")
     return comm, int(starttime)
 
@@ -284,14 +289,17 @@ def parse_btime(text: str) -> int:
 # --------------------------------------------------------------------------- I/O
 
 
+# O_NONBLOCK: a FIFO planted in a fake tree must not hang a scrape (regular files ignore it).
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 class _NotRegularFileError(OSError):
     pass
 
 
 def _read_bounded(path: str, limit: int) -> tuple[bytes, bool]:
     """Read at most ``limit`` bytes; return the data and whether the file had more."""
-    # O_NONBLOCK: a FIFO planted in a fake tree must not hang a scrape (regular files ignore it).
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, _OPEN_FLAGS)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _NotRegularFileError(f"{path}: not a regular file")
@@ -317,8 +325,9 @@ def _is_gone(exc: OSError) -> bool:
 class ProcReader:
     """Reads ``<root>/<pid>/{stat,cgroup}`` and says which container a PID runs in.
 
-    The stat file is read on every call (it detects PID reuse); the parsed cgroup is kept in a
-    bounded LRU keyed by PID and start time. Safe to call from several threads.
+    The stat file is read on every call (it detects PID reuse); the result, with its parsed
+    cgroup, is kept in a bounded LRU keyed by PID and start time. Safe to call from several
+    threads.
     """
 
     def __init__(
@@ -340,7 +349,8 @@ class ProcReader:
         self.cache_size = cache_size
         self.btime_max_age = btime_max_age
         self.errors_total = 0
-        self._cache: OrderedDict[int, tuple[int, CgroupRef | None]] = OrderedDict()
+        # The last ProcInfo per PID; its cgroup is valid while its start_time_ticks match.
+        self._cache: OrderedDict[int, ProcInfo] = OrderedDict()
         self._btime: int | None = None
         self._btime_read_at = 0.0
         self._lock = threading.Lock()
@@ -352,46 +362,91 @@ class ProcReader:
         ``listed_at`` is the wall-clock time NVML listed the PID; a process that started more
         than a second after it is a newer process reusing the PID (``ProcError.REUSED``).
         """
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            return self._unreadable(f"invalid pid {pid!r}")
-        btime = self._boot_time()
-        if btime is None:
-            return ProcError.UNREADABLE
-        base = os.path.join(self.root, str(pid))
-        first = self._stat(base)
-        if isinstance(first, ProcError):
-            return first
-        comm, ticks = first
-        start = btime + ticks / self.clk_tck
-        late = listed_at is not None and start - listed_at > START_SLACK_SECONDS
-        if late:  # NaN compares false, so a bad listed_at never rejects a process
-            return ProcError.REUSED
-        hit, cgroup = self._cache_get(pid, ticks)
-        if not hit:
-            try:
-                raw, truncated = _read_bounded(os.path.join(base, "cgroup"), MAX_FILE_BYTES)
-            except OSError as exc:
-                if _is_gone(exc):
-                    return ProcError.EXITED
-                return self._unreadable(f"{base}/cgroup: {exc}")
-            if truncated:
-                raw = raw[: raw.rfind(b"\n") + 1]
-            second = self._stat(base)
-            if isinstance(second, ProcError):
-                return second
-            if second[1] != ticks:
-                return ProcError.REUSED
-            cgroup = parse_cgroup(raw.decode("utf-8", "replace"))
-            self._cache_put(pid, ticks, cgroup)
-        return ProcInfo(pid=pid, start_time_ticks=ticks, start_time=start, comm=comm, cgroup=cgroup)
+        return self._read_batch((pid,), listed_at)[0]
 
     def read_many(
         self, pids: Iterable[int], listed_at: float | None = None
     ) -> dict[int, ProcInfo | ProcError]:
         """``read`` each distinct PID, all against the same ``listed_at``."""
-        return {pid: self.read(pid, listed_at) for pid in dict.fromkeys(pids)}
+        unique = list(dict.fromkeys(pids))
+        return dict(zip(unique, self._read_batch(unique, listed_at), strict=True))
 
     # ----------------------------------------------------------------------- internals
+
+    def _read_batch(
+        self, pids: Sequence[int], listed_at: float | None
+    ) -> list[ProcInfo | ProcError]:
+        """What ``read`` returns for each of ``pids``, in order."""
+        results: list[ProcInfo | ProcError] = []
+        # Joined once per batch, not per PID; join(root, "") + name is join(root, name).
+        prefix = os.path.join(self.root, "")
+        clk_tck = self.clk_tck
+        cache = self._cache
+        lock = self._lock
+        btime: int | None = None
+        for pid in pids:
+            if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+                results.append(self._unreadable(f"invalid pid {pid!r}"))
+                continue
+            if btime is None:
+                # Once per batch; while it fails, each PID tries again and counts its error.
+                btime = self._boot_time()
+                if btime is None:
+                    results.append(ProcError.UNREADABLE)
+                    continue
+            base = f"{prefix}{pid!s}"
+            first = self._stat(base)
+            if isinstance(first, ProcError):
+                results.append(first)
+                continue
+            comm, ticks = first
+            start = btime + ticks / clk_tck
+            if listed_at is not None and start - listed_at > START_SLACK_SECONDS:
+                # NaN compares false, so a bad listed_at never rejects a process.
+                results.append(ProcError.REUSED)
+                continue
+            with lock:
+                info = cache.get(pid)
+                if info is not None and info.start_time_ticks == ticks:
+                    cache.move_to_end(pid)
+                    # ProcInfo is frozen, so the one built last time is handed out again while
+                    # nothing in it changed: building a frozen dataclass costs more than the read.
+                    if info.comm != comm or info.start_time != start:
+                        info = ProcInfo(
+                            pid=pid,
+                            start_time_ticks=ticks,
+                            start_time=start,
+                            comm=comm,
+                            cgroup=info.cgroup,
+                        )
+                        cache[pid] = info
+                    results.append(info)
+                    continue
+            results.append(self._read_uncached(pid, base, comm, ticks, start))
+        return results
+
+    def _read_uncached(
+        self, pid: int, base: str, comm: str, ticks: int, start: float
+    ) -> ProcInfo | ProcError:
+        """Read and cache the cgroup of a process whose stat was just read."""
+        try:
+            raw, truncated = _read_bounded(f"{base}/cgroup", MAX_FILE_BYTES)
+        except OSError as exc:
+            if _is_gone(exc):
+                return ProcError.EXITED
+            return self._unreadable(f"{base}/cgroup: {exc}")
+        if truncated:
+            raw = raw[: raw.rfind(b"\n") + 1]
+        # Read stat again: a PID reused while the cgroup file was read shows a new start time.
+        second = self._stat(base)
+        if isinstance(second, ProcError):
+            return second
+        if second[1] != ticks:
+            return ProcError.REUSED
+        cgroup = parse_cgroup(raw.decode("utf-8", "replace"))
+        info = ProcInfo(pid=pid, start_time_ticks=ticks, start_time=start, comm=comm, cgroup=cgroup)
+        self._cache_put(info)
+        return info
 
     def _unreadable(self, why: str) -> ProcError:
         with self._lock:
@@ -401,14 +456,27 @@ class ProcReader:
         return ProcError.UNREADABLE
 
     def _stat(self, base: str) -> tuple[str, int] | ProcError:
-        path = os.path.join(base, "stat")
+        # Three system calls, not _read_bounded's five, as this runs for every PID:
+        # - One read is whole: procfs builds a stat file in a single seq_file show and one read
+        #   returns all of it up to the size asked for, as a read of a local regular file does.
+        # - No fstat to refuse what is not a regular file: a directory fails the read (EISDIR),
+        #   a FIFO gives nothing (no writer) or EAGAIN (O_NONBLOCK), a device node an error,
+        #   nothing or more than the bound: each is UNREADABLE, as the S_ISREG check made it
+        #   (only a FIFO kept fed with a well-formed line now passes, as that line in a file
+        #   would). Opening such a node, the step that can have side effects, came before the
+        #   check too.
+        path = f"{base}/stat"
         try:
-            raw, truncated = _read_bounded(path, MAX_FILE_BYTES)
+            fd = os.open(path, _OPEN_FLAGS)
+            try:
+                raw = os.read(fd, MAX_FILE_BYTES + 1)
+            finally:
+                os.close(fd)
         except OSError as exc:
             if _is_gone(exc):
                 return ProcError.EXITED
             return self._unreadable(f"{path}: {exc}")
-        if truncated:
+        if len(raw) > MAX_FILE_BYTES:
             return self._unreadable(f"{path}: longer than {MAX_FILE_BYTES} bytes")
         try:
             return _parse_stat(raw.decode("utf-8", "replace"))
@@ -431,20 +499,12 @@ class ProcReader:
             self._btime, self._btime_read_at = btime, now
         return btime
 
-    def _cache_get(self, pid: int, ticks: int) -> tuple[bool, CgroupRef | None]:
-        with self._lock:
-            entry = self._cache.get(pid)
-            if entry is None or entry[0] != ticks:
-                return False, None
-            self._cache.move_to_end(pid)
-            return True, entry[1]
-
-    def _cache_put(self, pid: int, ticks: int, cgroup: CgroupRef | None) -> None:
+    def _cache_put(self, info: ProcInfo) -> None:
         if self.cache_size == 0:
             return
         with self._lock:
             # Keyed by PID alone so a reused PID replaces its predecessor's entry.
-            self._cache[pid] = (ticks, cgroup)
-            self._cache.move_to_end(pid)
+            self._cache[info.pid] = info
+            self._cache.move_to_end(info.pid)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)

@@ -6,7 +6,9 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -506,6 +508,80 @@ def test_parse_stat_reads_the_real_proc() -> None:
     assert ticks > 0
 
 
+_DIGITS_RE = re.compile(r"[0-9]{1,20}")
+
+
+def _reference_parse_stat(text: str) -> tuple[str, int]:
+    """The regex-based parser that ``parse_stat`` replaced, kept as its oracle."""
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 1 or close_paren < open_paren:
+        raise ValueError("stat: no '(comm)' after the pid")
+    if not _DIGITS_RE.fullmatch(text[:open_paren].strip()):
+        raise ValueError("stat: the pid is not a number")
+    comm = text[open_paren + 1 : close_paren]
+    fields = text[close_paren + 1 :].split()
+    if len(fields) < 20:
+        raise ValueError(f"stat: {len(fields) + 2} fields, starttime is field 22")
+    state, starttime = fields[0], fields[19]
+    if len(state) != 1 or not state.isalpha():
+        raise ValueError(f"stat: bad state {state[:8]!r}")
+    if not _DIGITS_RE.fullmatch(starttime):
+        raise ValueError(f"stat: bad starttime {starttime[:24]!r}")
+    return comm, int(starttime)
+
+
+def _outcome(parse: Callable[[str], tuple[str, int]], text: str) -> object:
+    try:
+        return parse(text)
+    except ValueError as exc:
+        return str(exc)
+
+
+# Pieces where str and regex semantics part ways: Unicode whitespace (\x1c-\x1f, \x85, NBSP,
+# em space) that str.split and str.strip honour, non-ASCII digits and letters, 20 and 21 digits.
+_STAT_TOKENS = st.sampled_from(
+    ["S", "R", "é", "SS", "", "22", "0", "-5", "٣", "²", "9" * 20, "9" * 21, "(", ")", "x) y"]
+)
+_STAT_SPACES = st.sampled_from([" ", "  ", "\t", "\n", "\x1c", "\x1f", "\x85", "\xa0", "\u2003"])
+
+
+@st.composite
+def _stat_like(draw: st.DrawFn) -> str:
+    pid = draw(st.sampled_from(["9", " 9 ", "\xa09", "9\x1c", "٣", "", "1" * 20, "1" * 21]))
+    comm = draw(st.text(max_size=20))
+    fields = draw(st.lists(_STAT_TOKENS, min_size=15, max_size=25))
+    rest = "".join(draw(_STAT_SPACES) + f for f in fields)
+    return f"{pid}({comm}){rest}{draw(st.sampled_from(['', chr(10), ' ']))}"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_stat_like(), st.text(max_size=300)))
+def test_parse_stat_matches_reference(text: str) -> None:
+    assert _outcome(parse_stat, text) == _outcome(_reference_parse_stat, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(stat_line("9", "x").rstrip("\n"), id="no-trailing-newline"),
+        pytest.param(stat_line("9", "x", fields=21) + " 1", id="22-fields-no-newline"),
+        pytest.param(stat_line("9", "x", starttime="9" * 20), id="starttime-20-digits"),
+        pytest.param(stat_line("9", "x", starttime="9" * 21), id="starttime-21-digits"),
+        pytest.param(stat_line("9", "x", starttime="٣"), id="starttime-arabic-digit"),
+        pytest.param(stat_line("9", "x", starttime="²"), id="starttime-superscript"),
+        pytest.param(stat_line("٣", "x"), id="pid-arabic-digit"),
+        pytest.param(stat_line("1" * 21, "x"), id="pid-21-digits"),
+        pytest.param(stat_line("\xa09", "x"), id="pid-after-nbsp"),
+        pytest.param(stat_line("9", "x").replace(" ", "\x1c"), id="fields-split-by-x1c"),
+        pytest.param(stat_line("9", "x").replace(" ", "\u2003"), id="fields-split-by-em-space"),
+        pytest.param(stat_line("9", "x").replace(") S ", ") é "), id="state-non-ascii-letter"),
+    ],
+)
+def test_parse_stat_edges_match_reference(text: str) -> None:
+    assert _outcome(parse_stat, text) == _outcome(_reference_parse_stat, text)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -762,6 +838,211 @@ def test_cache_size_zero_always_reads(root: Path) -> None:
 def test_reader_rejects_bad_config(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         ProcReader("/proc", **kwargs)
+
+
+def _stat_bytes(size: int) -> bytes:
+    """A valid stat file for PID 3 (starttime 22) padded through comm to ``size`` bytes."""
+    return stat_line("3", "x" * (size - len(stat_line("3", "")))).encode()
+
+
+# The comm that pads a stat file to exactly the 64 KiB bound.
+COMM_AT_LIMIT = "x" * (procfs.MAX_FILE_BYTES - len(stat_line("3", "")))
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(_stat_bytes(procfs.MAX_FILE_BYTES), COMM_AT_LIMIT, id="exactly-64-kib"),
+        pytest.param(_stat_bytes(procfs.MAX_FILE_BYTES + 1), ProcError.UNREADABLE, id="one-over"),
+        pytest.param(
+            _stat_bytes(procfs.MAX_FILE_BYTES + 4096), ProcError.UNREADABLE, id="page-over"
+        ),
+        pytest.param(stat_line("3", "w").rstrip("\n").encode(), "w", id="no-trailing-newline"),
+        pytest.param(stat_line("3", "naïve 名前").encode(), "naïve 名前", id="utf8-comm"),
+        pytest.param(
+            stat_line("3", "a\xffb").encode("latin-1"), "a\ufffdb", id="invalid-utf8-comm"
+        ),
+        pytest.param(stat_line("3", "x\xc3").encode("latin-1"), "x\ufffd", id="cut-utf8-comm"),
+        pytest.param(b"", ProcError.UNREADABLE, id="empty"),
+        pytest.param(b"\xff" * 300, ProcError.UNREADABLE, id="binary"),
+    ],
+)
+def test_read_stat_file_content(root: Path, content: bytes, expected: str | ProcError) -> None:
+    fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=22)
+    (root / "3" / "stat").write_bytes(content)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    got = reader.read(3)
+    if isinstance(expected, ProcError):
+        assert got is expected
+        assert reader.errors_total == 1
+    else:
+        assert isinstance(got, ProcInfo) and (got.comm, got.start_time_ticks) == (expected, 22)
+        assert reader.errors_total == 0
+
+
+def test_stat_size_cases_are_what_they_say() -> None:
+    assert len(_stat_bytes(procfs.MAX_FILE_BYTES)) == procfs.MAX_FILE_BYTES
+    assert parse_stat(_stat_bytes(procfs.MAX_FILE_BYTES).decode()) == (COMM_AT_LIMIT, 22)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        pytest.param("fifo-with-writer", id="fifo-with-idle-writer"),
+        pytest.param("fifo-with-junk", id="fifo-with-pending-junk"),
+        pytest.param((1, 3), id="dev-null"),
+        pytest.param((1, 5), id="dev-zero"),
+    ],
+)
+def test_read_stat_special_file_is_unreadable(root: Path, node: str | tuple[int, int]) -> None:
+    # stat is read without an fstat check; these must still fail cleanly, and at once.
+    fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=1)
+    stat_path = root / "3" / "stat"
+    os.unlink(stat_path)
+    held: list[int] = []
+    try:
+        if isinstance(node, tuple):
+            try:
+                os.mknod(stat_path, 0o444 | stat.S_IFCHR, os.makedev(*node))
+            except PermissionError:
+                pytest.skip("no CAP_MKNOD here")
+        else:
+            os.mkfifo(stat_path)
+            # O_RDWR holds a writer without blocking, so a read sees EAGAIN, not EOF.
+            held.append(os.open(stat_path, os.O_RDWR | os.O_NONBLOCK))
+            if node == "fifo-with-junk":
+                os.write(held[0], b"not a stat line\n")
+        reader = ProcReader(str(root), clk_tck=CLK)
+        started = time.monotonic()
+        assert reader.read(3) is ProcError.UNREADABLE
+        assert reader.read_many([3, 3]) == {3: ProcError.UNREADABLE}
+        assert time.monotonic() - started < 2.0
+        assert reader.errors_total == 2
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        pytest.param("plain", id="plain"),
+        pytest.param("trailing-slash", id="trailing-slash"),
+        pytest.param("empty-is-cwd", id="empty-is-cwd"),
+    ],
+)
+def test_read_root_forms(root: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakeproc.write_process(root, 4242, comm="w", cgroup=cg(), start_ticks=100)
+    if form == "empty-is-cwd":
+        monkeypatch.chdir(root)  # os.path.join("", "4242") is relative, so "" is the cwd
+    text = {"plain": str(root), "trailing-slash": f"{root}/", "empty-is-cwd": ""}[form]
+    reader = ProcReader(text, clk_tck=CLK)
+    for _ in range(2):  # a miss, then a cache hit
+        got = reader.read(4242)
+        assert isinstance(got, ProcInfo) and got.start_time == BTIME + 1
+        assert got.cgroup == parse_cgroup(cg())
+
+
+def test_read_and_read_many_agree(root: Path) -> None:
+    fakeproc.write_process(root, 10, comm="a", cgroup=cg(), start_ticks=100)
+    fakeproc.write_process(root, 11, comm="b", cgroup="0::/\n", start_ticks=90_000)
+    pids = [10, 11, 12, 0]
+    one_by_one = ProcReader(str(root), clk_tck=CLK)
+    batch = ProcReader(str(root), clk_tck=CLK)
+    for _ in range(2):  # cold cache, then warm
+        expected = {pid: one_by_one.read(pid, BTIME + 100) for pid in pids}
+        assert batch.read_many(pids, BTIME + 100) == expected
+    assert one_by_one.errors_total == batch.errors_total == 2  # pid 0, twice each
+
+
+@pytest.mark.parametrize(
+    "pid",
+    [
+        pytest.param([3], id="unhashable"),
+        pytest.param("3", id="str"),
+        pytest.param(3.0, id="float"),
+        pytest.param(None, id="none"),
+    ],
+)
+def test_read_non_int_pid(root: Path, pid: object) -> None:
+    fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=1)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    assert reader.read(pid) is ProcError.UNREADABLE  # type: ignore[arg-type]
+    assert reader.errors_total == 1
+
+
+def test_read_many_reads_btime_once(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for pid in (1, 2, 3):
+        fakeproc.write_process(root, pid, comm="w", cgroup=cg(), start_ticks=pid)
+    reads: list[str] = []
+    real = procfs._read_bounded
+
+    def counting(path: str, limit: int) -> tuple[bytes, bool]:
+        reads.append(path)
+        return real(path, limit)
+
+    monkeypatch.setattr(procfs, "_read_bounded", counting)
+    reader = ProcReader(str(root), clk_tck=CLK, btime_max_age=0.0)
+    reader.read_many([1, 2, 3])
+    assert reads.count(os.path.join(str(root), "stat")) == 1
+    reader.read_many([1, 2, 3])  # all cache hits now: only btime is read again
+    assert reads.count(os.path.join(str(root), "stat")) == 2
+    assert len(reads) == 5
+
+
+def test_read_many_without_btime_counts_each_pid(tmp_path: Path) -> None:
+    # A batch retries a failed btime read for each PID, so each one counts an error, as when
+    # the PIDs are read one by one.
+    for pid in (3, 4):
+        fakeproc.write_process(tmp_path, pid, comm="w", cgroup=cg(), start_ticks=1)
+    reader = ProcReader(str(tmp_path), clk_tck=CLK)
+    assert reader.read_many([3, 0, 4]) == {
+        3: ProcError.UNREADABLE,
+        0: ProcError.UNREADABLE,
+        4: ProcError.UNREADABLE,
+    }
+    assert reader.errors_total == 3
+
+
+def test_cache_hit_sees_new_comm(root: Path) -> None:
+    fakeproc.write_process(root, 20, comm="before", cgroup=cg(UID, CID), start_ticks=100)
+    reader = ProcReader(str(root), clk_tck=CLK)
+    first = reader.read(20)
+    assert isinstance(first, ProcInfo)
+    assert reader.read(20) is first  # unchanged: the frozen ProcInfo is handed out again
+    # prctl(PR_SET_NAME) renames a process without a new start time; the cgroup stays cached.
+    fakeproc.write_process(root, 20, comm="after", cgroup=cg(UID2, CID2), start_ticks=100)
+    renamed = reader.read(20)
+    assert isinstance(renamed, ProcInfo)
+    assert (renamed.comm, renamed.cgroup) == ("after", first.cgroup)
+    assert reader.read(20) is renamed
+
+
+def test_read_many_from_threads(root: Path) -> None:
+    pids = list(range(1, 41))
+    for pid in pids:
+        fakeproc.write_process(root, pid, comm=f"w{pid}", cgroup=cg(), start_ticks=pid)
+    # A cache smaller than the batch: threads evict each other's entries all the time.
+    reader = ProcReader(str(root), clk_tck=CLK, cache_size=16)
+    expected = ProcReader(str(root), clk_tck=CLK).read_many(pids)
+    failures: list[object] = []
+
+    def work() -> None:
+        try:
+            for _ in range(30):
+                if reader.read_many(pids) != expected:
+                    failures.append("differs")
+        except Exception as exc:  # handed to the main thread, which asserts on it
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert reader.errors_total == 0
+    assert len(reader._cache) == 16
 
 
 # --------------------------------------------------------------------------- the real /proc
