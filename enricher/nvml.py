@@ -12,8 +12,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import pynvml
@@ -130,38 +130,51 @@ def reason_for_code(code: int | None, default: str) -> str:
 
 
 def merge_processes(
-    gpu_uuid: str, gpu_index: int, entries: Iterable[ProcessEntry]
+    gpu_uuid: str,
+    gpu_index: int,
+    entries: Iterable[ProcessEntry],
+    utilization: Mapping[int | None, Mapping[int, float]] | None = None,
 ) -> tuple[GpuProcess, ...]:
     """Deduplicate one GPU's list rows per (GPU instance, pid).
 
     A pid listed several times keeps the union of its kinds and the largest known memory
-    (None only when no row knew it). ``sm_util_ratio`` is left None for the caller to fill.
-    Sorted by (gi_id, pid) so snapshots compare and render stably.
+    (None only when no row knew it). ``utilization`` holds the SM ratios per GPU instance
+    (None: the full GPU): a process on an instance there gets its ratio, 0.0 without samples;
+    on an instance not there (NVML cannot tell), None. Sorted by (gi_id, pid) so snapshots
+    compare and render stably.
     """
-    kinds: dict[tuple[int | None, int], set[ProcessKind]] = {}
-    memory: dict[tuple[int | None, int], int | None] = {}
-    for entry in entries:
-        key = (entry.gi_id, entry.pid)
-        kinds.setdefault(key, set()).add(entry.kind)
-        known = memory.get(key)
-        if entry.used_memory_bytes is not None and (
-            known is None or entry.used_memory_bytes > known
-        ):
-            memory[key] = entry.used_memory_bytes
-        else:
-            memory.setdefault(key, None)
-    return tuple(
-        GpuProcess(
-            gpu_uuid=gpu_uuid,
-            gpu_index=gpu_index,
-            gi_id=gi_id,
-            pid=pid,
-            used_memory_bytes=memory[(gi_id, pid)],
-            sm_util_ratio=None,
-            kinds=frozenset(kinds[(gi_id, pid)]),
+    ratios = utilization or {}
+    # (gi_id, pid) -> [largest known memory, kinds]; almost every pid is listed once.
+    merged: dict[tuple[int | None, int], list[Any]] = {}
+    for gi_id, pid, memory, kind in entries:
+        row = merged.get((gi_id, pid))
+        if row is None:
+            merged[(gi_id, pid)] = [memory, {kind}]
+            continue
+        row[1].add(kind)
+        if memory is not None and (row[0] is None or memory > row[0]):
+            row[0] = memory
+    out = []
+    for key in sorted(merged, key=_instance_then_pid):
+        gi_id, pid = key
+        memory, kinds = merged[key]
+        ratio = ratios.get(gi_id)
+        out.append(
+            GpuProcess(
+                gpu_uuid=gpu_uuid,
+                gpu_index=gpu_index,
+                gi_id=gi_id,
+                pid=pid,
+                used_memory_bytes=memory,
+                sm_util_ratio=None if ratio is None else ratio.get(pid, 0.0),
+                kinds=frozenset(kinds),
+            )
         )
-        for gi_id, pid in sorted(kinds, key=lambda k: (-1 if k[0] is None else k[0], k[1]))
-    )
+    return tuple(out)
+
+
+def _instance_then_pid(key: tuple[int | None, int]) -> tuple[int, int]:
+    return (-1 if key[0] is None else key[0], key[1])
 
 
 def newer_samples(samples: Iterable[UtilSample], since: int) -> tuple[list[UtilSample], int]:
@@ -192,9 +205,60 @@ class _DeviceError(Exception):
     """One GPU could not be read; the message names the call."""
 
 
+# The process lists and utilization samples are read through pynvml's function pointers into
+# plain ctypes arrays: pynvml's wrappers ask for the size first (two library calls where one
+# does) and turn every row into a dict-backed object, which costs more than the call itself.
+
+
 class _ProcessInfoV1(ctypes.Structure):
     # nvmlProcessInfo_v1_t; pynvml no longer ships a wrapper for the unversioned symbols.
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):
+    # nvmlProcessInfo_v2_t, also what the _v3 symbols fill (pynvml: c_nvmlProcessInfo_v3_t).
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _UtilizationSample(ctypes.Structure):
+    # nvmlProcessUtilizationSample_t
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+    ]
+
+
+_FIRST_CAPACITY = 32  # rows offered on the first call; most lists fit, so one call does
+
+
+def _fill(
+    struct: type[ctypes.Structure], capacity: int, call: Callable[[Any, Any], int]
+) -> tuple[int, ctypes.Array[Any], int]:
+    """Call an NVML "count in, rows out" function with a buffer of ``capacity`` rows; on
+    NVML_ERROR_INSUFFICIENT_SIZE once more with room for what it asked (plus headroom for
+    rows that appear between the calls, as pynvml allows), bounded by
+    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. Returns the
+    return code, the buffer and the number of rows filled (bounded by the buffer; 0 unless
+    the call succeeded)."""
+    for _attempt in range(2):
+        buffer = (struct * capacity)()
+        count = ctypes.c_uint(capacity)
+        ret = call(buffer, ctypes.byref(count))
+        if ret != _ERROR_INSUFFICIENT_SIZE:
+            return ret, buffer, min(count.value, capacity) if ret == _SUCCESS else 0
+        if count.value > MAX_PROCESSES_PER_LIST:
+            raise _DeviceError(f"{count.value} rows, over {MAX_PROCESSES_PER_LIST}")
+        capacity = min(count.value * 2 + 5, MAX_PROCESSES_PER_LIST)
+    return ret, buffer, 0
 
 
 @dataclass(frozen=True)
@@ -212,6 +276,7 @@ class _GpuRead:
     device: GpuDevice
     migs: list[MigDevice] = field(default_factory=list)
     targets: list[_Target] = field(default_factory=list)
+    entries: list[ProcessEntry] = field(default_factory=list)
     processes: tuple[GpuProcess, ...] = ()
 
 
@@ -261,6 +326,15 @@ class NvmlSource:
         self._list_version: dict[tuple[str, ProcessKind], int] = {}
         self._last_seen: dict[str, int] = {}  # target uuid -> newest utilization timestamp
         self._logged_errors: frozenset[str] = frozenset()
+        # What cannot change while NVML stays initialised (indices are fixed at init; a GPU's
+        # UUID and name are its own; a MIG UUID names one instance for its whole life): read
+        # once per init instead of on every fetch. Forgotten on re-init and, per GPU, when a
+        # call on it fails.
+        self._driver: str | None = None
+        self._gpus: dict[int, tuple[Any, str, str]] = {}  # index -> (handle, uuid, name)
+        self._max_migs: dict[int, int] = {}  # index -> MIG slots
+        self._mig_info: dict[str, tuple[int, int, str]] = {}  # MIG uuid -> (gi, ci, profile)
+        self._functions: dict[str, Any] = {}  # symbol -> pynvml function pointer
 
     # ------------------------------------------------------------------ public
 
@@ -307,6 +381,14 @@ class NvmlSource:
         self._failure = None
         # A re-init may follow a driver upgrade: learn the symbol versions again.
         self._list_version.clear()
+        self._forget()
+
+    def _forget(self) -> None:
+        self._driver = None
+        self._gpus.clear()
+        self._max_migs.clear()
+        self._mig_info.clear()
+        self._functions.clear()
 
     def _preload(self) -> None:
         if self.library_path is None or self._preloaded is not None:
@@ -350,13 +432,16 @@ class NvmlSource:
         if count > MAX_DEVICES:
             errors.append(f"NVML reports {count} GPUs; reading the first {MAX_DEVICES}")
             count = MAX_DEVICES
-        driver = self._driver_version()
+        if self._driver is None:
+            self._driver = self._driver_version()
+        driver = self._driver
 
         reads: list[_GpuRead] = []
         for index in range(count):
             try:
                 reads.append(self._read_gpu(index))
             except (_DeviceError, pynvml.NVMLError, *_BAD_DATA) as err:
+                self._forget_gpu(index)
                 errors.append(f"gpu {index}: {_describe(err)}")
         taken_at = time.time()
 
@@ -365,6 +450,7 @@ class NvmlSource:
             try:
                 gpu.processes = self._with_utilization(gpu)
             except (_DeviceError, pynvml.NVMLError, *_BAD_DATA) as err:
+                self._forget_gpu(gpu.device.index)
                 errors.append(f"gpu {gpu.device.index}: {_describe(err)}")
                 continue
             done.append(gpu)
@@ -393,22 +479,42 @@ class NvmlSource:
         except pynvml.NVMLError as err:
             raise _DeviceError(f"{name}: {_describe(err)}") from err
 
+    def _forget_gpu(self, index: int) -> None:
+        # A failing GPU may come back reset or replaced: read what was cached about it again.
+        entry = self._gpus.pop(index, None)
+        self._max_migs.pop(index, None)
+        if entry is not None:
+            self._mig_info.clear()
+
+    def _gpu_identity(self, index: int) -> tuple[Any, str, str]:
+        entry = self._gpus.get(index)
+        if entry is None:
+            handle = self._call(
+                "nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index
+            )
+            uuid = str(self._call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle))
+            name = str(self._call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle))
+            entry = self._gpus[index] = (handle, uuid, name)
+        return entry
+
+    def _function(self, symbol: str) -> Any:
+        fn = self._functions.get(symbol)
+        if fn is None:
+            fn = self._functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
+        return fn
+
     def _read_gpu(self, index: int) -> _GpuRead:
-        handle = self._call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
-        uuid = str(self._call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle))
-        name = str(self._call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle))
+        handle, uuid, name = self._gpu_identity(index)
         mig = self._mig_enabled(handle)
         gpu = _GpuRead(GpuDevice(index=index, uuid=uuid, name=name, mig_enabled=mig))
         if mig:
             self._read_migs(gpu, handle)
         else:
             gpu.targets.append(_Target(uuid=uuid, handle=handle, gi_id=None, kind="gpu"))
-        entries: list[ProcessEntry] = []
         for target in gpu.targets:
             for kind in ProcessKind:
                 for pid, memory in self._read_list(target, kind):
-                    entries.append(ProcessEntry(target.gi_id, pid, memory, kind))
-        gpu.processes = merge_processes(uuid, index, entries)
+                    gpu.entries.append(ProcessEntry(target.gi_id, pid, memory, kind))
         return gpu
 
     def _mig_enabled(self, handle: Any) -> bool:
@@ -421,10 +527,15 @@ class NvmlSource:
         return int(current) == _MIG_ENABLED
 
     def _read_migs(self, gpu: _GpuRead, handle: Any) -> None:
-        slots = self._call(
-            "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle
-        )
-        for slot in range(min(int(slots), MAX_MIG_SLOTS)):
+        index = gpu.device.index
+        slots = self._max_migs.get(index)
+        if slots is None:
+            slots = self._max_migs[index] = int(
+                self._call(
+                    "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle
+                )
+            )
+        for slot in range(min(slots, MAX_MIG_SLOTS)):
             try:
                 mig_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except pynvml.NVMLError as err:
@@ -433,20 +544,16 @@ class NvmlSource:
                 raise _DeviceError(
                     f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): {_describe(err)}"
                 ) from err
-            gi_id = int(
-                self._call(
-                    "nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mig_handle
-                )
-            )
-            ci_id = int(
-                self._call(
-                    "nvmlDeviceGetComputeInstanceId",
-                    pynvml.nvmlDeviceGetComputeInstanceId,
-                    mig_handle,
-                )
-            )
+            # The slot is read on every fetch (instances come and go while the GPU runs);
+            # what an instance is never changes under its UUID.
             uuid = str(self._call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig_handle))
-            name = str(self._call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, mig_handle))
+            info = self._mig_info.get(uuid)
+            if info is None:
+                info = self._read_mig_info(mig_handle)
+                if len(self._mig_info) >= MAX_DEVICES * MAX_MIG_SLOTS:
+                    self._mig_info.clear()
+                self._mig_info[uuid] = info
+            gi_id, ci_id, profile = info
             gpu.migs.append(
                 MigDevice(
                     gpu_uuid=gpu.device.uuid,
@@ -454,10 +561,22 @@ class NvmlSource:
                     gi_id=gi_id,
                     ci_id=ci_id,
                     uuid=uuid,
-                    profile=parse_mig_profile(name),
+                    profile=profile,
                 )
             )
             gpu.targets.append(_Target(uuid=uuid, handle=mig_handle, gi_id=gi_id, kind="mig"))
+
+    def _read_mig_info(self, mig_handle: Any) -> tuple[int, int, str]:
+        gi_id = int(
+            self._call("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mig_handle)
+        )
+        ci_id = int(
+            self._call(
+                "nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, mig_handle
+            )
+        )
+        name = str(self._call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, mig_handle))
+        return gi_id, ci_id, parse_mig_profile(name)
 
     def _read_list(self, target: _Target, kind: ProcessKind) -> list[tuple[int, int | None]]:
         """One process list of one handle, trying older symbol versions where needed."""
@@ -483,14 +602,14 @@ class NvmlSource:
             self._list_version[key] = 0
         return []
 
-    @staticmethod
-    def _list_call(symbol: str, version: int, handle: Any) -> list[tuple[int, int | None]]:
-        if version == 1:
-            return _list_v1(symbol, handle)
-        wrapper = getattr(pynvml, symbol, None)
-        if wrapper is None:  # an older pynvml without this wrapper: same as a missing symbol
-            raise pynvml.NVMLError(_ERROR_FUNCTION_NOT_FOUND)
-        return [(int(p.pid), _memory(p.usedGpuMemory)) for p in wrapper(handle)]
+    def _list_call(self, symbol: str, version: int, handle: Any) -> list[tuple[int, int | None]]:
+        """One process list; raises NVMLError with the library's code when it fails."""
+        fn = self._function(symbol)
+        struct = _ProcessInfoV1 if version == 1 else _ProcessInfoV2
+        ret, rows, n = _fill(struct, _FIRST_CAPACITY, lambda buf, count: fn(handle, count, buf))
+        if ret != _SUCCESS:
+            raise pynvml.NVMLError(ret)
+        return [(int(rows[i].pid), _memory(rows[i].usedGpuMemory)) for i in range(n)]
 
     def _with_utilization(self, gpu: _GpuRead) -> tuple[GpuProcess, ...]:
         # Samples are pooled per GPU instance: a GI split into several compute instances
@@ -501,34 +620,34 @@ class NvmlSource:
             if samples is not None:
                 supported.setdefault(target.gi_id, []).extend(samples)
         ratios = {gi: utilization_from_samples(s) for gi, s in supported.items()}
-        return tuple(
-            replace(
-                p,
-                sm_util_ratio=ratios[p.gi_id].get(p.pid, 0.0) if p.gi_id in ratios else None,
-            )
-            for p in gpu.processes
-        )
+        device = gpu.device
+        return merge_processes(device.uuid, device.index, gpu.entries, ratios)
 
     def _read_utilization(self, target: _Target) -> list[UtilSample] | None:
         """Samples since the last read; [] for none, None where NVML cannot tell."""
         since = self._last_seen.get(target.uuid, 0)
-        raw: Sequence[Any] = ()
-        for attempt in range(2):
-            try:
-                raw = pynvml.nvmlDeviceGetProcessUtilization(target.handle, since)
-                break
-            except pynvml.NVMLError as err:
-                code = _code(err)
-                # pynvml raises "error 0" when the size query finds nothing to report.
-                if code in (_ERROR_NOT_FOUND, _SUCCESS):
-                    return []
-                if code in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
-                    return None
-                # New samples can arrive between pynvml's size query and its fill call.
-                if code == _ERROR_INSUFFICIENT_SIZE and attempt == 0:
-                    continue
-                raise _DeviceError(f"nvmlDeviceGetProcessUtilization: {_describe(err)}") from err
-        samples = [UtilSample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in raw]
+        symbol = "nvmlDeviceGetProcessUtilization"
+        try:
+            fn = self._function(symbol)
+        except pynvml.NVMLError as err:
+            if _code(err) == _ERROR_FUNCTION_NOT_FOUND:
+                return None
+            raise
+        stamp = ctypes.c_ulonglong(since)
+        handle = target.handle
+        # New samples can arrive between two calls: _fill retries once with more room.
+        ret, raw, n = _fill(
+            _UtilizationSample, _FIRST_CAPACITY, lambda buf, count: fn(handle, buf, count, stamp)
+        )
+        if ret in (_ERROR_NOT_FOUND, _SUCCESS) and n == 0:
+            return []  # no sample newer than ``since``: idle, not unknown
+        if ret in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+            return None
+        if ret != _SUCCESS:
+            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
+        samples = [
+            UtilSample(int(raw[i].pid), int(raw[i].timeStamp), int(raw[i].smUtil)) for i in range(n)
+        ]
         fresh, newest = newer_samples(samples, since)
         self._last_seen[target.uuid] = newest
         return fresh
@@ -555,27 +674,3 @@ def _memory(value: Any) -> int | None:
         return None
     number = int(value)
     return None if number == _VALUE_NOT_AVAILABLE_ULL else number
-
-
-def _list_v1(symbol: str, handle: Any) -> list[tuple[int, int | None]]:
-    """Call an unversioned process-list symbol with the v1 struct (size, then fill)."""
-    fn = pynvml._nvmlGetFunctionPointer(symbol)
-    count = ctypes.c_uint(0)
-    ret = fn(handle, ctypes.byref(count), None)
-    if ret == _SUCCESS:
-        return []
-    if ret != _ERROR_INSUFFICIENT_SIZE:
-        raise pynvml.NVMLError(ret)
-    if count.value > MAX_PROCESSES_PER_LIST:
-        raise _DeviceError(f"{symbol}: {count.value} processes, over {MAX_PROCESSES_PER_LIST}")
-    # Headroom for processes that start between the two calls, as pynvml does.
-    size = min(count.value * 2 + 5, MAX_PROCESSES_PER_LIST)
-    buffer = (_ProcessInfoV1 * size)()
-    count.value = size
-    ret = fn(handle, ctypes.byref(count), buffer)
-    if ret != _SUCCESS:
-        raise pynvml.NVMLError(ret)
-    return [
-        (int(buffer[i].pid), _memory(buffer[i].usedGpuMemory))
-        for i in range(min(count.value, size))
-    ]

@@ -309,9 +309,11 @@ class FakeNvml:
         """How many times ``symbol`` was called."""
         return sum(1 for call in self.calls() if call[0] == symbol)
 
-    def size_queries(self, symbol: str) -> list[list[str]]:
-        """The calls of a two-call symbol that asked for the size (one per list read)."""
-        return [c for c in self.calls() if c[0] == symbol and c[2:3] == ["size"]]
+    def calls_of(self, symbol: str) -> list[list[str]]:
+        """The calls of ``symbol``: [symbol, device, "size"|"fill", args...] for the
+        count-in, rows-out symbols (one call per list read while the rows fit the buffer
+        offered, a second when the library answered that it needs more room)."""
+        return [c for c in self.calls() if c[0] == symbol]
 
     def clear_log(self) -> None:
         """Forget the calls logged so far."""

@@ -35,11 +35,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import Scraper, make_app
-from enricher.config import Config
 from enricher.exposition import FamilyWriter
 from enricher.kube import PodCache
 from enricher.nvml import NvmlSource
 from enricher.procfs import ProcReader
+from tests.scraping import PER_SCRAPE
 
 from .conftest import assert_valid_exposition
 from .kubeapi import KubeApiStandIn, make_api_client, make_pod
@@ -510,7 +510,7 @@ async def make_env(tmp_path: Path, fake_nvml: FakeNvml, promtool: str) -> AsyncI
         upstream = FlakyUpstream(node)
         await upstream.start()
         config = replace(
-            Config(),
+            PER_SCRAPE,
             upstream_url=upstream.url,
             upstream_timeout=UPSTREAM_TIMEOUT,
             upstream_max_bytes=MAX_BYTES,
@@ -650,7 +650,9 @@ async def test_nvml_init_failing_waits_for_the_retry_interval(
 @pytest.mark.parametrize(
     "symbol",
     [
-        pytest.param("nvmlDeviceGetUUID", id="lost-before-process-lists"),
+        # A lost GPU fails every call; the first one on each fetch is the MIG mode (its UUID
+        # and name are read once per NVML init).
+        pytest.param("nvmlDeviceGetMigMode", id="lost-before-process-lists"),
         pytest.param("nvmlDeviceGetProcessUtilization", id="lost-after-process-lists"),
     ],
 )

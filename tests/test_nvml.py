@@ -156,6 +156,27 @@ def test_merge_processes(
 
 
 @pytest.mark.parametrize(
+    ("utilization", "expected"),
+    [
+        pytest.param({None: {7: 0.5}}, {(None, 7): 0.5, (None, 8): 0.0}, id="full-gpu"),
+        pytest.param({}, {(None, 7): None, (None, 8): None}, id="no-data"),
+        pytest.param({1: {9: 0.25}}, {(None, 7): None, (None, 8): None, (1, 9): 0.25}, id="mig"),
+        pytest.param({1: {}, None: {}}, {(None, 7): 0.0, (None, 8): 0.0, (1, 9): 0.0}, id="idle"),
+    ],
+)
+def test_merge_processes_utilization(
+    utilization: dict[int | None, dict[int, float]], expected: dict[Any, float | None]
+) -> None:
+    """A ratio where NVML has samples, 0.0 where it has data but no sample of the process,
+    None for an instance NVML cannot tell about."""
+    entries = [ProcessEntry(None, 7, 1, C), ProcessEntry(None, 8, 1, G)]
+    if (1, 9) in expected:
+        entries.append(ProcessEntry(1, 9, 1, C))
+    merged = merge_processes("GPU-x", 0, entries, utilization)
+    assert {(p.gi_id, p.pid): p.sm_util_ratio for p in merged} == expected
+
+
+@pytest.mark.parametrize(
     ("timestamps", "since", "kept", "newest"),
     [
         pytest.param([], 0, [], 0, id="none"),
@@ -312,7 +333,7 @@ def test_utilization_last_seen_timestamp_advances(fake: FakeNvml) -> None:
     # Nothing newer than 300: NVML says NOT_FOUND, which means idle, not unknown.
     assert src.fetch().processes[0].sm_util_ratio == 0.0
 
-    queries = fake.size_queries("nvmlDeviceGetProcessUtilization")
+    queries = fake.calls_of("nvmlDeviceGetProcessUtilization")
     assert [call[3] for call in queries] == ["0", "200", "300"]
 
 
@@ -334,7 +355,7 @@ def test_utilization_timestamp_is_per_device(fake: FakeNvml) -> None:
     snap = src.fetch()
     # GPU 1's clock is behind GPU 0's; sharing one timestamp would hide its new sample.
     assert by_key(snap.processes)[(1, None, 2)].sm_util_ratio == pytest.approx(0.9)
-    queries = fake.size_queries("nvmlDeviceGetProcessUtilization")
+    queries = fake.calls_of("nvmlDeviceGetProcessUtilization")
     assert {call[1]: call[3] for call in queries} == {"gpu0": "500", "gpu1": "50"}
 
 
@@ -378,8 +399,8 @@ def test_process_list_version_fallback(
     for base in bases:
         # Two GPUs x two fetches, but each failing symbol was tried once only.
         for suffix in failing:
-            assert len(fake.size_queries(base + suffix)) == 1, base + suffix
-        assert len(fake.size_queries(base + expected_version)) == 4, base + expected_version
+            assert len(fake.calls_of(base + suffix)) == 1, base + suffix
+        assert len(fake.calls_of(base + expected_version)) == 4, base + expected_version
 
 
 def test_fake_follows_the_size_query_protocol(fake: FakeNvml) -> None:
@@ -410,6 +431,104 @@ def test_many_processes(fake: FakeNvml) -> None:
     fake.write(state)
     snap = fake.source().fetch()
     assert [(p.pid, p.used_memory_bytes) for p in snap.processes] == [(p, p) for p in pids]
+
+
+def test_lists_and_samples_longer_than_the_first_buffer(fake: FakeNvml) -> None:
+    """A list that does not fit the rows offered first is asked for again with room for all
+    (NVML answers INSUFFICIENT_SIZE with the count); a short one takes one call."""
+    state = FakeNvmlState().gpu().gpu().process(7, gpu=1).util(7, timestamp=5, sm=40, gpu=1)
+    pids = range(100, 180)
+    for pid in pids:
+        state.process(pid, memory=pid, gpu=0).util(pid, timestamp=pid, sm=pid % 90, gpu=0)
+    fake.write(state)
+    snap = fake.source().fetch()
+    assert snap.errors == ()
+    got = {(p.gpu_index, p.pid): (p.used_memory_bytes, p.sm_util_ratio) for p in snap.processes}
+    expected = {(0, pid): (pid, pytest.approx((pid % 90) / 100)) for pid in pids}
+    assert got == {**expected, (1, 7): (GIB, pytest.approx(0.4))}
+    for symbol in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetProcessUtilization"):
+        per_gpu = [c[1] for c in fake.calls_of(symbol)]
+        assert per_gpu == ["gpu0", "gpu0", "gpu1"], symbol  # 80 rows: asked twice; 1 row: once
+
+
+def test_identity_is_read_once_per_init(fake: FakeNvml) -> None:
+    """Handle, UUID and name of a GPU, the driver version and MIG instances' identities do not
+    change while NVML stays initialised: read on the first fetch, not on every one; slots,
+    MIG mode and the lists are read every time."""
+    state = FakeNvmlState().gpu().gpu(mig=True).mig(1, gi=1).process(5, gpu=0)
+    fake.write(state)
+    src = fake.source()
+    first = src.fetch()
+    fake.clear_log()
+    again = src.fetch()
+    assert (again.devices, again.migs, again.driver_version) == (
+        first.devices,
+        first.migs,
+        first.driver_version,
+    )
+    for once in (
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlSystemGetDriverVersion",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetMaxMigDeviceCount",
+    ):
+        assert fake.count(once) == 0, once
+    assert fake.count("nvmlDeviceGetMigMode") == 2
+    assert [c[1] for c in fake.calls_of("nvmlDeviceGetUUID")] == ["gpu1/mig0"]  # the slot's
+    # After a re-init (NVML went away and came back) everything is read again.
+    src.close()
+    fake.clear_log()
+    assert src.fetch().devices == first.devices
+    assert fake.count("nvmlDeviceGetHandleByIndex_v2") == 2
+
+
+def test_mig_instances_recreated_while_running(fake: FakeNvml) -> None:
+    """MIG instances come and go without a re-init: a slot that now holds another instance
+    (another UUID) is read afresh, never reported with the old instance's ids or profile."""
+    base = FakeNvmlState().gpu(mig=True)
+    fake.write(base.mig(0, gi=1, profile="1g.10gb", slot=0).process(5, gpu=0, gi=1))
+    src = fake.source()
+    assert [(m.gi_id, m.profile) for m in src.fetch().migs] == [(1, "1g.10gb")]
+    again = FakeNvmlState().gpu(mig=True).mig(0, gi=2, profile="3g.40gb", slot=0)
+    fake.write(again.process(6, gpu=0, gi=2))
+    snap = src.fetch()
+    assert [(m.gi_id, m.profile, m.uuid) for m in snap.migs] == [
+        (2, "3g.40gb", nvmlfake.default_mig_uuid(0, 2, 0))
+    ]
+    assert [(p.gi_id, p.pid) for p in snap.processes] == [(2, 6)]
+
+
+def test_gpu_identity_read_again_after_a_failure(fake: FakeNvml) -> None:
+    state = FakeNvmlState().gpu().gpu().process(5, gpu=1)
+    fake.write(state)
+    src = fake.source()
+    src.fetch()
+    failing = FakeNvmlState().gpu().gpu().process(5, gpu=1)
+    failing.fail("nvmlDeviceGetMigMode", nvmlfake.ERROR_GPU_IS_LOST, gpu=1)
+    fake.write(failing)
+    assert [d.index for d in src.fetch().devices] == [0]
+    fake.write(FakeNvmlState().gpu().gpu(uuid="GPU-replaced", name="NVIDIA H200").process(5, gpu=1))
+    fake.clear_log()
+    snap = src.fetch()
+    assert [(d.uuid, d.name) for d in snap.devices][1] == ("GPU-replaced", "NVIDIA H200")
+    assert [c[2] for c in fake.calls_of("nvmlDeviceGetHandleByIndex_v2")] == ["1"]
+
+
+def test_fake_reload_changed_mode(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKE_NVML_RELOAD=changed (the benchmark's mode) still sees every rewrite of the state."""
+    monkeypatch.setenv("FAKE_NVML_RELOAD", "changed")
+    fake.write(FakeNvmlState().gpu().process(5))
+    src = fake.source()
+    assert [p.pid for p in src.fetch().processes] == [5]
+    assert [p.pid for p in src.fetch().processes] == [5]
+    for pids in ([6], [6, 7], [8]):
+        state = FakeNvmlState().gpu()
+        for pid in pids:
+            state.process(pid)
+        fake.write(state)
+        assert [p.pid for p in src.fetch().processes] == pids
 
 
 def test_state_over_the_fake_limits_fails_init_instead_of_overflowing(fake: FakeNvml) -> None:
@@ -656,8 +775,8 @@ def test_compiled_out_symbols_fall_back(
     calls = [line.split() for line in log_path.read_text().splitlines()]
     for base in ("Compute", "Graphics", "MPSCompute"):
         symbol = f"nvmlDeviceGet{base}RunningProcesses"
-        queries = [c for c in calls if c[0] == symbol + used and c[2] == "size"]
-        assert len(queries) == 4  # 2 GPUs x 2 fetches
+        queries = [c for c in calls if c[0] == symbol + used]
+        assert len(queries) == 4  # 2 GPUs x 2 fetches, one call each (the rows fit)
         assert [c for c in calls if c[0].startswith(symbol) and c[0] != symbol + used] == []
 
 

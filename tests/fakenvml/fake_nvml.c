@@ -5,7 +5,10 @@
  * the real return codes, struct layouts and two-call (size, then fill) protocols. What it
  * reports comes from a line-based text file named by $FAKE_NVML_STATE, re-read on every
  * init and every nvmlDeviceGetCount_v2, so a test can change the GPUs between two scrapes.
- * tests/nvmlfake.py writes that file; its docstring describes the format.
+ * tests/nvmlfake.py writes that file; its docstring describes the format. With
+ * $FAKE_NVML_RELOAD=changed, nvmlDeviceGetCount_v2 re-reads it only when it changed (its
+ * inode, size or mtime): the benchmark sets it, so that what it times is the caller's work
+ * and not this library parsing text, which real NVML never does.
  *
  * When $FAKE_NVML_LOG names a file, every call appends one line "<symbol> <device> [args]"
  * to it, so tests can see which symbols were tried and which timestamp was passed. Calls
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef int nvmlReturn_t;
 
@@ -401,6 +405,25 @@ static void init_handles(void)
     }
 }
 
+/* What the state was last loaded from, for FAKE_NVML_RELOAD=changed. */
+static struct stat g_loaded;
+static int g_loaded_valid = 0;
+
+/* 1 when FAKE_NVML_RELOAD=changed and the state file is the one loaded last. */
+static int state_unchanged(void)
+{
+    const char *mode = getenv("FAKE_NVML_RELOAD");
+    const char *path = getenv("FAKE_NVML_STATE");
+    struct stat st;
+    if (!g_loaded_valid || mode == NULL || strcmp(mode, "changed") != 0 || path == NULL ||
+        stat(path, &st) != 0) {
+        return 0;
+    }
+    return st.st_ino == g_loaded.st_ino && st.st_dev == g_loaded.st_dev &&
+           st.st_size == g_loaded.st_size && st.st_mtim.tv_sec == g_loaded.st_mtim.tv_sec &&
+           st.st_mtim.tv_nsec == g_loaded.st_mtim.tv_nsec;
+}
+
 /* Re-read $FAKE_NVML_STATE; on any problem the state becomes "every call fails". */
 static void reload_state(void)
 {
@@ -410,10 +433,13 @@ static void reload_state(void)
     int lineno = 0;
 
     init_handles();
+    /* Noted before reading, so a write during the read shows as a change next time. */
+    g_loaded_valid = path != NULL && path[0] != '\0' && stat(path, &g_loaded) == 0;
     memset(&g_next, 0, sizeof(g_next));
     if (path == NULL || path[0] == '\0' || (f = fopen(path, "r")) == NULL) {
         memset(&g_state, 0, sizeof(g_state));
         g_state.status = NVML_ERROR_DRIVER_NOT_LOADED;
+        g_loaded_valid = 0;
         return;
     }
     while (fgets(line, sizeof(line), f) != NULL) {
@@ -436,6 +462,7 @@ static void reload_state(void)
     if (g_next.status != NVML_SUCCESS) {
         memset(&g_state, 0, sizeof(g_state));
         g_state.status = g_next.status;
+        g_loaded_valid = 0;
         return;
     }
     memcpy(&g_state, &g_next, sizeof(g_state));
@@ -648,7 +675,9 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
     if (g_init_count == 0) {
         return NVML_ERROR_UNINITIALIZED;
     }
-    reload_state();
+    if (!state_unchanged()) {
+        reload_state();
+    }
     ENTER("nvmlDeviceGetCount_v2", NULL, 0);
     if (deviceCount == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
