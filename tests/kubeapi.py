@@ -355,9 +355,7 @@ class KubeApiStandIn:
                 self.list_requests += 1
             elif kind == "watch":
                 self.watch_requests += 1
-            self._log.append(
-                ApiRequest(kind, path, dict(query), time.monotonic(), authorization)
-            )
+            self._log.append(ApiRequest(kind, path, dict(query), time.monotonic(), authorization))
             del self._log[:-REQUEST_LOG_LIMIT]
 
 
@@ -424,7 +422,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(500, _status(500, "InternalError", "stand-in is down"))
         if refuse is not None:
             code, reason = refuse
-            return self._send_json(code, _status(code, reason, f'pods is {reason.lower()}: User "u"'))
+            return self._send_json(
+                code, _status(code, reason, f'pods is {reason.lower()}: User "u"')
+            )
         if kind == "other":
             return self._send_json(
                 404, _status(404, "NotFound", "the server could not find the requested resource")
