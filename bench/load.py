@@ -38,6 +38,11 @@ class LoadConfig:
     duration: float = 60.0
     upstream_delay: float = 0.2
     upstream_timeout: float = 5.0
+    # The stand-in collects like dcgm-exporter: new values every that many seconds, the same
+    # body in between.
+    upstream_interval: float = 1.0
+    # The enricher's --upstream.follow-step; None: its default (following), 0: fetch per scrape.
+    follow_step: float | None = None
 
 
 @dataclass
@@ -64,7 +69,9 @@ class LoadResult:
 # --------------------------------------------------------------------------- the enricher
 
 
-async def _serve_enricher(upstream_url: str, upstream_timeout: float) -> None:
+async def _serve_enricher(
+    upstream_url: str, upstream_timeout: float, follow_step: float | None
+) -> None:
     """The child process: the real app on the demo's simulated node; prints its port."""
     from dataclasses import replace
 
@@ -83,6 +90,8 @@ async def _serve_enricher(upstream_url: str, upstream_timeout: float) -> None:
             procfs=tmp,
             kube_node_name=NODE,
         )
+        if follow_step is not None:
+            config = replace(config, upstream_follow_step=follow_step)
         pods = StaticPods(
             [
                 parse_pod(pod_object(p), config.kube_pod_labels, config.kube_pod_annotations)
@@ -148,7 +157,9 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
         nonlocal upstream_requests
         upstream_requests += 1
         await asyncio.sleep(cfg.upstream_delay)
-        return web.Response(text=render_upstream(gpus, time.time()), content_type="text/plain")
+        now = time.time()
+        collected = now - now % cfg.upstream_interval if cfg.upstream_interval > 0 else now
+        return web.Response(text=render_upstream(gpus, collected), content_type="text/plain")
 
     upstream_app = web.Application()
     upstream_app.router.add_get("/metrics", metrics)
@@ -165,6 +176,7 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
         upstream_url,
         "--upstream-timeout",
         str(cfg.upstream_timeout),
+        *(() if cfg.follow_step is None else ("--follow-step", str(cfg.follow_step))),
         cwd=str(ROOT),
         stdout=asyncio.subprocess.PIPE,
     )
@@ -288,18 +300,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=LoadConfig.duration, help="seconds")
     p.add_argument("--upstream-delay", type=float, default=LoadConfig.upstream_delay)
     p.add_argument("--upstream-timeout", type=float, default=LoadConfig.upstream_timeout)
+    p.add_argument(
+        "--upstream-interval", type=float, default=LoadConfig.upstream_interval, help="seconds"
+    )
+    p.add_argument(
+        "--follow-step",
+        type=float,
+        default=None,
+        help="the enricher's --upstream.follow-step (default: its own default; 0: per scrape)",
+    )
     p.add_argument("--quick", action="store_true", help="about five seconds")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--serve-enricher", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_enricher:
-        asyncio.run(_serve_enricher(args.serve_enricher, args.upstream_timeout))
+        asyncio.run(_serve_enricher(args.serve_enricher, args.upstream_timeout, args.follow_step))
         return 0
     cfg = LoadConfig(
         scrapers=args.scrapers,
         duration=5.0 if args.quick else args.duration,
         upstream_delay=args.upstream_delay,
         upstream_timeout=args.upstream_timeout,
+        upstream_interval=args.upstream_interval,
+        follow_step=args.follow_step,
     )
     result = asyncio.run(run_load(cfg))
     command = "python -m bench.load" + (" --quick" if args.quick else "")

@@ -168,18 +168,28 @@ class EnricherSpec:
     nvml_state: str
     kubeconfig: str
     node_name: str
-    # 0: the app as it is (NVML, procfs and the kubelet read on every scrape); > 0: the node
-    # side refreshed in the background every that many seconds (--collect.interval).
-    collect_interval: float = 0.0
-    # > 0: the upstream is followed (fetched after each of its collections) with this step.
-    follow_step: float = 0.0
+    # --collect.interval and --upstream.follow-step; None: the enricher's defaults (the
+    # upstream followed, the node side read with each of its collections).
+    collect_interval: float | None = None
+    follow_step: float | None = None
     kube: bool = True  # False: no pod watch (and no kubernetes client in the process)
+
+
+# Installed by the test extras only, and imported by libraries the enricher uses when present
+# (kubernetes.dynamic imports kubernetes_validate, ~3 MiB with jsonschema): hidden from the
+# enricher's process, which should hold what an installed enricher holds (the image has none
+# of these).
+TEST_ONLY_MODULES = ("kubernetes_validate", "jsonschema")
 
 
 def run_enricher(conn: Connection, spec: EnricherSpec) -> None:
     """The real enricher, wired as ``dcgm-enricher serve`` wires it (commands.run_server)."""
+    for name in TEST_ONLY_MODULES:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
     logging.basicConfig(level=logging.WARNING)
     os.environ["FAKE_NVML_STATE"] = spec.nvml_state  # read by the fake libnvidia-ml
+    os.environ["FAKE_NVML_RELOAD"] = "changed"  # only when it changed, see bench/run.py
     asyncio.run(_enricher(conn, spec))
 
 
@@ -256,8 +266,10 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     fields = Config.__dataclass_fields__
     if "kubelet_pod_resources_socket" in fields:
         settings["kubelet_pod_resources_socket"] = ""  # no kubelet on a benchmark machine
-    settings["collect_interval"] = spec.collect_interval
-    settings["upstream_follow_step"] = spec.follow_step
+    if spec.collect_interval is not None:
+        settings["collect_interval"] = spec.collect_interval
+    if spec.follow_step is not None:
+        settings["upstream_follow_step"] = spec.follow_step
     config = replace(Config(), **settings)
     pods = start_pod_cache(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
@@ -274,7 +286,8 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
 
     def on_message(msg: Any) -> None:
         if msg == "modules":  # what this process loaded beyond the enricher's own needs
-            conn.send(("modules", sorted({m.split(".")[0] for m in sys.modules})))
+            loaded = {m.split(".")[0] for m, mod in sys.modules.items() if mod is not None}
+            conn.send(("modules", sorted(loaded)))
         elif msg == "timings":
             conn.send(("timings", timings.medians_ms()))
         elif msg == "clear-timings":

@@ -189,15 +189,29 @@ class Scraper:
         self._log_upstream = _Once("upstream")
         self._log_nvml = _Once("nvml")
         self._log_kubelet = _Once("podresources")
-        # The node side (NVML, procfs, the kubelet, Docker) read in the background every
-        # --collect.interval seconds; with 0, on every scrape.
-        self._node = (
-            Refresher(self._node_side, config.collect_interval, clock=clock, name="node")
-            if config.collect_interval > 0
-            else None
-        )
         # The upstream fetched right after each of its collections (--upstream.follow-step);
         # with 0, on every scrape.
+        follow = config.upstream_follow_step > 0
+        # The node side (NVML, procfs, the kubelet, Docker): with --collect.interval, read in
+        # the background every that many seconds. Without it, when following the upstream,
+        # read right after each upstream collection ("aligned": both sides of a scrape are
+        # as old as that collection, and gpu_container_utilization_ratio covers the same
+        # interval as dcgm-exporter's own averages); a scrape reads it itself only when the
+        # last one is older than the upstream's interval. Neither: on every scrape.
+        self._aligned = follow and config.collect_interval == 0
+        self._node: Refresher[NodeView] | None = None
+        if config.collect_interval > 0:
+            self._node = Refresher(
+                self._node_side, config.collect_interval, clock=clock, name="node"
+            )
+        elif self._aligned:
+            self._node = Refresher(
+                self._node_side,
+                config.upstream_follow_step,
+                max_age=self._aligned_max_age,
+                clock=clock,
+                name="node",
+            )
         self._follower = (
             Follower(
                 self._fetch_upstream,
@@ -233,9 +247,21 @@ class Scraper:
             )
         return self._session
 
+    def _aligned_max_age(self) -> float:
+        """How old the node side may be when it is read after each upstream collection: one
+        learnt collection interval (with slack) plus a step and the read itself; before the
+        interval is learnt, the follower's coarse poll."""
+        follower, node = self._follower, self._node
+        if follower is None or node is None:
+            return 0.0
+        interval = follower.interval
+        if interval is None:
+            return follower.coarse
+        return interval * 1.1 + follower.step + node.last_duration
+
     async def scrape(self) -> ScrapeResult:
         """Return a fresh scrape; joins the one in flight if there is one."""
-        if self._node is not None:
+        if self._node is not None and not self._aligned:
             self._node.start()
         if self._follower is not None:
             self._follower.start()
@@ -370,15 +396,27 @@ class Scraper:
         return answers, self._clock() - start
 
     async def _prepare(self, answer: tuple[str | None, float]) -> None:
-        """A new upstream collection: rewrite it now, so scrapes get the cached result."""
+        """A new upstream collection: read the node side now when aligned with the upstream,
+        and rewrite the collection, so scrapes get the cached results."""
+        if self._aligned and self._node is not None:
+            node = await self._node.refresh()
+        else:
+            node = await self._node_view()
         text = answer[0]
         if text is not None:
-            node = await (self._node.get() if self._node is not None else self._node_side())
             self._remember(self._rewriter.rewrite(text, node.plan).identities)
+
+    async def _node_view(self) -> NodeView:
+        return await (self._node.get() if self._node is not None else self._node_side())
 
     async def _upstream(self) -> tuple[str | None, float]:
         if self._follower is not None:
             answer, _polled_at = await self._follower.latest()
+            if answer[0] is None:
+                # A failure is never served from the cache: while the upstream is down (or not
+                # found yet), every scrape asks again, as without following.
+                await self._follower.poll_once()
+                answer, _polled_at = await self._follower.latest()
             return answer
         return await self._fetch_upstream()
 
@@ -424,7 +462,7 @@ class Scraper:
     async def _scrape_once(self) -> ScrapeResult:
         started = self._clock()
         upstream_task = asyncio.create_task(self._upstream())
-        node = await (self._node.get() if self._node is not None else self._node_side())
+        node = await self._node_view()
         text, upstream_dur = await upstream_task
 
         parts: list[str] = []

@@ -105,8 +105,9 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             dest="collect_interval",
             type=float,
             default=_env("--collect.interval", _D.collect_interval),
-            help="read NVML, procfs and the kubelet in the background every SECONDS instead of "
-            "on every scrape; at most dcgm-exporter's collect interval (default 0: every scrape)",
+            help="read NVML, procfs and the kubelet in the background every SECONDS (at most "
+            "dcgm-exporter's collect interval); default 0: right after each upstream collection "
+            "when following it, else on every scrape",
         )
         g.add_argument(
             "--upstream.follow-step",
@@ -115,8 +116,8 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             type=float,
             default=_env("--upstream.follow-step", _D.upstream_follow_step),
             help="fetch dcgm-exporter right after each of its collections, polling every SECONDS "
-            "around the expected time, and serve scrapes from that (default 0: fetch on every "
-            "scrape)",
+            "around the expected time, and serve scrapes from that (default %(default)s; 0: "
+            "fetch on every scrape)",
         )
         g.add_argument(
             "--web.config.file",

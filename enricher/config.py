@@ -32,10 +32,12 @@ class Config:
     docker_timeout: float = 2.0
     collector_process: bool = False
     scrape_timeout: float = 10.0
-    # 0: NVML, procfs and the kubelet are read on every scrape; > 0: in the background.
+    # > 0: NVML, procfs and the kubelet are read in the background every that many seconds;
+    # 0: right after each upstream collection when following it, else on every scrape.
     collect_interval: float = 0.0
-    # 0: the upstream is fetched on every scrape; > 0: followed in the background.
-    upstream_follow_step: float = 0.0
+    # > 0: the upstream is fetched right after each of its collections, found by polling every
+    # that many seconds around the time it is due; 0: fetched on every scrape.
+    upstream_follow_step: float = 0.1
     max_request_header_bytes: int = 8190
     log_level: str = "info"
     # Set by the demo only: shown on the landing page.

@@ -552,10 +552,19 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
     return w.render()
 
 
-def make_upstream_app(gpus: SimulatedGpus) -> web.Application:
+# Like dcgm-exporter, the simulated one collects on an interval and serves the same body
+# in between (dcgm-exporter's default is 30 s; shorter here so the demo moves).
+UPSTREAM_COLLECT_INTERVAL = 5.0
+
+
+def make_upstream_app(
+    gpus: SimulatedGpus, collect_interval: float = UPSTREAM_COLLECT_INTERVAL
+) -> web.Application:
     async def metrics(_request: web.Request) -> web.Response:
+        now = time.time()
+        collected = now - now % collect_interval if collect_interval > 0 else now
         return web.Response(
-            text=render_upstream(gpus, time.time()), content_type="text/plain", charset="utf-8"
+            text=render_upstream(gpus, collected), content_type="text/plain", charset="utf-8"
         )
 
     app = web.Application()

@@ -41,13 +41,15 @@ class Refresher(Generic[T]):
         collect: Callable[[], Awaitable[T]],
         interval: float,
         *,
-        max_age: float | None = None,
+        max_age: float | Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "refresh",
     ) -> None:
+        """``max_age`` may be a function, asked on every :meth:`get` (for a bound that is
+        learnt while running, such as the upstream's collection interval)."""
         if not interval > 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
-        if max_age is not None and not max_age > 0:
+        if max_age is not None and not callable(max_age) and not max_age > 0:
             raise ValueError(f"max_age must be positive, got {max_age!r}")
         self._collect = collect
         self.interval = float(interval)
@@ -63,8 +65,15 @@ class Refresher(Generic[T]):
         self.errors = 0
 
     @property
+    def last_duration(self) -> float:
+        """How long the newest collection took."""
+        return self._last_duration
+
+    @property
     def max_age(self) -> float:
         """How old a result may be and still be served."""
+        if callable(self._max_age):
+            return self._max_age()
         if self._max_age is not None:
             return self._max_age
         return self.interval * 1.1 + self._last_duration
@@ -290,7 +299,6 @@ class Follower(Generic[T]):
         changed = self._latest is None or content != self._content
         previous, self._previous_poll = self._previous_poll, started
         took, self._last_duration = self._last_duration, self._clock() - started
-        self._latest, self._content = (answer, started), content
         if changed:
             self.changes += 1
             # Right after the previous poll: a step later, or at once if polls take longer.
@@ -298,6 +306,8 @@ class Follower(Generic[T]):
             if precise and self.precise and self.last_change is not None:
                 self._gaps = [*self._gaps[-4:], started - self.last_change]
             self.last_change, self.precise = started, precise
+            # The new answer is published once what depends on it is prepared, so a reader
+            # sees the previous answer with the previous preparation, or both new.
             if self._on_change is not None:
                 try:
                     await self._on_change(answer)
@@ -305,6 +315,7 @@ class Follower(Generic[T]):
                     raise
                 except Exception as exc:  # preparing is an optimisation: never stop polling
                     log.warning("%s: on_change failed: %s", self.name, exc or type(exc).__name__)
+        self._latest, self._content = (answer, started), content
         return changed
 
     async def _run(self) -> None:

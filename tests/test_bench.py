@@ -21,12 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import payloads
 from bench.node import NODE, SimNode
 from enricher.app import Scraper
-from enricher.config import Config
 from enricher.kube import build_index, parse_pod
 from enricher.model import PodIndex, PodInfo
 from enricher.procfs import ProcReader
 
 from .nvmlfake import FakeNvml
+from .scraping import PER_SCRAPE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,9 +109,9 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     rhythms = {"every_1": (True, False), "every_4": (True, True), "period_2": (None, True)}
     for rhythm, (template, repeated) in rhythms.items():
         e2e = data["e2e"][rhythm]
-        targets = ["upstream", "proxy", "enricher", "enricher_app"]
+        targets = ["upstream", "proxy", "enricher_background", "enricher_per_scrape"]
         if rhythm.startswith("period"):
-            targets.append("enricher_follow")
+            targets.append("enricher")  # the shipped app follows a collection rhythm
         for kind in ("sequential", "concurrent3"):
             for target in targets:
                 row = e2e[kind][target]
@@ -121,7 +121,7 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
             rewrites = e2e[f"{name}_rewrites"]
             assert rewrites["line_by_line"] >= 1
             assert set(e2e[f"{name}_inside_ms"]) >= {"rewrite", "scrape"}
-            if name == "enricher_follow":
+            if name == "enricher":
                 continue  # a quick run may end before the upstream's next collection
             # Through the real app over HTTP. With a 2 s rhythm, a quick run may see no new
             # collection at all, but the same body many times.
@@ -172,16 +172,17 @@ def _without_self_metrics(body: bytes) -> str:
 @pytest.mark.parametrize(
     ("collect_interval", "follow_step"),
     [
-        pytest.param(0.0, 0.0, id="as-before"),
+        pytest.param(0.0, 0.1, id="default-following"),
         pytest.param(30.0, 0.0, id="node-in-background"),
-        pytest.param(30.0, 0.05, id="following-the-upstream"),
+        pytest.param(30.0, 0.05, id="following-node-in-background"),
     ],
 )
 async def test_background_modes_serve_what_the_app_serves(
     tmp_path: Path, fake_nvml: FakeNvml, collect_interval: float, follow_step: float
 ) -> None:
-    """--collect.interval and --upstream.follow-step move work off the scrape path and change
-    nothing in what a scrape returns: same upstream rewrite, same families."""
+    """Following the upstream (the default), --collect.interval and their mix move work off
+    the scrape path and change nothing in what a scrape returns: same upstream rewrite, same
+    families as reading everything on the scrape."""
     sim = SimNode(tmp_path, payloads.SHAPES["node8"])
     sim.write()
     fake_nvml.write(sim.nvml())
@@ -194,7 +195,7 @@ async def test_background_modes_serve_what_the_app_serves(
     upstream_app.router.add_get("/metrics", metrics)
     async with TestServer(upstream_app) as server:
         config = replace(
-            Config(),
+            PER_SCRAPE,
             upstream_url=str(server.make_url("/metrics")),
             kube_node_name=NODE,
             kubelet_pod_resources_socket="",

@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.app import Scraper, make_app
-from enricher.config import Config
 from enricher.kube import PodCache, parse_selector
+from tests.scraping import PER_SCRAPE
 
 from .kubeapi import KubeApiStandIn, make_api_client, make_pod
 
@@ -79,7 +79,7 @@ async def test_scrapes_the_exporter_pod_on_this_node(api: KubeApiStandIn) -> Non
     )
     cache.start()
     cfg = replace(
-        Config(),
+        PER_SCRAPE,
         upstream_url=f"http://127.0.0.1:{exporter.port}/metrics",
         upstream_discover_pod=True,
         upstream_pod_selector=selector,

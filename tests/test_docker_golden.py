@@ -41,6 +41,7 @@ from enricher.commands import ps, resolve
 from enricher.config import Config
 from enricher.docker import DockerSource, short_id
 from enricher.procfs import ProcReader
+from tests.scraping import PER_SCRAPE
 
 from .conftest import ROOT, assert_valid_exposition
 from .dockerapi import DockerAPI, compose_labels, container_id
@@ -186,7 +187,7 @@ async def host_factory(
 
     async def make(docker_host: str | None = None, **config: Any) -> Host:
         cfg = replace(
-            Config(),
+            PER_SCRAPE,
             upstream_url=f"http://127.0.0.1:{upstream.port}/metrics",
             upstream_timeout=2.0,
             kube_node_name="",  # no Kubernetes: Docker mode

@@ -24,6 +24,7 @@ from enricher.app import Scraper, make_app
 from enricher.config import Config
 from enricher.kube import PodCache
 from enricher.procfs import ProcReader
+from tests.scraping import PER_SCRAPE
 
 from .conftest import GOLDEN, assert_valid_exposition
 from .kubeapi import KubeApiStandIn, make_api_client, make_pod
@@ -226,7 +227,7 @@ async def node_factory(
             else "http://127.0.0.1:9/metrics"
         )  # discard port: connection refused
         cfg = replace(
-            Config(),
+            PER_SCRAPE,
             upstream_url=url,
             kube_node_name=NODE,
             kube_pod_labels=("team",),
@@ -294,6 +295,23 @@ async def test_node_golden(node_factory: Any, update_golden: bool, promtool: str
     text = await scrape(node)
     check_golden("node", text, update_golden)
     assert_valid_exposition(promtool, text)
+
+
+async def test_node_golden_in_the_default_following_mode(
+    node_factory: Any, update_golden: bool
+) -> None:
+    """Following the upstream (the default) serves the same bytes as a scrape that reads
+    everything itself."""
+    node = await node_factory(
+        (FIXTURES / "node.prom").read_text(),
+        upstream_follow_step=Config().upstream_follow_step,
+    )
+    assert node.scraper.config.upstream_follow_step > 0
+    check_golden("node", await scrape(node), update=False)  # waits for the first poll
+    prepared = await scrape(node)  # served from what the follower prepared
+    counter = "\ndcgm_enricher_scrapes_total "
+    assert counter + "2\n" in prepared
+    check_golden("node", prepared.replace(counter + "2\n", counter + "1\n"), update=False)
 
 
 async def test_node_attribution(node_factory: Any) -> None:

@@ -41,7 +41,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import MAX_IDENTITIES, Scraper, make_app, serve
-from enricher.config import Config
 from enricher.enrich import RenderOptions, attribute, render_families
 from enricher.exposition import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH, RewritePlan, Rewriter
 from enricher.kube import build_index, parse_pod
@@ -58,6 +57,7 @@ from enricher.model import (
 )
 from enricher.procfs import ProcReader
 from enricher.upstream import UpstreamError, fetch_upstream
+from tests.scraping import PER_SCRAPE
 
 NODE = "gpu-node-h"
 GPUS = (
@@ -556,7 +556,7 @@ def test_hostile_scrape(
     upstream.body = text.encode("utf-8")
     _write_proc(proc_root, pods, procs)
     config = replace(
-        Config(),
+        PER_SCRAPE,
         upstream_url=upstream.url,
         kube_node_name=NODE,
         kube_pod_labels=(LABEL_KEY,),
@@ -747,7 +747,7 @@ class NoProcs:
     ],
 )
 async def test_request_headers_are_bounded(headers: dict[str, str], ok: bool) -> None:
-    scraper = Scraper(Config(), gpu=None, procs=NoProcs(), pods=None)
+    scraper = Scraper(PER_SCRAPE, gpu=None, procs=NoProcs(), pods=None)
     runner = await serve(make_app(scraper), "127.0.0.1:0", max_header_bytes=1024)
     port = runner.addresses[0][1]
     try:
@@ -814,7 +814,7 @@ async def test_series_and_remembered_devices_are_bounded(upstream: Upstream) -> 
     body = ("\n".join(lines) + "\n").encode()
     assert len(body) <= limit
     upstream.body = body
-    config = replace(Config(), upstream_url=upstream.url, upstream_max_bytes=limit)
+    config = replace(PER_SCRAPE, upstream_url=upstream.url, upstream_max_bytes=limit)
     scraper = Scraper(config, gpu=None, procs=NoProcs(), pods=None)
     try:
         result = await scraper.scrape()

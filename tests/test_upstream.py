@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.app import Scraper, make_app
-from enricher.config import Config
 from enricher.model import ProcError, ProcInfo
 from enricher.upstream import UpstreamError, fetch_upstream, url_for_pod_ip
+from tests.scraping import PER_SCRAPE
 
 GOOD = '# HELP up_like A gauge.\n# TYPE up_like gauge\nup_like{UUID="GPU-1"} 1\n'
 
@@ -156,7 +156,7 @@ class NoProcs:
 
 
 async def _client(url: str) -> TestClient[Any, Any]:
-    cfg = replace(Config(), upstream_url=url, upstream_timeout=1.0)
+    cfg = replace(PER_SCRAPE, upstream_url=url, upstream_timeout=1.0)
     client = TestClient(TestServer(make_app(Scraper(cfg, gpu=None, procs=NoProcs(), pods=None))))
     await client.start_server()
     return client
@@ -259,7 +259,7 @@ async def test_healthz_and_landing() -> None:
 async def test_oversized_request_header_is_refused() -> None:
     from enricher.app import serve as start
 
-    scraper = Scraper(Config(), gpu=None, procs=NoProcs(), pods=None)
+    scraper = Scraper(PER_SCRAPE, gpu=None, procs=NoProcs(), pods=None)
     runner = await start(make_app(scraper), "127.0.0.1:0", max_header_bytes=1024)
     port = runner.addresses[0][1]
     try:

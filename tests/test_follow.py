@@ -1,0 +1,183 @@
+"""The default scrape mode through the real app: dcgm-exporter followed (fetched right after
+each of its collections, found by polling every --upstream.follow-step) and the node side
+(NVML, procfs) read with each collection, so a scrape waits for neither.
+
+Real parts: the aiohttp app and client, an HTTP stand-in for dcgm-exporter that collects when
+the test says so (the same body in between, as dcgm-exporter serves it), pynvml on the fake
+libnvidia-ml, a /proc tree on disk. The scraper's clock is a fake one the test moves, so which
+results are fresh enough is decided by the test, not by how fast this machine is; the
+follower's polling runs on real time (a 20 ms step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher import fakeproc
+from enricher.app import Scraper, make_app
+from enricher.config import Config
+from enricher.procfs import ProcReader
+from tests.nvmlfake import FakeNvml, FakeNvmlState
+
+GIB = 1 << 30
+STEP = 0.02
+WAIT = 10.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Exporter:
+    """dcgm-exporter as the enricher sees it: a body that changes only when it collects."""
+
+    collection: int = 1
+    down: bool = False
+    requests: int = 0
+
+    def body(self) -> str:
+        return (
+            "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+            "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+            f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-0",Hostname="exporter"}} {self.collection}\n'
+        )
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        self.requests += 1
+        if self.down:
+            return web.Response(status=503, text="collecting failed")
+        return web.Response(text=self.body(), content_type="text/plain")
+
+
+@dataclass
+class Env:
+    exporter: Exporter
+    nvml: FakeNvml
+    clock: Clock
+    scraper: Scraper
+    client: TestClient[Any, Any]
+
+    async def scrape(self) -> dict[str, float]:
+        resp = await self.client.get("/metrics")
+        assert resp.status == 200
+        return values(await resp.text())
+
+    def gpu_memory(self, gib: int) -> None:
+        self.nvml.write(FakeNvmlState().gpu(uuid="GPU-0").process(4242, memory=gib * GIB))
+
+
+def values(text: str) -> dict[str, float]:
+    """The samples this test looks at: the upstream's value, the unattributed memory (the
+    process is on no pod: there is no pod watch) and whether the upstream answered."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "DCGM_FI_DEV_GPU_UTIL":
+                out["upstream"] = s.value
+            elif s.name == "gpu_unattributed_memory_used_bytes":
+                out["memory"] = out.get("memory", 0.0) + s.value
+            elif s.name == "dcgm_enricher_source_up" and s.labels["source"] == "upstream":
+                out["upstream_up"] = s.value
+    return out
+
+
+async def eventually(env: Env, ok: Callable[[dict[str, float]], bool]) -> dict[str, float]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = await env.scrape()
+        if ok(got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {WAIT} s: {got}")
+        await asyncio.sleep(STEP)
+
+
+@pytest.fixture
+async def env(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[Env]:
+    exporter = Exporter()
+    app = web.Application()
+    app.router.add_get("/metrics", exporter.handle)
+    upstream = TestServer(app)
+    await upstream.start_server()
+    proc = tmp_path / "proc"
+    fakeproc.write_proc_stat(proc, 1_700_000_000)
+    fakeproc.write_process(
+        proc, 4242, comm="train", cgroup=fakeproc.cgroup_host(), start_ticks=1000
+    )
+    clock = Clock()
+    config = replace(
+        Config(),  # the defaults: following, node side aligned with the collections
+        upstream_url=f"http://127.0.0.1:{upstream.port}/metrics",
+        upstream_follow_step=STEP,
+        kube_enabled=False,
+    )
+    scraper = Scraper(
+        config, gpu=fake_nvml.source(), procs=ProcReader(str(proc)), pods=None, clock=clock
+    )
+    client = TestClient(TestServer(make_app(scraper)))
+    await client.start_server()
+    e = Env(exporter, fake_nvml, clock, scraper, client)
+    e.gpu_memory(1)
+    yield e
+    await client.close()
+    await upstream.close()
+
+
+def test_following_is_the_default() -> None:
+    config = Config()
+    assert config.upstream_follow_step == 0.1
+    assert config.collect_interval == 0  # the node side is read with each collection
+
+
+async def test_node_side_is_read_with_each_upstream_collection(env: Env) -> None:
+    assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
+
+    # NVML changes, dcgm-exporter has not collected again, and the clock has not moved: the
+    # scrape serves the collection as it was, both sides of it, without reading anything.
+    env.gpu_memory(2)
+    requests = env.exporter.requests
+    assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
+
+    # dcgm-exporter collects: the follower sees it within a step, reads the node side and
+    # prepares the scrape; no scrape ever mixes a new collection with an old node side.
+    env.exporter.collection = 2
+    got = await eventually(env, lambda v: v["upstream"] == 2)
+    assert got == {"upstream": 2, "memory": 2 * GIB, "upstream_up": 1}
+    assert env.exporter.requests > requests  # fetched by the follower, not by the scrapes
+
+
+async def test_node_side_too_old_is_read_by_the_scrape(env: Env) -> None:
+    """Without a new collection (dcgm-exporter stuck, or its values unchanged) a scrape reads
+    the node side itself once the last read is older than the bound (before the rhythm is
+    learnt: the follower's coarse poll, 1 s)."""
+    await env.scrape()
+    env.gpu_memory(3)
+    env.clock.now += 1.5
+    assert (await env.scrape())["memory"] == 3 * GIB
+
+
+async def test_upstream_failure_is_never_served_from_the_cache(env: Env) -> None:
+    await env.scrape()
+    env.exporter.down = True
+    env.exporter.collection = 2  # a failed answer is new content too: the follower sees it
+    assert (await eventually(env, lambda v: v["upstream_up"] == 0)).get("upstream") is None
+    # While it is down every scrape asks again, so the first scrape after it recovers has it.
+    env.exporter.down = False
+    requests = env.exporter.requests
+    assert await env.scrape() == {"upstream": 2, "memory": 1 * GIB, "upstream_up": 1}
+    assert env.exporter.requests > requests
