@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -75,6 +76,7 @@ _LIST_SYMBOLS = {
     ProcessKind.GRAPHICS: "nvmlDeviceGetGraphicsRunningProcesses",
     ProcessKind.MPS: "nvmlDeviceGetMPSComputeRunningProcesses",
 }
+_KINDS = tuple(ProcessKind)  # iterating the enum class itself costs more than the calls
 _LIST_VERSIONS = (3, 2, 1)
 # A symbol that is absent, or present but built for another struct version: try an older one.
 _TRY_OLDER = frozenset({_ERROR_FUNCTION_NOT_FOUND, _ERROR_ARGUMENT_VERSION_MISMATCH})
@@ -235,6 +237,25 @@ class _UtilizationSample(ctypes.Structure):
         ("encUtil", ctypes.c_uint),
         ("decUtil", ctypes.c_uint),
     ]
+
+
+# The same layouts as struct formats (native alignment, as the C compiler lays them out): the
+# filled rows are unpacked in one C call instead of one ctypes object per row and field.
+_ROWS_V1 = struct.Struct("@IQ")  # pid, usedGpuMemory
+_ROWS_V2 = struct.Struct("@IQII")  # pid, usedGpuMemory, gpuInstanceId, computeInstanceId
+_ROWS_SAMPLE = struct.Struct("@IQIIII")  # pid, timeStamp, smUtil, memUtil, encUtil, decUtil
+for _rows, _struct in (
+    (_ROWS_V1, _ProcessInfoV1),
+    (_ROWS_V2, _ProcessInfoV2),
+    (_ROWS_SAMPLE, _UtilizationSample),
+):
+    if _rows.size != ctypes.sizeof(_struct):  # pragma: no cover - a platform we do not know
+        raise ImportError(f"{_struct.__name__}: struct layout differs from ctypes'")
+
+
+def _unpack(rows: struct.Struct, buffer: ctypes.Array[Any], n: int) -> Any:
+    """The first ``n`` rows of a filled buffer as tuples of its fields."""
+    return rows.iter_unpack(memoryview(buffer).cast("B")[: n * rows.size])
 
 
 _FIRST_CAPACITY = 32  # rows offered on the first call; most lists fit, so one call does
@@ -512,7 +533,7 @@ class NvmlSource:
         else:
             gpu.targets.append(_Target(uuid=uuid, handle=handle, gi_id=None, kind="gpu"))
         for target in gpu.targets:
-            for kind in ProcessKind:
+            for kind in _KINDS:
                 for pid, memory in self._read_list(target, kind):
                     gpu.entries.append(ProcessEntry(target.gi_id, pid, memory, kind))
         return gpu
@@ -609,7 +630,11 @@ class NvmlSource:
         ret, rows, n = _fill(struct, _FIRST_CAPACITY, lambda buf, count: fn(handle, count, buf))
         if ret != _SUCCESS:
             raise pynvml.NVMLError(ret)
-        return [(int(rows[i].pid), _memory(rows[i].usedGpuMemory)) for i in range(n)]
+        layout = _ROWS_V1 if version == 1 else _ROWS_V2
+        return [
+            (row[0], None if row[1] == _VALUE_NOT_AVAILABLE_ULL else row[1])
+            for row in _unpack(layout, rows, n)
+        ]
 
     def _with_utilization(self, gpu: _GpuRead) -> tuple[GpuProcess, ...]:
         # Samples are pooled per GPU instance: a GI split into several compute instances
@@ -646,7 +671,8 @@ class NvmlSource:
         if ret != _SUCCESS:
             raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
         samples = [
-            UtilSample(int(raw[i].pid), int(raw[i].timeStamp), int(raw[i].smUtil)) for i in range(n)
+            UtilSample(pid, stamp, sm)
+            for pid, stamp, sm, _m, _e, _d in _unpack(_ROWS_SAMPLE, raw, n)
         ]
         fresh, newest = newer_samples(samples, since)
         self._last_seen[target.uuid] = newest
