@@ -95,7 +95,7 @@ class Mode:
 FULL = Mode(
     rewrite_reps=60,
     naive_reps=5,
-    e2e_requests=200,
+    e2e_requests=600,  # p99 is the 6th slowest: a few stray slow requests do not decide it
     e2e_concurrent=100,
     attribution_reps=200,
     memory_checkpoints=(1_000, 10_000),
@@ -533,6 +533,27 @@ def _rss_without_kube(mode: Mode, start_enricher: Callable[[], Child]) -> float:
         enricher.stop()
 
 
+def import_floors() -> dict[str, float]:
+    """RSS of processes that import what the enricher imports and do nothing else: the part of
+    its RSS that is Python, aiohttp, pynvml, the kubernetes client (and, on a node with the
+    kubelet source, gRPC) rather than the enricher's own data."""
+    from . import servers
+
+    out: dict[str, float] = {}
+    for name, kube, kubelet in (
+        ("imports", True, False),
+        ("imports_without_kubernetes", False, False),
+        ("imports_with_kubelet_grpc", True, True),
+    ):
+        child = _start(servers.run_import_floor, kube, kubelet)
+        try:
+            time.sleep(0.3)
+            out[name] = round(child.rss_mib(), 1)
+        finally:
+            child.stop()
+    return out
+
+
 def bench_memory(
     mode: Mode,
     sim: SimNode,
@@ -542,6 +563,7 @@ def bench_memory(
     start_without_kube: Callable[[], Child],
 ) -> dict[str, Any]:
     upstream.ask(("every", 1))  # new values on every scrape: the rewrite runs every time
+    floors = import_floors()
     without_kube = _rss_without_kube(mode, start_without_kube)
     enricher = start_enricher()
     try:
@@ -582,6 +604,7 @@ def bench_memory(
             # Benchmark code in the enricher's process (only bench.servers' glue belongs there).
             "foreign_modules": foreign,
             "rss_without_kube_mib": without_kube,
+            "floor_rss_mib": floors,
         }
     finally:
         enricher.stop()
@@ -788,6 +811,12 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
     lines.append(
         f"  without the pod watch (no kubernetes client): {mem['rss_without_kube_mib']} after "
         f"{mode_first(results)} scrapes"
+    )
+    floor = mem["floor_rss_mib"]
+    lines.append(
+        f"  floor, a process importing what the enricher imports and nothing more: "
+        f"{floor['imports']} (without the kubernetes client {floor['imports_without_kubernetes']}"
+        f"; with the kubelet source's gRPC, as on a node: {floor['imports_with_kubelet_grpc']})"
     )
     lines.append("")
     lines.append("Targets")

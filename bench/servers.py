@@ -182,11 +182,42 @@ class EnricherSpec:
 TEST_ONLY_MODULES = ("kubernetes_validate", "jsonschema")
 
 
-def run_enricher(conn: Connection, spec: EnricherSpec) -> None:
-    """The real enricher, wired as ``dcgm-enricher serve`` wires it (commands.run_server)."""
+def _hide_test_only_modules() -> None:
     for name in TEST_ONLY_MODULES:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+
+
+def run_import_floor(conn: Connection, kube: bool, kubelet: bool) -> None:
+    """The floor under the enricher's RSS: a process that imports what ``serve`` imports (the
+    pod watch's kubernetes client with ``kube``, the kubelet source's gRPC stubs with
+    ``kubelet``), and builds, reads and serves nothing."""
+    _hide_test_only_modules()
+    import enricher.app
+    import enricher.commands
+    import enricher.nvml
+    import enricher.procfs
+
+    if kube:
+        import kubernetes.client
+
+        import enricher.kube
+
+        kubernetes.client.ApiClient(kubernetes.client.Configuration()).close()  # type: ignore[no-untyped-call]
+    if kubelet:
+        from enricher.podresources import load_grpc
+        from enricher.proto import api_pb2_grpc  # noqa: F401
+
+        load_grpc()
+    del enricher
+    conn.send(("ready", 0))
+    while conn.recv() != "stop":
+        pass
+
+
+def run_enricher(conn: Connection, spec: EnricherSpec) -> None:
+    """The real enricher, wired as ``dcgm-enricher serve`` wires it (commands.run_server)."""
+    _hide_test_only_modules()
     logging.basicConfig(level=logging.WARNING)
     os.environ["FAKE_NVML_STATE"] = spec.nvml_state  # read by the fake libnvidia-ml
     os.environ["FAKE_NVML_RELOAD"] = "changed"  # only when it changed, see bench/run.py

@@ -137,6 +137,10 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     assert memory["churns"] >= 1
     assert set(memory["rss_mib"]) == {"start", "50", "100", "150"}
     assert memory["foreign_modules"] == ["bench"]  # no test or benchmark code but the glue
+    floor = memory["floor_rss_mib"]
+    # The kubernetes client and gRPC each add to what merely importing the enricher costs.
+    assert 0 < floor["imports_without_kubernetes"] < floor["imports"]
+    assert floor["imports"] < floor["imports_with_kubelet_grpc"]
 
     assert {t["name"] for t in data["targets"]} >= {
         "rewrite mig56 vs naive",
