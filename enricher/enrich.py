@@ -374,8 +374,9 @@ def render_families(
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
     w.family(
         UTIL,
-        "Share of SM time a container's processes used on a GPU since the previous scrape, "
-        "0 to 1 (NVML process utilization; absent where NVML has no data, e.g. MIG).",
+        "Share of SM time a container's processes used on a GPU since the previous NVML read "
+        "(by default the previous dcgm-exporter collection), 0 to 1 (NVML process "
+        "utilization; absent where NVML has no data, e.g. MIG).",
     )
     w.family(
         ALLOCATED,

@@ -382,3 +382,42 @@ def test_follower_rejects_bad_settings(step: float, coarse: float) -> None:
 
     with pytest.raises(ValueError):
         Follower(poll, step=step, coarse=coarse)
+
+
+async def test_polls_per_collection_once_the_rhythm_is_learnt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """README's figure: with dcgm-exporter's default 30 s and the default 0.1 s step, the
+    real Follower asks 7 times per collection once it has learnt the rhythm, and sees each
+    collection within a step. Time is simulated: sleeping moves a fake clock."""
+    interval, step, offset = 30.0, 0.1, 0.013
+    clock = [0.0]
+    polls: list[float] = []
+    seen: list[float] = []
+
+    async def poll() -> int:
+        polls.append(clock[0])
+        return int((clock[0] - offset) // interval)
+
+    async def on_change(collection: int) -> None:
+        seen.append(clock[0] - (collection * interval + offset))
+
+    done = asyncio.Event()
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(delay: float) -> None:
+        clock[0] += delay
+        if clock[0] >= 900:
+            done.set()
+            await real_sleep(3600)
+        await real_sleep(0)
+
+    monkeypatch.setattr("enricher.refresh.asyncio.sleep", fake_sleep)
+    follower = Follower(poll, step=step, on_change=on_change, clock=lambda: clock[0])
+    follower.start()
+    await asyncio.wait_for(done.wait(), 30)
+    await follower.close()
+    assert follower.interval == pytest.approx(interval)
+    steady = [p for p in polls if p >= 300]
+    assert len(steady) == 7 * 20
+    assert max(seen[1:]) <= step + 1e-9  # every collection after the first, within a step
