@@ -101,7 +101,7 @@ FULL = Mode(
     memory_checkpoints=(1_000, 10_000),
     churn_every=100,
     churn_pods=11,
-    follow_learn=4.0,
+    follow_learn=6.0,
 )
 QUICK = Mode(
     rewrite_reps=5,

@@ -259,12 +259,18 @@ class Scraper:
             return follower.coarse
         return interval * 1.1 + follower.step + node.last_duration
 
-    async def scrape(self) -> ScrapeResult:
-        """Return a fresh scrape; joins the one in flight if there is one."""
+    def start(self) -> None:
+        """Start the background work (following the upstream, a --collect.interval loop) in the
+        running event loop, so that the first scrape finds it under way; a no-op once it runs.
+        A scrape starts it too."""
         if self._node is not None and not self._aligned:
             self._node.start()
         if self._follower is not None:
             self._follower.start()
+
+    async def scrape(self) -> ScrapeResult:
+        """Return a fresh scrape; joins the one in flight if there is one."""
+        self.start()
         self.scrapes_total += 1
         if self._inflight is not None and not self._inflight.done():
             self.shared_scrapes_total += 1
@@ -637,12 +643,16 @@ def make_app(scraper: Scraper) -> web.Application:
             text=render_landing(scraper.last, scraper.config), content_type="text/html"
         )
 
+    async def on_startup(_app: web.Application) -> None:
+        scraper.start()
+
     async def on_cleanup(_app: web.Application) -> None:
         await scraper.close()
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", landing)
+    app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
 

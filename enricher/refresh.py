@@ -159,6 +159,7 @@ def follow_delay(
     step: float,
     coarse: float,
     learn_limit: float,
+    rough: float | None = None,
 ) -> float:
     """Seconds from ``now`` until the next poll of a source that changes once per collection
     (pure). Polls are spaced from the start of the last one (``polled_at``).
@@ -166,29 +167,41 @@ def follow_delay(
     ``last_change`` is when a poll last saw new content; ``precise`` says whether that poll
     came right after the one before (so the change is known to within a step);
     ``interval`` is the collection interval learnt from the gaps between precise changes
-    (None until there is one).
+    (None until there is one); ``rough`` the gap between changes seen with any precision
+    (None until two changes were seen).
 
-    * Nothing seen yet, or no change for two intervals (the rhythm is lost): every ``coarse``.
-    * A change seen late (not precise), or no interval yet: every ``step`` until the next
-      change, which is then precise; for at most ``learn_limit`` seconds, then ``coarse``.
-    * A source that changes on (nearly) every poll: every ``step``.
-    * Otherwise: sleep until shortly before the next change is due (five steps, or 2 % of
-      the interval if that is more, but at least half the interval after the last change),
-      then every ``step`` until the change shows: at most a step after it happened.
+    * Nothing seen yet: every ``coarse``.
+    * The rhythm learnt (``precise`` and ``interval``): a source that changes on (nearly)
+      every poll, every ``step``; no change for two intervals (the rhythm is lost), every
+      ``coarse``; otherwise sleep until shortly before the next change is due (five steps, or
+      2 % of the interval if that is more, but at least half the interval after the last
+      change), then every ``step`` until the change shows: at most a step after it happened.
+    * Learning (the last change seen late, or no interval yet): every ``coarse``, and every
+      ``step`` from two coarse polls before the next change is due (by ``interval``, else
+      ``rough``) until two coarse polls after it, so that it is seen within a step; only
+      ``coarse`` while the gap is unknown and once ``learn_limit`` seconds have passed
+      without a change.
     """
     fine = max(0.0, polled_at + step - now)
     slow = max(0.0, polled_at + coarse - now)
     if last_change is None:
         return slow
     since = now - last_change
-    if not precise or interval is None:
-        return fine if since <= learn_limit else slow
-    if interval < 2 * step:
-        return fine
-    if since > 2 * interval:
+    if precise and interval is not None:
+        if interval < 2 * step:
+            return fine
+        if since > 2 * interval:
+            return slow
+        window = last_change + max(0.5 * interval, interval - max(5 * step, 0.02 * interval))
+        return window - now if now < window else fine
+    guess = interval if interval is not None else rough
+    if guess is None or since > learn_limit:
         return slow
-    window = last_change + max(0.5 * interval, interval - max(5 * step, 0.02 * interval))
-    return window - now if now < window else fine
+    # Either change may have been seen up to a coarse poll after it happened.
+    opens, closes = last_change + guess - 2 * coarse, last_change + guess + 2 * coarse
+    if now < opens:
+        return min(opens - now, slow)
+    return fine if now <= closes else slow
 
 
 class Follower(Generic[T]):
@@ -235,7 +248,8 @@ class Follower(Generic[T]):
         self.precise = False  # the last change is known to within a step
         self._previous_poll: float | None = None
         self._last_duration = 0.0
-        self._gaps: list[float] = []
+        self._gaps: list[float] = []  # between two precise changes
+        self._rough_gaps: list[float] = []  # between any two changes (not the first answer)
         self._task: asyncio.Task[None] | None = None
         self._polling: asyncio.Task[bool] | None = None
         self.polls = 0
@@ -244,8 +258,13 @@ class Follower(Generic[T]):
 
     @property
     def interval(self) -> float | None:
-        """The learnt collection interval (None until two changes were seen)."""
+        """The learnt collection interval (None until two precise changes were seen)."""
         return min(self._gaps) if self._gaps else None
+
+    @property
+    def rough_interval(self) -> float | None:
+        """The gap between changes seen with any precision (None until two were seen)."""
+        return min(self._rough_gaps) if self._rough_gaps else None
 
     @property
     def max_age(self) -> float:
@@ -305,6 +324,8 @@ class Follower(Generic[T]):
             precise = previous is not None and started - previous <= 1.5 * max(self.step, took)
             if precise and self.precise and self.last_change is not None:
                 self._gaps = [*self._gaps[-4:], started - self.last_change]
+            if self.last_change is not None and self.changes > 2:  # not from the first answer
+                self._rough_gaps = [*self._rough_gaps[-4:], started - self.last_change]
             self.last_change, self.precise = started, precise
             # The new answer is published once what depends on it is prepared, so a reader
             # sees the previous answer with the previous preparation, or both new.
@@ -330,5 +351,6 @@ class Follower(Generic[T]):
                 step=self.step,
                 coarse=self.coarse,
                 learn_limit=self.learn_limit,
+                rough=self.rough_interval,
             )
             await asyncio.sleep(delay)

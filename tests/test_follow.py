@@ -144,6 +144,15 @@ def test_following_is_the_default() -> None:
     assert config.collect_interval == 0  # the node side is read with each collection
 
 
+async def test_following_starts_with_the_app(env: Env) -> None:
+    """The first scrape finds the collection already fetched and prepared."""
+    deadline = time.monotonic() + WAIT
+    while env.exporter.requests == 0:
+        assert time.monotonic() < deadline, "the follower did not start with the app"
+        await asyncio.sleep(STEP)
+    assert env.scraper.scrapes_total == 0
+
+
 async def test_node_side_is_read_with_each_upstream_collection(env: Env) -> None:
     assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
 

@@ -201,11 +201,49 @@ STEP, COARSE, LEARN = 0.1, 1.0, 120.0
 
 
 @pytest.mark.parametrize(
+    ("now", "polled_at", "last_change", "precise", "interval", "rough", "delay"),
+    [
+        # A rough gap of 30 s (changes seen by coarse polls): the next is due at 40 +- 2 s.
+        pytest.param(11.0, 11.0, 10.0, False, None, 30.0, 1.0, id="before-window-coarse"),
+        pytest.param(37.5, 37.5, 10.0, False, None, 30.0, 0.5, id="until-window-opens"),
+        pytest.param(38.0, 38.0, 10.0, False, None, 30.0, 0.1, id="window-fine"),
+        pytest.param(41.9, 41.9, 10.0, True, None, 30.0, 0.1, id="window-precise-no-interval"),
+        pytest.param(42.5, 42.5, 10.0, False, None, 30.0, 1.0, id="after-window-coarse"),
+        # The rhythm was lost and a change came late: its learnt interval gives the window.
+        pytest.param(38.5, 38.5, 10.0, False, 30.0, 5.0, 0.1, id="interval-beats-rough"),
+        pytest.param(130.5, 130.5, 10.0, False, None, 120.0, 1.0, id="past-learn-limit"),
+        pytest.param(10.0, 9.95, 9.95, False, None, 0.5, 0.05, id="every-poll-changes-fine"),
+    ],
+)
+def test_follow_delay_while_learning(
+    now: float,
+    polled_at: float,
+    last_change: float,
+    precise: bool,
+    interval: float | None,
+    rough: float,
+    delay: float,
+) -> None:
+    got = follow_delay(
+        now,
+        polled_at,
+        last_change,
+        precise,
+        interval,
+        step=STEP,
+        coarse=COARSE,
+        learn_limit=LEARN,
+        rough=rough,
+    )
+    assert got == pytest.approx(delay)
+
+
+@pytest.mark.parametrize(
     ("now", "polled_at", "last_change", "precise", "interval", "delay"),
     [
         pytest.param(10.0, 9.8, None, False, None, 0.8, id="nothing-yet-coarse"),
-        pytest.param(10.0, 9.95, 9.95, False, None, 0.05, id="late-change-fine"),
-        pytest.param(10.0, 9.95, 9.95, True, None, 0.05, id="no-interval-fine"),
+        pytest.param(10.0, 9.95, 9.95, False, None, 0.95, id="late-change-no-gap-coarse"),
+        pytest.param(10.0, 9.95, 9.95, True, None, 0.95, id="no-gap-yet-coarse"),
         pytest.param(200.0, 199.95, 70.0, False, None, 0.95, id="learning-gave-up-coarse"),
         pytest.param(10.0, 9.95, 9.95, True, 0.15, 0.05, id="changes-every-poll-fine"),
         pytest.param(10.0, 9.9, 9.9, True, 30.0, 29.3, id="sleep-until-window"),
@@ -387,9 +425,10 @@ def test_follower_rejects_bad_settings(step: float, coarse: float) -> None:
 async def test_polls_per_collection_once_the_rhythm_is_learnt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """README's figure: with dcgm-exporter's default 30 s and the default 0.1 s step, the
-    real Follower asks 7 times per collection once it has learnt the rhythm, and sees each
-    collection within a step. Time is simulated: sleeping moves a fake clock."""
+    """README's figures: with dcgm-exporter's default 30 s and the default 0.1 s step, the
+    real Follower learns the rhythm in four collections, asking once a second and ten times a
+    second only around when a collection is due; then it asks 7 times per collection and sees
+    each within a step. Time is simulated: sleeping moves a fake clock."""
     interval, step, offset = 30.0, 0.1, 0.013
     clock = [0.0]
     polls: list[float] = []
@@ -420,4 +459,9 @@ async def test_polls_per_collection_once_the_rhythm_is_learnt(
     assert follower.interval == pytest.approx(interval)
     steady = [p for p in polls if p >= 300]
     assert len(steady) == 7 * 20
-    assert max(seen[1:]) <= step + 1e-9  # every collection after the first, within a step
+    # The first answer and the next two collections are seen by coarse polls (late, but
+    # their gap gives the window); from then on each collection is seen within a step.
+    assert max(seen[3:]) <= step + 1e-9
+    learning = [p for p in polls if p < 4 * interval]
+    print(f"{len(learning)} polls in the first four collections")
+    assert len(learning) <= 4 * interval + 2 * 40  # 1 a second, and two windows of 4 s x 10
