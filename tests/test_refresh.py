@@ -203,6 +203,16 @@ STEP, COARSE, LEARN = 0.1, 1.0, 120.0
 @pytest.mark.parametrize(
     ("now", "polled_at", "last_change", "precise", "interval", "rough", "delay"),
     [
+        pytest.param(10.0, 9.8, None, False, None, None, 0.8, id="nothing-yet-coarse"),
+        pytest.param(10.0, 9.95, 9.95, False, None, None, 0.95, id="late-change-no-gap-coarse"),
+        pytest.param(10.0, 9.95, 9.95, True, None, None, 0.95, id="no-gap-yet-coarse"),
+        pytest.param(200.0, 199.95, 70.0, False, None, None, 0.95, id="learning-gave-up-coarse"),
+        pytest.param(10.0, 9.95, 9.95, True, 0.15, None, 0.05, id="changes-every-poll-fine"),
+        pytest.param(10.0, 9.9, 9.9, True, 30.0, None, 29.3, id="sleep-until-window"),
+        pytest.param(39.5, 39.45, 10.0, True, 30.0, None, 0.05, id="in-window-fine"),
+        pytest.param(10.0, 9.9, 9.9, True, 0.3, None, 0.05, id="short-interval-half-window"),
+        pytest.param(71.0, 70.9, 10.0, True, 30.0, None, 0.9, id="rhythm-lost-coarse"),
+        pytest.param(10.0, 9.0, 9.95, False, None, None, 0.0, id="never-negative"),
         # A rough gap of 30 s (changes seen by coarse polls): the next is due at 40 +- 2 s.
         pytest.param(11.0, 11.0, 10.0, False, None, 30.0, 1.0, id="before-window-coarse"),
         pytest.param(37.5, 37.5, 10.0, False, None, 30.0, 0.5, id="until-window-opens"),
@@ -215,13 +225,13 @@ STEP, COARSE, LEARN = 0.1, 1.0, 120.0
         pytest.param(10.0, 9.95, 9.95, False, None, 0.5, 0.05, id="every-poll-changes-fine"),
     ],
 )
-def test_follow_delay_while_learning(
+def test_follow_delay(
     now: float,
     polled_at: float,
-    last_change: float,
+    last_change: float | None,
     precise: bool,
     interval: float | None,
-    rough: float,
+    rough: float | None,
     delay: float,
 ) -> None:
     got = follow_delay(
@@ -234,42 +244,6 @@ def test_follow_delay_while_learning(
         coarse=COARSE,
         learn_limit=LEARN,
         rough=rough,
-    )
-    assert got == pytest.approx(delay)
-
-
-@pytest.mark.parametrize(
-    ("now", "polled_at", "last_change", "precise", "interval", "delay"),
-    [
-        pytest.param(10.0, 9.8, None, False, None, 0.8, id="nothing-yet-coarse"),
-        pytest.param(10.0, 9.95, 9.95, False, None, 0.95, id="late-change-no-gap-coarse"),
-        pytest.param(10.0, 9.95, 9.95, True, None, 0.95, id="no-gap-yet-coarse"),
-        pytest.param(200.0, 199.95, 70.0, False, None, 0.95, id="learning-gave-up-coarse"),
-        pytest.param(10.0, 9.95, 9.95, True, 0.15, 0.05, id="changes-every-poll-fine"),
-        pytest.param(10.0, 9.9, 9.9, True, 30.0, 29.3, id="sleep-until-window"),
-        pytest.param(39.5, 39.45, 10.0, True, 30.0, 0.05, id="in-window-fine"),
-        pytest.param(10.0, 9.9, 9.9, True, 0.3, 0.05, id="short-interval-half-window"),
-        pytest.param(71.0, 70.9, 10.0, True, 30.0, 0.9, id="rhythm-lost-coarse"),
-        pytest.param(10.0, 9.0, 9.95, False, None, 0.0, id="never-negative"),
-    ],
-)
-def test_follow_delay(
-    now: float,
-    polled_at: float,
-    last_change: float | None,
-    precise: bool,
-    interval: float | None,
-    delay: float,
-) -> None:
-    got = follow_delay(
-        now,
-        polled_at,
-        last_change,
-        precise,
-        interval,
-        step=STEP,
-        coarse=COARSE,
-        learn_limit=LEARN,
     )
     assert got == pytest.approx(delay)
 
