@@ -148,7 +148,7 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
     """Start the slow upstream and the enricher, drive the scrapers, collect the figures."""
     from aiohttp import web
 
-    from enricher.demo import SimulatedGpus, render_upstream
+    from enricher.demo import SimulatedGpus, collected_at, render_upstream
 
     gpus = SimulatedGpus()
     upstream_requests = 0
@@ -157,8 +157,7 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
         nonlocal upstream_requests
         upstream_requests += 1
         await asyncio.sleep(cfg.upstream_delay)
-        now = time.time()
-        collected = now - now % cfg.upstream_interval if cfg.upstream_interval > 0 else now
+        collected = collected_at(time.time(), cfg.upstream_interval)
         return web.Response(text=render_upstream(gpus, collected), content_type="text/plain")
 
     upstream_app = web.Application()

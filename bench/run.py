@@ -47,10 +47,6 @@ from .node import NODE, SimNode
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
 
-# The fake libnvidia-ml re-reads its state file only when it changed: real NVML parses no
-# text, so what the benchmark times is the enricher's work (tests/fakenvml/fake_nvml.c).
-FAKE_NVML_RELOAD = "changed"
-
 # The targets of issue 3; each is checked against figures from this run only.
 TARGET_NAIVE_SPEEDUP = 30.0  # rewrite of mig56 at least this many times faster than naive
 TARGET_LIMIT_RATIO = 4.0  # ... and at most this many limit passes
@@ -259,12 +255,13 @@ def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
     from enricher.nvml import NvmlSource
     from enricher.procfs import ProcReader
 
+    from .servers import use_fake_nvml
+
     out: dict[str, Any] = {}
     for shape_name in ("node8", "mig56"):
         sim = SimNode(work / f"attr-{shape_name}", payloads.SHAPES[shape_name])
         sim.write()
-        os.environ["FAKE_NVML_STATE"] = str(sim.nvml_state)
-        os.environ["FAKE_NVML_RELOAD"] = FAKE_NVML_RELOAD
+        use_fake_nvml(str(sim.nvml_state))
         index = build_index(parse_pod(p) for p in sim.pod_objects())
         source = NvmlSource(library_path=str(nvml_lib))
         reader = ProcReader(str(sim.proc_root))

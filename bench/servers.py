@@ -15,6 +15,7 @@ can tell how old the values it got are.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -183,6 +184,14 @@ class EnricherSpec:
 TEST_ONLY_MODULES = ("kubernetes_validate", "jsonschema")
 
 
+def use_fake_nvml(state_path: str) -> None:
+    """Point the fake libnvidia-ml at a state file, re-read only when the file changed: real
+    NVML parses no text, so what the benchmark times is the enricher's work
+    (tests/fakenvml/fake_nvml.c)."""
+    os.environ["FAKE_NVML_STATE"] = state_path
+    os.environ["FAKE_NVML_RELOAD"] = "changed"
+
+
 def _hide_test_only_modules() -> None:
     for name in TEST_ONLY_MODULES:
         if name not in sys.modules:
@@ -194,23 +203,17 @@ def run_import_floor(conn: Connection, kube: bool, kubelet: bool) -> None:
     pod watch's kubernetes client with ``kube``, the kubelet source's gRPC stubs with
     ``kubelet``), and builds, reads and serves nothing."""
     _hide_test_only_modules()
-    import enricher.app
-    import enricher.commands
-    import enricher.nvml
-    import enricher.procfs
-
+    modules = ["enricher.app", "enricher.commands", "enricher.nvml", "enricher.procfs"]
+    if kube:
+        modules.append("enricher.kube")
+    if kubelet:
+        modules += ["grpc", "enricher.proto.api_pb2_grpc"]
+    for name in modules:
+        importlib.import_module(name)
     if kube:
         import kubernetes.client
 
-        import enricher.kube
-
         kubernetes.client.ApiClient(kubernetes.client.Configuration()).close()  # type: ignore[no-untyped-call]
-    if kubelet:
-        from enricher.podresources import load_grpc
-        from enricher.proto import api_pb2_grpc  # noqa: F401
-
-        load_grpc()
-    del enricher
     conn.send(("ready", 0))
     while conn.recv() != "stop":
         pass
@@ -220,8 +223,7 @@ def run_enricher(conn: Connection, spec: EnricherSpec) -> None:
     """The real enricher, wired as ``dcgm-enricher serve`` wires it (commands.run_server)."""
     _hide_test_only_modules()
     logging.basicConfig(level=logging.WARNING)
-    os.environ["FAKE_NVML_STATE"] = spec.nvml_state  # read by the fake libnvidia-ml
-    os.environ["FAKE_NVML_RELOAD"] = "changed"  # only when it changed, see bench/run.py
+    use_fake_nvml(spec.nvml_state)
     asyncio.run(_enricher(conn, spec))
 
 

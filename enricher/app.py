@@ -205,9 +205,10 @@ class Scraper:
                 self._node_side, config.collect_interval, clock=clock, name="node"
             )
         elif self._aligned:
+            # No loop of its own: each upstream collection refreshes it (see _prepare).
             self._node = Refresher(
                 self._node_side,
-                config.upstream_follow_step,
+                None,
                 max_age=self._aligned_max_age,
                 clock=clock,
                 name="node",
@@ -263,7 +264,7 @@ class Scraper:
         """Start the background work (following the upstream, a --collect.interval loop) in the
         running event loop, so that the first scrape finds it under way; a no-op once it runs.
         A scrape starts it too."""
-        if self._node is not None and not self._aligned:
+        if self._node is not None:
             self._node.start()
         if self._follower is not None:
             self._follower.start()
@@ -404,10 +405,7 @@ class Scraper:
     async def _prepare(self, answer: tuple[str | None, float]) -> None:
         """A new upstream collection: read the node side now when aligned with the upstream,
         and rewrite the collection, so scrapes get the cached results."""
-        if self._aligned and self._node is not None:
-            node = await self._node.refresh()
-        else:
-            node = await self._node_view()
+        node = await (self._node.refresh() if self._aligned and self._node else self._node_view())
         text = answer[0]
         if text is not None:
             self._remember(self._rewriter.rewrite(text, node.plan).identities)

@@ -557,14 +557,20 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
 UPSTREAM_COLLECT_INTERVAL = 5.0
 
 
+def collected_at(now: float, interval: float) -> float:
+    """When the collection serving ``now`` was made: the start of its interval (``now``
+    itself with no interval, for a stand-in that changes on every request)."""
+    return now - now % interval if interval > 0 else now
+
+
 def make_upstream_app(
     gpus: SimulatedGpus, collect_interval: float = UPSTREAM_COLLECT_INTERVAL
 ) -> web.Application:
     async def metrics(_request: web.Request) -> web.Response:
-        now = time.time()
-        collected = now - now % collect_interval if collect_interval > 0 else now
         return web.Response(
-            text=render_upstream(gpus, collected), content_type="text/plain", charset="utf-8"
+            text=render_upstream(gpus, collected_at(time.time(), collect_interval)),
+            content_type="text/plain",
+            charset="utf-8",
         )
 
     app = web.Application()

@@ -208,78 +208,42 @@ class _DeviceError(Exception):
 
 
 # The process lists and utilization samples are read through pynvml's function pointers into
-# plain ctypes arrays: pynvml's wrappers ask for the size first (two library calls where one
-# does) and turn every row into a dict-backed object, which costs more than the call itself.
-
-
-class _ProcessInfoV1(ctypes.Structure):
-    # nvmlProcessInfo_v1_t; pynvml no longer ships a wrapper for the unversioned symbols.
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
-
-
-class _ProcessInfoV2(ctypes.Structure):
-    # nvmlProcessInfo_v2_t, also what the _v3 symbols fill (pynvml: c_nvmlProcessInfo_v3_t).
-    _fields_ = [
-        ("pid", ctypes.c_uint),
-        ("usedGpuMemory", ctypes.c_ulonglong),
-        ("gpuInstanceId", ctypes.c_uint),
-        ("computeInstanceId", ctypes.c_uint),
-    ]
-
-
-class _UtilizationSample(ctypes.Structure):
-    # nvmlProcessUtilizationSample_t
-    _fields_ = [
-        ("pid", ctypes.c_uint),
-        ("timeStamp", ctypes.c_ulonglong),
-        ("smUtil", ctypes.c_uint),
-        ("memUtil", ctypes.c_uint),
-        ("encUtil", ctypes.c_uint),
-        ("decUtil", ctypes.c_uint),
-    ]
-
-
-# The same layouts as struct formats (native alignment, as the C compiler lays them out): the
-# filled rows are unpacked in one C call instead of one ctypes object per row and field.
-_ROWS_V1 = struct.Struct("@IQ")  # pid, usedGpuMemory
-_ROWS_V2 = struct.Struct("@IQII")  # pid, usedGpuMemory, gpuInstanceId, computeInstanceId
-_ROWS_SAMPLE = struct.Struct("@IQIIII")  # pid, timeStamp, smUtil, memUtil, encUtil, decUtil
-for _rows, _struct in (
-    (_ROWS_V1, _ProcessInfoV1),
-    (_ROWS_V2, _ProcessInfoV2),
-    (_ROWS_SAMPLE, _UtilizationSample),
-):
-    if _rows.size != ctypes.sizeof(_struct):  # pragma: no cover - a platform we do not know
-        raise ImportError(f"{_struct.__name__}: struct layout differs from ctypes'")
-
-
-def _unpack(rows: struct.Struct, buffer: ctypes.Array[Any], n: int) -> Any:
-    """The first ``n`` rows of a filled buffer as tuples of its fields."""
-    return rows.iter_unpack(memoryview(buffer).cast("B")[: n * rows.size])
-
+# plain buffers: pynvml's wrappers ask for the size first (two library calls where one does)
+# and turn every row into a dict-backed object, which costs more than the call itself. The
+# rows are unpacked with struct in one C call; the layouts use native alignment, as the C
+# compiler lays the structs out.
+_ROWS_V1 = struct.Struct("@IQ")  # nvmlProcessInfo_v1_t: pid, usedGpuMemory
+# nvmlProcessInfo_v2_t, also what the _v3 symbols fill: pid, usedGpuMemory, gpuInstanceId,
+# computeInstanceId
+_ROWS_V2 = struct.Struct("@IQII")
+# nvmlProcessUtilizationSample_t: pid, timeStamp, smUtil, memUtil, encUtil, decUtil
+_ROWS_SAMPLE = struct.Struct("@IQIIII")
 
 _FIRST_CAPACITY = 32  # rows offered on the first call; most lists fit, so one call does
 
 
 def _fill(
-    struct: type[ctypes.Structure], capacity: int, call: Callable[[Any, Any], int]
-) -> tuple[int, ctypes.Array[Any], int]:
-    """Call an NVML "count in, rows out" function with a buffer of ``capacity`` rows; on
+    symbol: str, rows: struct.Struct, call: Callable[[Any, Any], int]
+) -> tuple[int, list[tuple[Any, ...]]]:
+    """Call an NVML "count in, rows out" function with room for _FIRST_CAPACITY rows; on
     NVML_ERROR_INSUFFICIENT_SIZE once more with room for what it asked (plus headroom for
     rows that appear between the calls, as pynvml allows), bounded by
-    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. Returns the
-    return code, the buffer and the number of rows filled (bounded by the buffer; 0 unless
-    the call succeeded)."""
+    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. Returns the return
+    code and the rows filled, unpacked (none unless the call succeeded)."""
+    capacity = _FIRST_CAPACITY
     for _attempt in range(2):
-        buffer = (struct * capacity)()
+        buffer = (ctypes.c_ubyte * (capacity * rows.size))()
         count = ctypes.c_uint(capacity)
         ret = call(buffer, ctypes.byref(count))
         if ret != _ERROR_INSUFFICIENT_SIZE:
-            return ret, buffer, min(count.value, capacity) if ret == _SUCCESS else 0
+            if ret != _SUCCESS:
+                return ret, []
+            n = min(count.value, capacity)
+            return ret, list(rows.iter_unpack(memoryview(buffer)[: n * rows.size]))
         if count.value > MAX_PROCESSES_PER_LIST:
-            raise _DeviceError(f"{count.value} rows, over {MAX_PROCESSES_PER_LIST}")
+            raise _DeviceError(f"{symbol}: {count.value} rows, over {MAX_PROCESSES_PER_LIST}")
         capacity = min(count.value * 2 + 5, MAX_PROCESSES_PER_LIST)
-    return ret, buffer, 0
+    return ret, []
 
 
 @dataclass(frozen=True)
@@ -626,15 +590,11 @@ class NvmlSource:
     def _list_call(self, symbol: str, version: int, handle: Any) -> list[tuple[int, int | None]]:
         """One process list; raises NVMLError with the library's code when it fails."""
         fn = self._function(symbol)
-        struct = _ProcessInfoV1 if version == 1 else _ProcessInfoV2
-        ret, rows, n = _fill(struct, _FIRST_CAPACITY, lambda buf, count: fn(handle, count, buf))
+        layout = _ROWS_V1 if version == 1 else _ROWS_V2
+        ret, rows = _fill(symbol, layout, lambda buf, count: fn(handle, count, buf))
         if ret != _SUCCESS:
             raise pynvml.NVMLError(ret)
-        layout = _ROWS_V1 if version == 1 else _ROWS_V2
-        return [
-            (row[0], None if row[1] == _VALUE_NOT_AVAILABLE_ULL else row[1])
-            for row in _unpack(layout, rows, n)
-        ]
+        return [(row[0], None if row[1] == _VALUE_NOT_AVAILABLE_ULL else row[1]) for row in rows]
 
     def _with_utilization(self, gpu: _GpuRead) -> tuple[GpuProcess, ...]:
         # Samples are pooled per GPU instance: a GI split into several compute instances
@@ -658,22 +618,19 @@ class NvmlSource:
             if _code(err) == _ERROR_FUNCTION_NOT_FOUND:
                 return None
             raise
-        stamp = ctypes.c_ulonglong(since)
+        last_seen = ctypes.c_ulonglong(since)
         handle = target.handle
         # New samples can arrive between two calls: _fill retries once with more room.
-        ret, raw, n = _fill(
-            _UtilizationSample, _FIRST_CAPACITY, lambda buf, count: fn(handle, buf, count, stamp)
+        ret, rows = _fill(
+            symbol, _ROWS_SAMPLE, lambda buf, count: fn(handle, buf, count, last_seen)
         )
-        if ret in (_ERROR_NOT_FOUND, _SUCCESS) and n == 0:
+        if ret == _ERROR_NOT_FOUND:
             return []  # no sample newer than ``since``: idle, not unknown
         if ret in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
             return None
         if ret != _SUCCESS:
             raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
-        samples = [
-            UtilSample(pid, stamp, sm)
-            for pid, stamp, sm, _m, _e, _d in _unpack(_ROWS_SAMPLE, raw, n)
-        ]
+        samples = [UtilSample(pid, stamp, sm) for pid, stamp, sm, _m, _e, _d in rows]
         fresh, newest = newer_samples(samples, since)
         self._last_seen[target.uuid] = newest
         return fresh
@@ -693,10 +650,3 @@ class NvmlSource:
             level = logging.DEBUG if message in self._logged_errors else logging.WARNING
             log.log(level, "nvml: %s", message)
         self._logged_errors = current
-
-
-def _memory(value: Any) -> int | None:
-    if value is None:
-        return None
-    number = int(value)
-    return None if number == _VALUE_NOT_AVAILABLE_ULL else number

@@ -30,6 +30,8 @@ T = TypeVar("T")
 
 class Refresher(Generic[T]):
     """Runs ``collect`` now and then every ``interval`` seconds; :meth:`get` returns the newest.
+    With ``interval`` None there is no loop: something else calls :meth:`refresh` when a new
+    result is due, and :meth:`get` collects itself once the newest is older than ``max_age``.
 
     One collection runs at a time: a :meth:`get` that finds the result too old joins the run in
     flight (or starts one) instead of starting another. A collection that raises keeps the
@@ -39,20 +41,23 @@ class Refresher(Generic[T]):
     def __init__(
         self,
         collect: Callable[[], Awaitable[T]],
-        interval: float,
+        interval: float | None,
         *,
         max_age: float | Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "refresh",
     ) -> None:
         """``max_age`` may be a function, asked on every :meth:`get` (for a bound that is
-        learnt while running, such as the upstream's collection interval)."""
-        if not interval > 0:
+        learnt while running, such as the upstream's collection interval); without a loop
+        (``interval`` None) it is required."""
+        if interval is not None and not interval > 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
+        if interval is None and max_age is None:
+            raise ValueError("without an interval, max_age is required")
         if max_age is not None and not callable(max_age) and not max_age > 0:
             raise ValueError(f"max_age must be positive, got {max_age!r}")
         self._collect = collect
-        self.interval = float(interval)
+        self.interval = None if interval is None else float(interval)
         self._max_age = max_age
         self._clock = clock
         self.name = name
@@ -76,6 +81,7 @@ class Refresher(Generic[T]):
             return self._max_age()
         if self._max_age is not None:
             return self._max_age
+        assert self.interval is not None  # __init__ requires max_age without an interval
         return self.interval * 1.1 + self._last_duration
 
     def age(self) -> float | None:
@@ -85,7 +91,10 @@ class Refresher(Generic[T]):
         return self._clock() - self._started_at
 
     def start(self) -> None:
-        """Start the background loop (in the running event loop); a no-op while it runs."""
+        """Start the background loop (in the running event loop); a no-op while it runs, and
+        without an interval."""
+        if self.interval is None:
+            return
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"{self.name}-loop"
@@ -132,6 +141,9 @@ class Refresher(Generic[T]):
         return result
 
     async def _run(self) -> None:
+        interval = self.interval
+        if interval is None:  # start() runs no loop without an interval
+            return
         while True:
             started = self._clock()
             try:
@@ -143,7 +155,7 @@ class Refresher(Generic[T]):
                 # too old, then waits for (and raises from) a collection of its own.
                 log.warning("%s: collection failed: %s", self.name, exc or type(exc).__name__)
             elapsed = self._clock() - started
-            await asyncio.sleep(max(0.0, self.interval - elapsed))
+            await asyncio.sleep(max(0.0, interval - elapsed))
 
 
 # --------------------------------------------------------------------------- following

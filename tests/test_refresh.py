@@ -48,9 +48,10 @@ class Collect:
         pytest.param(-1.0, None, id="negative-interval"),
         pytest.param(float("nan"), None, id="nan-interval"),
         pytest.param(1.0, 0.0, id="zero-max-age"),
+        pytest.param(None, None, id="no-interval-no-max-age"),
     ],
 )
-def test_rejects_bad_settings(interval: float, max_age: float | None) -> None:
+def test_rejects_bad_settings(interval: float | None, max_age: float | None) -> None:
     clock = Clock()
     with pytest.raises(ValueError):
         Refresher(Collect(clock), interval, max_age=max_age, clock=clock)
@@ -68,6 +69,24 @@ async def test_serves_the_newest_result_while_it_is_fresh() -> None:
     clock.now += 0.2
     assert await r.get() == 2  # too old: a new collection, waited for
     assert r.age() == 0.0
+
+
+async def test_without_an_interval_it_collects_when_asked_or_too_old() -> None:
+    """The aligned node side: no loop; refresh() when a collection is due, and get() collects
+    itself only once the newest is older than max_age (here a bound learnt at run time)."""
+    clock = Clock()
+    collect = Collect(clock)
+    bound = [5.0]
+    r = Refresher(collect, None, max_age=lambda: bound[0], clock=clock)
+    r.start()  # no loop to start
+    await asyncio.sleep(0)
+    assert collect.calls == 0
+    assert await r.refresh() == 1
+    clock.now += 5.0
+    assert await r.get() == 1
+    bound[0] = 2.0
+    assert await r.get() == 2  # the bound shrank: too old now
+    assert collect.calls == 2
 
 
 async def test_a_slow_collection_widens_the_bound_by_its_duration() -> None:
