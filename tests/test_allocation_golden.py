@@ -194,7 +194,6 @@ def allocations() -> list[DeviceAllocation]:
 
 
 def write_proc(root: Path) -> None:
-    fakeproc.write_proc_stat(root, 1_700_000_000)
     procs = [
         (1101, "python", CHAT_A),
         (1201, "python", CHAT_B),
@@ -205,9 +204,10 @@ def write_proc(root: Path) -> None:
         (1601, "python", JUPYTER),
         (1701, "python", FINISHED),
     ]
-    for i, (pid, comm, p) in enumerate(procs):
-        cgroup = fakeproc.cgroup_v2_systemd(p.uid, p.container_id)
-        fakeproc.write_process(root, pid, comm=comm, cgroup=cgroup, start_ticks=1000 + i)
+    fakeproc.write_tree(
+        root,
+        [(pid, comm, fakeproc.cgroup_v2_systemd(p.uid, p.container_id)) for pid, comm, p in procs],
+    )
 
 
 def nvml_state() -> FakeNvmlState:

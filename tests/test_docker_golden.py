@@ -115,9 +115,7 @@ PROCS: list[tuple[int, str, str]] = [
 
 
 def write_proc(root: Path) -> None:
-    fakeproc.write_proc_stat(root, 1_700_000_000)
-    for i, (pid, comm, cgroup) in enumerate(PROCS):
-        fakeproc.write_process(root, pid, comm=comm, cgroup=cgroup, start_ticks=1000 + i)
+    fakeproc.write_tree(root, PROCS)
 
 
 def nvml_state() -> FakeNvmlState:

@@ -115,7 +115,6 @@ GONE_POD_UID = "99999999-ffff-4fff-8fff-000000000009"
 
 def write_proc(root: Path) -> None:
     """The node's processes: one per GPU user, each with the cgroup layout a real node has."""
-    fakeproc.write_proc_stat(root, 1_700_000_000)
     procs: list[tuple[int, str, str]] = [
         (1001, "python", fakeproc.cgroup_v2_systemd(JUPYTER.uid, JUPYTER.container_id)),
         (1002, "python", fakeproc.cgroup_v2_systemd(JUPYTER.uid, JUPYTER.container_id)),
@@ -130,8 +129,7 @@ def write_proc(root: Path) -> None:
             fakeproc.cgroup_v1_cgroupfs(STATIC_HASH, STATIC.container_id, qos="besteffort"),
         ),
     ]
-    for i, (pid, comm, cgroup) in enumerate(procs):
-        fakeproc.write_process(root, pid, comm=comm, cgroup=cgroup, start_ticks=1000 + i)
+    fakeproc.write_tree(root, procs)
 
 
 def nvml_state() -> FakeNvmlState:
