@@ -121,7 +121,8 @@ def parse_label_block(block: str) -> list[tuple[str, str]] | None:
     """Parse the text between ``{`` and ``}`` into (name, raw escaped value) pairs.
 
     Returns None for anything that is not valid: a strict reader would reject the whole
-    scrape, so the caller drops that one line instead. Duplicate names are invalid.
+    scrape, so the caller drops that one line instead. Duplicate names are invalid, and so
+    are names starting with ``__``, which Prometheus reserves for its own use.
     """
     pairs: list[tuple[str, str]] = []
     pos = 0
@@ -134,7 +135,7 @@ def parse_label_block(block: str) -> list[tuple[str, str]] | None:
         if m is None:
             return None
         name, raw = m.group(1), m.group(2)
-        if name in seen:
+        if name in seen or name.startswith("__"):
             return None
         seen.add(name)
         pairs.append((name, raw))

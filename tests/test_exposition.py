@@ -72,6 +72,9 @@ def rewrite(text: str, owners: Mapping[tuple[str, str], Owner] | None = None) ->
         pytest.param('a="unterminated', None, id="unterminated"),
         pytest.param('a="1"b="2"', None, id="missing-comma"),
         pytest.param("a=1", None, id="unquoted"),
+        pytest.param('__=""', None, id="reserved-name"),
+        pytest.param('a="1",__name__="x"', None, id="reserved-dunder-name"),
+        pytest.param('_a="1"', [("_a", "1")], id="one-underscore-is-fine"),
     ],
 )
 def test_parse_label_block(raw: str, expected: list[tuple[str, str]] | None) -> None:

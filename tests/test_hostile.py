@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -131,7 +131,7 @@ _RESERVED_LABELS = frozenset(
 label_names = st.one_of(
     st.sampled_from(["gpu", "device", "modelName", "Hostname", "hostname", "DCGM_FI_DRIVER"]),
     st.tuples(st.sampled_from(_FIRST), st.text(_REST, max_size=10)).map("".join),
-).filter(lambda n: n not in _RESERVED_LABELS)
+).filter(lambda n: n not in _RESERVED_LABELS and not n.startswith("__"))  # "__": Prometheus's
 metric_names = (
     st.tuples(st.sampled_from(_FIRST + ":"), st.text(_REST + ":", max_size=16))
     .map("".join)
@@ -544,6 +544,12 @@ def _snapshot(procs: Sequence[ProcSpec]) -> GpuSnapshot:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 @given(upstream_texts(), nodes())
+# Found by the CI profile: a label name Prometheus reserves ("__") is not valid exposition, so
+# its line is dropped (the valid part of this body has no sample).
+@example(
+    ('# TYPE a gauge\n# TYPE a0 gauge\na0{__=""} 0.0 0\n', "# TYPE a gauge\n# TYPE a0 gauge\n"),
+    ([], []),
+)
 def test_hostile_scrape(
     upstream: Upstream,
     loop: asyncio.AbstractEventLoop,
