@@ -234,21 +234,24 @@ class _Block:
 
 
 # A value the fast path may copy verbatim: a plain number, NaN or +-Inf, optionally followed
-# by an integer timestamp. Every string it matches is one that ``_valid_value`` accepts and that
-# ``str.strip`` leaves alone, so copying it is exactly what the line-by-line path does. The
-# quantifiers are possessive: no string it rejects is worth a second try.
+# by a timestamp. Every string it matches is one that ``valid_value`` accepts (Prometheus's
+# grammar) and that needs no normalising, so copying it is exactly what the line-by-line path
+# does. The digit counts are bounded so that no match can overflow a float64 (Prometheus
+# rejects 1e400, Python reads it as inf) or an int64 timestamp; longer numbers take the full
+# check. Timestamps are unsigned, as in Prometheus's lexer. Python 3.10 has no possessive
+# quantifiers; the alternatives are disjoint, so backtracking stays linear.
 _FAST_VALUE = (
-    r"(?:[-+]?(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][-+]?[0-9]++)?+|NaN|[-+]?Inf)"
-    r"(?: -?[0-9]++)?+"
+    r"(?:[-+]?(?:[0-9]{1,200}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,2})?|NaN|[-+]?Inf)"
+    r"(?: [0-9]{1,18})?"
 )
 # A value slot: from a closing brace and a space to the end of the line. Finding slots with this
 # loose pattern is three times cheaper than with the value grammar in it; whether every slot
 # holds a fast value is then checked on all of them at once (_FAST_VALUES_RE).
 _SLOT_RE = re.compile(r"\} ([^\n]*)\n")
-_FAST_VALUES_RE = re.compile(rf"(?:{_FAST_VALUE}\n)*+")
+_FAST_VALUES_RE = re.compile(rf"(?:{_FAST_VALUE}\n)*")
 # Most exporters write only these (integers and %f floats): a simpler grammar checks them in
 # about half the time; anything it rejects gets the full one.
-_COMMON_VALUES_RE = re.compile(r"(?:-?[0-9]++(?:\.[0-9]++)?+\n)*+")
+_COMMON_VALUES_RE = re.compile(r"(?:-?[0-9]{1,300}(?:\.[0-9]+)?\n)*")
 _SPACED_VALUE_RE = re.compile(rf" {_FAST_VALUE}")
 # After this many templates in a row that never served a scrape, build one only every
 # _TEMPLATE_RETRY-th slow rewrite (an upstream whose text changes shape on every scrape).
