@@ -15,17 +15,42 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+# The text format's grammar, as Prometheus's own parsers read it (the scrape parser of
+# model/textparse and the expfmt parser behind ``promtool check metrics``); where the two
+# differ, the stricter rule. Python's ``str.split()``, ``str.strip()``, ``str.isdigit()``,
+# ``float()`` and ``\s`` accept Unicode spaces and digits, underscores and out-of-range
+# numbers that Go's parsers reject, so none of them judges input here.
 METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-# One label pair inside a block: name, optional spaces, =, quoted value with escapes.
-_PAIR_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*(,|\Z)')
+_BLANK = " \t"  # the only separators the format knows
+# One label pair inside a block: name, blanks, =, a quoted value whose escapes are the
+# format's three (backslash, quote, n). Any other escape, or a lone surrogate (an undecodable
+# upstream byte, see upstream.decode_body), makes the block invalid. NUL is an ordinary
+# character there (both Prometheus parsers read it; tests/test_prometheus_grammar.py).
+_PAIR_RE = re.compile(
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n\ud800-\udfff]|\\[\\"n])*)"'
+    r"[ \t]*(,|\Z)"
+)
 _ESCAPE_RE = re.compile(r"\\(.)")
+# HELP text: any character but a lone surrogate; escapes only backslash and n.
+_HELP_RE = re.compile(r"(?:[^\\\n\ud800-\udfff]|\\[\\n])*\Z")
 _VALID_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
 _FAMILY_SUFFIXES = {
     "histogram": ("_bucket", "_sum", "_count"),
     "summary": ("_sum", "_count"),
 }
-_SPECIAL_VALUES = frozenset({"NaN", "+Inf", "-Inf", "Inf", "+inf", "-inf", "inf", "nan"})
+# A sample's value, as Go's strconv.ParseFloat reads it with Prometheus's restriction (no
+# "p", "P" or "_": hex floats and digit separators are out): ASCII decimal with an optional
+# exponent, or inf/infinity (signed) and nan, in any case. Out-of-range numbers fail too.
+_FLOAT_RE = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)"
+    r"|[nN][aA][nN]"
+)
+# What follows the name or label block: blanks, the value token (Prometheus's lexer takes
+# anything up to a blank, newline or brace, then parses it), and an optional timestamp in
+# ASCII digits (the scrape lexer takes no sign), each separated by blanks.
+_TAIL_RE = re.compile(r"[ \t]*([^{ \t\n]+)(?:[ \t]+([0-9]+))?[ \t]*\Z")
+_INT64_MAX = 2**63 - 1
 
 # The labels that identify a device on dcgm-exporter series, in both naming schemes.
 UUID_LABELS = ("UUID", "uuid")
@@ -55,6 +80,7 @@ POD_GUARD_LABELS = ("container", "namespace", "pod")
 _GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
 
 MAX_LABEL_VALUE_LENGTH = 1024
+_UNWRITABLE = re.compile("[\ud800-\udfff]")
 
 
 def escape_label_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
@@ -64,9 +90,20 @@ def escape_label_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
     """
     if len(value) > limit:
         value = value[:limit]
+    if _UNWRITABLE.search(value) is not None:
+        # A lone surrogate (from a JSON escape in pod metadata) is not UTF-8 and has no
+        # escape: U+FFFD stands in for it.
+        value = _UNWRITABLE.sub("\ufffd", value)
     if "\\" in value or '"' in value or "\n" in value:
         value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return value
+
+
+def written_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
+    """The label value a reader gets back from ``escape_label_value(value)``: cut, and with
+    U+FFFD for what cannot be written (the series identity for dedupe)."""
+    value = value[:limit]
+    return _UNWRITABLE.sub("\ufffd", value) if _UNWRITABLE.search(value) else value
 
 
 def escape_help(text: str) -> str:
@@ -86,15 +123,11 @@ def split_comment(line: str) -> list[str]:
     return _BLANKS.split(line, maxsplit=3)
 
 
-def unescape_help(raw: str) -> str:
-    r"""Undo HELP escaping (``\\`` and ``\n``); other backslashes stand for themselves."""
-    if "\\" not in raw:
-        return raw
-    return re.sub(r"\\([\\n])", lambda m: "\n" if m.group(1) == "n" else "\\", raw)
-
-
 def unescape_label_value(raw: str) -> str:
-    r"""Undo text-format escaping; unknown escapes keep the character (``\x`` -> ``x``)."""
+    r"""Undo text-format escaping of a value that ``parse_label_block`` accepted.
+
+    Only ``\\``, ``\"`` and ``\n`` reach here: a block with any other escape is invalid.
+    """
     if "\\" not in raw:
         return raw
     return _ESCAPE_RE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), raw)
@@ -127,7 +160,7 @@ def parse_label_block(block: str) -> list[tuple[str, str]] | None:
     pairs: list[tuple[str, str]] = []
     pos = 0
     end = len(block)
-    if block.strip() == "":
+    if block.strip(_BLANK) == "":
         return pairs
     seen: set[str] = set()
     while pos < end:
@@ -140,27 +173,52 @@ def parse_label_block(block: str) -> list[tuple[str, str]] | None:
         seen.add(name)
         pairs.append((name, raw))
         pos = m.end()
-        if m.group(3) == "" and pos < end:
-            return None
+        if m.group(3) == "":
+            if pos < end:
+                return None
+        elif block[pos:].strip(_BLANK) == "":
+            break  # a trailing comma (and blanks) before the closing brace
     return pairs
 
 
-def _valid_value(text: str) -> bool:
-    parts = text.split()
-    if not parts or len(parts) > 2:
+def valid_float(token: str) -> bool:
+    """Whether Prometheus parses ``token`` as a sample value (Go's ParseFloat, no p or _)."""
+    if _FLOAT_RE.fullmatch(token) is None:
         return False
-    if parts[0] not in _SPECIAL_VALUES:
-        try:
-            float(parts[0])
-        except ValueError:
-            return False
-        if "_" in parts[0]:  # Python accepts 1_000, Prometheus does not
-            return False
-    if len(parts) == 2:
-        ts = parts[1]
-        if not (ts.lstrip("-").isdigit()):
-            return False
-    return True
+    # ParseFloat fails with ErrRange where Python's float() quietly gives inf (1e400).
+    return not math.isinf(float(token)) or token.lstrip("+-")[:1] in "iI"
+
+
+def valid_value(tail: str) -> str | None:
+    """The value part of a sample line (after the name or ``}``), normalised to
+    ``value[ timestamp]``, or None when Prometheus would reject it.
+
+    Normalising only drops blanks: the value and timestamp tokens are copied as they came.
+    """
+    m = _TAIL_RE.match(tail)
+    if m is None:
+        return None
+    value, ts = m.group(1), m.group(2)
+    if not valid_float(value):
+        return None
+    if ts is None:
+        return value
+    if int(ts) > _INT64_MAX:  # ParseInt's range
+        return None
+    return f"{value} {ts}"
+
+
+def valid_help(raw: str) -> bool:
+    """Whether HELP text is valid: escapes only ``\\`` and ``\n``, valid UTF-8."""
+    return _HELP_RE.match(raw) is not None
+
+
+def _first_blank(line: str) -> int:
+    """Index of the first space or tab in ``line`` (its length when there is none)."""
+    space, tab = line.find(" "), line.find("\t")
+    if tab < 0:
+        return space if space >= 0 else len(line)
+    return tab if space < 0 else min(space, tab)
 
 
 # --------------------------------------------------------------------------- rewrite plan
@@ -251,7 +309,7 @@ _SLOT_RE = re.compile(r"\} ([^\n]*)\n")
 _FAST_VALUES_RE = re.compile(rf"(?:{_FAST_VALUE}\n)*")
 # Most exporters write only these (integers and %f floats): a simpler grammar checks them in
 # about half the time; anything it rejects gets the full one.
-_COMMON_VALUES_RE = re.compile(r"(?:-?[0-9]{1,300}(?:\.[0-9]+)?\n)*")
+_COMMON_VALUES_RE = re.compile(r"(?:-?[0-9]{1,200}(?:\.[0-9]+)?\n)*")
 _SPACED_VALUE_RE = re.compile(rf" {_FAST_VALUE}")
 # After this many templates in a row that never served a scrape, build one only every
 # _TEMPLATE_RETRY-th slow rewrite (an upstream whose text changes shape on every scrape).
@@ -494,7 +552,9 @@ class Rewriter:
                         new_pairs.append((name, values[name]))
             present = {n for n, _ in new_pairs}
             new_pairs.extend((n, "") for n in POD_GUARD_LABELS if n not in present)
-            canonical = "\xff".join(f"{n}\xfe{v}" for n, v in sorted(new_pairs) if v)
+            # The output cuts values (render_labels), so the identity is that of the cut ones:
+            # two values that agree in their first MAX_LABEL_VALUE_LENGTH characters are one.
+            canonical = "\xff".join(f"{n}\xfe{written_value(v)}" for n, v in sorted(new_pairs) if v)
             out = _Block(key, identity, render_labels(new_pairs), canonical)
         self._blocks[block] = out
         return out
@@ -560,6 +620,10 @@ class Rewriter:
         for index, line in enumerate(text.split("\n")):
             if not line:
                 continue
+            if line[0] in _BLANK:
+                line = line.lstrip(_BLANK)
+                if not line:
+                    continue
             if line[0] == "#":
                 parts = split_comment(line)
                 if len(parts) < 3 or parts[0] != "#" or parts[1] not in ("HELP", "TYPE"):
@@ -571,14 +635,21 @@ class Rewriter:
                 if name.startswith(reserved_prefixes):
                     reserved += 1
                     continue
-                fam = family_for(name)
                 rest = parts[3] if len(parts) > 3 else ""
                 if parts[1] == "HELP":
+                    if not valid_help(rest):
+                        invalid += 1
+                        continue
+                    fam = family_for(name)
                     if fam.help is None:
-                        fam.help = escape_help(unescape_help(rest))
+                        fam.help = rest
                 else:
-                    typ = rest.strip()
-                    if fam.type is None and typ in _VALID_TYPES and not fam.lines:
+                    typ = rest.strip(_BLANK)
+                    if typ not in _VALID_TYPES:
+                        invalid += 1
+                        continue
+                    fam = family_for(name)
+                    if fam.type is None and not fam.lines:
                         fam.type = typ
                 continue
             brace = line.find("{")
@@ -591,10 +662,11 @@ class Rewriter:
                 raw_block = line[brace + 1 : close]
                 value = line[close + 1 :]
             else:
-                name, _, value = line.partition(" ")
+                cut = _first_blank(line)
+                name, value = line[:cut], line[cut:]
                 raw_block = ""
             if name != cur_name or cur_fam is None:
-                name = name.strip()
+                name = name.rstrip(_BLANK)
                 if METRIC_NAME_RE.match(name) is None:
                     invalid += 1
                     continue
@@ -606,11 +678,12 @@ class Rewriter:
             # The common value (" 123") is checked by one regex; anything else the long way.
             if spaced_value(value) is not None:
                 value = value[1:]
-            elif _valid_value(value):
-                value = value.strip()
             else:
-                invalid += 1
-                continue
+                checked = valid_value(value)
+                if checked is None:
+                    invalid += 1
+                    continue
+                value = checked
             if raw_block:
                 blk = used.get(raw_block)
                 if blk is None:

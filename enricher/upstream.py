@@ -28,8 +28,10 @@ def url_for_pod_ip(url: str, pod_ip: str) -> str:
 
 
 def decode_body(body: bytes) -> str:
-    """Exposition is UTF-8; undecodable bytes become U+FFFD rather than failing the scrape."""
-    return body.decode("utf-8", errors="replace")
+    """Exposition is UTF-8. Undecodable bytes become lone surrogates (``surrogateescape``),
+    which the rewrite treats as invalid: their lines are dropped and counted, never served
+    with a replacement character in place of what the upstream sent."""
+    return body.decode("utf-8", errors="surrogateescape")
 
 
 async def fetch_upstream(

@@ -19,11 +19,12 @@ from enricher.exposition import (
     RewritePlan,
     Rewriter,
     RewriteResult,
-    _valid_value,
     escape_label_value,
     format_value,
     parse_label_block,
+    render_labels,
     unescape_label_value,
+    valid_value,
 )
 
 from .conftest import shared_dcgm_fixtures
@@ -290,7 +291,10 @@ label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True).filt
 metric_names = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", fullmatch=True).filter(
     lambda n: not n.startswith(("gpu_", "dcgm_enricher_"))
 )
-label_values = st.text(max_size=30)
+# Valid label values: any text but lone surrogates (not text; undecodable bytes are the
+# hostile tests' junk).
+_TEXT_CHARS = st.characters(exclude_categories=("Cs",))
+label_values = st.text(_TEXT_CHARS, max_size=30)
 values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(min_value=-(2**53), max_value=2**53).map(float),
@@ -321,7 +325,9 @@ def expositions(draw: st.DrawFn) -> tuple[str, dict[tuple[str, str], Owner]]:
     lines: list[str] = []
     for name in names:
         if draw(st.booleans()):
-            help_text = draw(st.text(max_size=20)).replace("\n", " ").replace("\\", "/")
+            help_text = (
+                draw(st.text(_TEXT_CHARS, max_size=20)).replace("\n", " ").replace("\\", "/")
+            )
             lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {draw(st.sampled_from(['gauge', 'counter', 'untyped']))}")
         seen: set[frozenset[tuple[str, str]]] = set()
@@ -440,26 +446,28 @@ FAST_OK = [
     "+Inf",
     "-Inf",
     "5 1712000000000",
-    "5 -1",
 ]
 # Valid for the line-by-line path, but not copied by the fast path (the text falls back).
-SLOW_ONLY = ["nan", "+inf", "1e5 ", " 1", "\u0661", "Infinity", "5\t1"]
+SLOW_ONLY = ["nan", "+inf", "1e5 ", " 1", "Infinity", "5\t1", "1" * 250, "1e100"]
 # Dropped by both paths, and rejected by the oracle as well.
 INVALID = ["", "abc", "1_000", "1.2.3", "1e", "--1", "0x10", "} 5", '5"']
 # Dropped by both paths (a timestamp is an integer, and there is one), though the oracle,
 # more lenient than Prometheus, reads them.
 INVALID_TIMESTAMPS = ["5 1.5", "5 1 2"]
+# Read by prometheus_client (and Python's float()), rejected by Prometheus: Unicode digits,
+# out-of-range numbers, signed or out-of-range timestamps.
+PYTHON_ONLY = ["\u0661", "1e400", "-1e400", "1\u00a02", "5 -1", "5 +1", "5 9223372036854775808"]
+REJECTED_VALUES = frozenset(INVALID + INVALID_TIMESTAMPS + PYTHON_ONLY)
 
 
 @pytest.mark.parametrize("value", FAST_OK, ids=repr)
 def test_fast_values_are_what_the_line_path_copies(value: str) -> None:
     assert _FAST_VALUES_RE.fullmatch(value + "\n") is not None
     # What the line-by-line path does with it: accept, and copy unchanged.
-    assert _valid_value(" " + value)
-    assert (" " + value).strip() == value
+    assert valid_value(" " + value) == value
 
 
-@pytest.mark.parametrize("value", SLOW_ONLY + INVALID + INVALID_TIMESTAMPS, ids=repr)
+@pytest.mark.parametrize("value", SLOW_ONLY + INVALID + INVALID_TIMESTAMPS + PYTHON_ONLY, ids=repr)
 def test_other_values_take_the_line_path(value: str) -> None:
     assert _FAST_VALUES_RE.fullmatch(value + "\n") is None
     assert _COMMON_VALUES_RE.fullmatch(value + "\n") is None
@@ -473,8 +481,7 @@ def test_common_value_grammar_is_part_of_the_full_one(value: str) -> None:
         assert _FAST_VALUES_RE.fullmatch(text) is not None
     if _FAST_VALUES_RE.fullmatch(text) is not None:
         for one in value.split("\n"):
-            assert _valid_value(" " + one)
-            assert one.strip() == one
+            assert valid_value(" " + one) == one
 
 
 def _dcgm(values: tuple[str, str, str], help_text: str = "GPU utilization (in %).") -> str:
@@ -570,9 +577,24 @@ def test_second_scrape(first: str, second: str, served: str) -> None:
     assert got.fast == (served != "line")
 
 
+def _rejected_by_prometheus(text: str) -> bool:
+    """Whether a sample line of ``text`` (as these generators write them: head, one space,
+    value) has a value that Prometheus rejects though prometheus_client reads it. The tables
+    are checked against promtool and a real Prometheus in test_prometheus_grammar.py."""
+    for line in text.split("\n"):
+        if not line or line.startswith("#"):
+            continue
+        tail = line[line.rindex("}") + 1 :] if "{" in line else " " + line.partition(" ")[2]
+        if tail[1:] in REJECTED_VALUES:
+            return True
+    return False
+
+
 def assert_valid_by_oracle(out: str, text: str, owners: Mapping[tuple[str, str], Owner]) -> None:
     """The oracle's view: same samples and values as ``text``, plus the intended labels."""
     try:
+        if _rejected_by_prometheus(text):
+            raise ValueError("a value Prometheus rejects")
         want = _expected(text, owners)
     except ValueError:
         samples(out)  # the input is not valid exposition; the output still must be
@@ -631,7 +653,9 @@ def test_caches_follow_the_payload_not_the_uptime() -> None:
 
 # Mostly what exporters write; one value in eight is odd (slow-path only, or invalid).
 _VALUE_TEXT = st.integers(0, 7).flatmap(
-    lambda n: values.map(_val) if n else st.sampled_from(FAST_OK + SLOW_ONLY + INVALID[1:])
+    lambda n: (
+        values.map(_val) if n else st.sampled_from(FAST_OK + SLOW_ONLY + INVALID[1:] + PYTHON_ONLY)
+    )
 )
 
 
@@ -711,3 +735,83 @@ def test_fast_path_matches_line_path_and_oracle(
     event(f"expect fast path: {expect_fast}; served fast: {sum(r.fast for r in results[1:])}")
     if expect_fast and first.dropped_reserved == 0:
         assert all(r.fast for r in results[1:]), [r.fast for r in results]
+
+
+@pytest.mark.parametrize("value", FAST_OK + SLOW_ONLY, ids=repr)
+def test_valid_values_are_kept(value: str) -> None:
+    assert valid_value(" " + value) is not None
+
+
+@pytest.mark.parametrize("value", INVALID + INVALID_TIMESTAMPS + PYTHON_ONLY, ids=repr)
+def test_values_prometheus_rejects_are_dropped(value: str) -> None:
+    """Finding 1: what Python reads and Prometheus does not never passes through."""
+    assert valid_value(" " + value) is None
+    result = Rewriter().rewrite(f'x{{a="1"}} {value}\nok 1\n', RewritePlan())
+    assert result.text == 'ok{container="",namespace="",pod=""} 1\n'
+    assert result.invalid_lines == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param('x{a="\\q"} 1', id="unknown-escape"),
+        pytest.param('x{a="\\u0041"} 1', id="unicode-escape"),
+        pytest.param('x{a="b\\"} 1', id="escaped-closing-quote"),
+        pytest.param('x{a="\udcff"} 1', id="undecodable-byte"),
+        pytest.param('x{a\u00a0="b"} 1', id="nbsp-in-block"),
+        pytest.param('x\u00a0{a="b"} 1', id="nbsp-after-name"),
+        pytest.param('x{a="b"}\u00a01', id="nbsp-before-value"),
+        pytest.param('x{a="b"} 1\u20032', id="em-space-in-value"),
+        pytest.param('x{a="b"} 1\r', id="carriage-return"),
+        pytest.param("x\u00a01", id="nbsp-separator"),
+        pytest.param("# HELP x bad \\q escape", id="help-unknown-escape"),
+        pytest.param("# HELP x \udcff", id="help-undecodable"),
+        pytest.param("# TYPE x gauge\u00a0", id="type-nbsp"),
+        pytest.param("# TYPE x Gauge", id="type-case"),
+    ],
+)
+def test_lines_prometheus_rejects_are_dropped_not_changed(line: str) -> None:
+    """Findings 1 and 4: such a line is dropped and counted, never rewritten into another."""
+    result = Rewriter().rewrite(line + '\nx{a="ok"} 2\n', RewritePlan())
+    assert result.text == 'x{a="ok",container="",namespace="",pod=""} 2\n'
+    assert result.invalid_lines == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "out"),
+    [
+        pytest.param("x\t1", 'x{container="",namespace="",pod=""} 1', id="tab-separator"),
+        pytest.param(" \tx 1", 'x{container="",namespace="",pod=""} 1', id="leading-blanks"),
+        pytest.param(
+            'x {a="b"} 1', 'x{a="b",container="",namespace="",pod=""} 1', id="blank-brace"
+        ),
+        pytest.param(
+            'x{ a = "b" , } 1 \t',
+            'x{a="b",container="",namespace="",pod=""} 1',
+            id="blanks-in-block",
+        ),
+        pytest.param('x{a="b"}1', 'x{a="b",container="",namespace="",pod=""} 1', id="no-blank"),
+        pytest.param("x 1\t\t5", 'x{container="",namespace="",pod=""} 1 5', id="tab-timestamp"),
+    ],
+)
+def test_blanks_are_separators(line: str, out: str) -> None:
+    """Spaces and tabs separate tokens anywhere the format allows them; only they do."""
+    result = Rewriter().rewrite(line + "\n", RewritePlan())
+    assert result.text == out + "\n"
+    assert result.invalid_lines == 0
+
+
+def test_cut_values_and_dedupe_agree() -> None:
+    """Finding 3: two series equal once cut at 1024 characters leave as one."""
+    a, b = "v" * 1024 + "a", "v" * 1024 + "b"
+    result = Rewriter().rewrite(f'x{{l="{a}"}} 1\nx{{l="{b}"}} 2\n', RewritePlan())
+    assert result.text.count("\n") == 1
+    assert result.dropped_duplicates == 1
+    samples(result.text)
+
+
+def test_unwritable_characters_in_our_values() -> None:
+    """Lone surrogates (a hostile annotation) are not UTF-8: U+FFFD instead; NUL is kept."""
+    assert escape_label_value("a\x00b\ud800") == "a\x00b\ufffd"
+    assert render_labels([("x", "\udfff")]).encode("utf-8") == '{x="\ufffd"}'.encode()
+    assert unescape_label_value('a\\\\b\\"c\\nd') == 'a\\b"c\nd'
