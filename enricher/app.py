@@ -30,6 +30,7 @@ from .enrich import (
     render_self_metrics,
     resolve_allocations,
 )
+from .episodes import EpisodeLog
 from .exposition import DeviceKey, RewritePlan, Rewriter
 from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
 from .podresources import ListResult
@@ -91,23 +92,6 @@ class ContainerSource(Protocol):
     async def lookup(self, container_ids: Sequence[str]) -> dict[str, DockerContainer | None]: ...
 
     async def close(self) -> None: ...
-
-
-class _Once:
-    """Logs the first failure of a source at WARNING and repeats at DEBUG until it recovers."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.failing = False
-
-    def fail(self, message: str) -> None:
-        log.log(logging.DEBUG if self.failing else logging.WARNING, "%s: %s", self.name, message)
-        self.failing = True
-
-    def ok(self) -> None:
-        if self.failing:
-            log.info("%s: recovered", self.name)
-        self.failing = False
 
 
 @dataclass(slots=True)
@@ -186,9 +170,9 @@ class Scraper:
         self.shared_scrapes_total = 0
         self.last: ScrapeResult | None = None
         self._last_duration = 0.0
-        self._log_upstream = _Once("upstream")
-        self._log_nvml = _Once("nvml")
-        self._log_kubelet = _Once("podresources")
+        self._log_upstream = EpisodeLog("upstream", log)
+        self._log_nvml = EpisodeLog("nvml", log)
+        self._log_kubelet = EpisodeLog("podresources", log)
         # The upstream fetched right after each of its collections (--upstream.follow-step);
         # with 0, on every scrape.
         follow = config.upstream_follow_step > 0
@@ -334,7 +318,9 @@ class Scraper:
                 else:
                     self._log_nvml.ok()
             except Exception as exc:  # NvmlUnavailable, or anything a driver throws at us
-                self._log_nvml.fail(str(exc) or type(exc).__name__)
+                reason = getattr(exc, "reason", None)  # NvmlUnavailable's
+                detail = str(exc) or type(exc).__name__
+                self._log_nvml.fail(f"NVML unavailable ({reason}): {detail}" if reason else detail)
         t1 = self._clock()
         pids = sorted({p.pid for p in snapshot.processes})
         procs = self.procs.read_many(pids, listed_at=snapshot.taken_at or None) if pids else {}
