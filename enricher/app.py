@@ -168,6 +168,7 @@ class Scraper:
         self.upstream_requests = 0
         self.scrapes_total = 0
         self.shared_scrapes_total = 0
+        self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
         self.last: ScrapeResult | None = None
         self._last_duration = 0.0
         self._log_upstream = EpisodeLog("upstream", log)
@@ -253,12 +254,15 @@ class Scraper:
         if self._follower is not None:
             self._follower.start()
 
-    async def scrape(self) -> ScrapeResult:
-        """Return a fresh scrape; joins the one in flight if there is one."""
+    async def scrape(self, *, counted: bool = True) -> ScrapeResult:
+        """Return a fresh scrape; joins the one in flight if there is one. ``counted`` False:
+        not a scrape of /metrics (the node page), so dcgm_enricher_scrapes_total keeps still."""
         self.start()
-        self.scrapes_total += 1
+        if counted:
+            self.scrapes_total += 1
         if self._inflight is not None and not self._inflight.done():
-            self.shared_scrapes_total += 1
+            if counted:
+                self.shared_scrapes_total += 1
             return await asyncio.shield(self._inflight)
         fut: asyncio.Future[ScrapeResult] = asyncio.get_running_loop().create_future()
         self._inflight = fut
@@ -532,6 +536,12 @@ class Scraper:
                 "counter",
                 self.shared_scrapes_total,
             ),
+            "dcgm_enricher_node_page_requests_total": (
+                "Requests for the node page (/) served; not scrapes, so not in "
+                "dcgm_enricher_scrapes_total.",
+                "counter",
+                self.node_page_requests_total,
+            ),
             "dcgm_enricher_scrape_duration_seconds": (
                 "Time the previous scrape took, end to end.",
                 "gauge",
@@ -620,9 +630,10 @@ def make_app(scraper: Scraper) -> web.Application:
 
         # Someone looking at the page behind a port-forward may have no Prometheus scraping
         # this node: refresh a view older than the page's own refresh period.
+        scraper.node_page_requests_total += 1
         last = scraper.last
         if last is None or time.time() - last.finished_at > LANDING_MAX_AGE_SECONDS:
-            await scraper.scrape()
+            await scraper.scrape(counted=False)
         return web.Response(
             text=render_landing(scraper.last, scraper.config), content_type="text/html"
         )
