@@ -30,6 +30,7 @@ from .enrich import (
     render_self_metrics,
     resolve_allocations,
 )
+from .episodes import EpisodeLog
 from .exposition import DeviceKey, RewritePlan, Rewriter
 from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
 from .podresources import ListResult
@@ -91,23 +92,6 @@ class ContainerSource(Protocol):
     async def lookup(self, container_ids: Sequence[str]) -> dict[str, DockerContainer | None]: ...
 
     async def close(self) -> None: ...
-
-
-class _Once:
-    """Logs the first failure of a source at WARNING and repeats at DEBUG until it recovers."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.failing = False
-
-    def fail(self, message: str) -> None:
-        log.log(logging.DEBUG if self.failing else logging.WARNING, "%s: %s", self.name, message)
-        self.failing = True
-
-    def ok(self) -> None:
-        if self.failing:
-            log.info("%s: recovered", self.name)
-        self.failing = False
 
 
 @dataclass(slots=True)
@@ -184,11 +168,12 @@ class Scraper:
         self.upstream_requests = 0
         self.scrapes_total = 0
         self.shared_scrapes_total = 0
+        self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
         self.last: ScrapeResult | None = None
         self._last_duration = 0.0
-        self._log_upstream = _Once("upstream")
-        self._log_nvml = _Once("nvml")
-        self._log_kubelet = _Once("podresources")
+        self._log_upstream = EpisodeLog("upstream", log)
+        self._log_nvml = EpisodeLog("nvml", log)
+        self._log_kubelet = EpisodeLog("podresources", log)
         # The upstream fetched right after each of its collections (--upstream.follow-step);
         # with 0, on every scrape.
         follow = config.upstream_follow_step > 0
@@ -269,12 +254,15 @@ class Scraper:
         if self._follower is not None:
             self._follower.start()
 
-    async def scrape(self) -> ScrapeResult:
-        """Return a fresh scrape; joins the one in flight if there is one."""
+    async def scrape(self, *, counted: bool = True) -> ScrapeResult:
+        """Return a fresh scrape; joins the one in flight if there is one. ``counted`` False:
+        not a scrape of /metrics (the node page), so dcgm_enricher_scrapes_total keeps still."""
         self.start()
-        self.scrapes_total += 1
+        if counted:
+            self.scrapes_total += 1
         if self._inflight is not None and not self._inflight.done():
-            self.shared_scrapes_total += 1
+            if counted:
+                self.shared_scrapes_total += 1
             return await asyncio.shield(self._inflight)
         fut: asyncio.Future[ScrapeResult] = asyncio.get_running_loop().create_future()
         self._inflight = fut
@@ -334,7 +322,9 @@ class Scraper:
                 else:
                     self._log_nvml.ok()
             except Exception as exc:  # NvmlUnavailable, or anything a driver throws at us
-                self._log_nvml.fail(str(exc) or type(exc).__name__)
+                reason = getattr(exc, "reason", None)  # NvmlUnavailable's
+                detail = str(exc) or type(exc).__name__
+                self._log_nvml.fail(f"NVML unavailable ({reason}): {detail}" if reason else detail)
         t1 = self._clock()
         pids = sorted({p.pid for p in snapshot.processes})
         procs = self.procs.read_many(pids, listed_at=snapshot.taken_at or None) if pids else {}
@@ -546,6 +536,12 @@ class Scraper:
                 "counter",
                 self.shared_scrapes_total,
             ),
+            "dcgm_enricher_node_page_requests_total": (
+                "Requests for the node page (/) served; not scrapes, so not in "
+                "dcgm_enricher_scrapes_total.",
+                "counter",
+                self.node_page_requests_total,
+            ),
             "dcgm_enricher_scrape_duration_seconds": (
                 "Time the previous scrape took, end to end.",
                 "gauge",
@@ -634,9 +630,10 @@ def make_app(scraper: Scraper) -> web.Application:
 
         # Someone looking at the page behind a port-forward may have no Prometheus scraping
         # this node: refresh a view older than the page's own refresh period.
+        scraper.node_page_requests_total += 1
         last = scraper.last
         if last is None or time.time() - last.finished_at > LANDING_MAX_AGE_SECONDS:
-            await scraper.scrape()
+            await scraper.scrape(counted=False)
         return web.Response(
             text=render_landing(scraper.last, scraper.config), content_type="text/html"
         )

@@ -131,10 +131,18 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             "--kubelet.pod-resources-socket",
             metavar="PATH",
             dest="kubelet_pod_resources_socket",
-            default=_env("--kubelet.pod-resources-socket", _D.kubelet_pod_resources_socket),
+            default=_env("--kubelet.pod-resources-socket", None),
             help="the kubelet's PodResources socket, for which container was allocated each "
-            "GPU; empty switches it off, and a path that does not exist reports the source "
-            "disabled (default %(default)s)",
+            "GPU; giving one switches the source on, and a path that does not exist reports it "
+            f"down (default {_D.kubelet_pod_resources_socket})",
+        )
+        g.add_argument(
+            "--kubelet.enabled",
+            dest="kubelet_enabled",
+            action=argparse.BooleanOptionalAction,
+            default=_env_bool("--kubelet.enabled", None),
+            help="ask the kubelet's PodResources API which container was allocated each GPU "
+            "(default: on with Kubernetes, or with --kubelet.pod-resources-socket)",
         )
         g.add_argument(
             "--kubelet.timeout",
@@ -283,6 +291,16 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
     values = {k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
     values["kube_pod_labels"] = _csv(values.get("kube_pod_labels") or "")
     values["kube_pod_annotations"] = _csv(values.get("kube_pod_annotations") or "")
+    if "kubelet_pod_resources_socket" in values:
+        socket_path = values.pop("kubelet_pod_resources_socket")
+        if socket_path is not None:
+            # Naming a socket asks for the source; naming none (empty) is the old way to
+            # switch it off, kept.
+            values["kubelet_pod_resources_socket"] = socket_path
+            if values["kubelet_enabled"] is None:
+                values["kubelet_enabled"] = bool(socket_path)
+            elif values["kubelet_enabled"] and not socket_path:
+                parser.error("--kubelet.enabled needs a --kubelet.pod-resources-socket")
     if "kubelet_gpu_resources" in values:
         values["kubelet_gpu_resources"] = _csv(values["kubelet_gpu_resources"] or "")
     try:

@@ -47,8 +47,8 @@ def start_pod_cache(config: Config) -> Any:
 
 
 def make_podresources_source(config: Config) -> PodResourcesSource | None:
-    """The kubelet PodResources source, or None when --kubelet.pod-resources-socket is empty."""
-    if not config.kubelet_pod_resources_socket:
+    """The kubelet PodResources source, or None when it is off (see Config.kubelet_active)."""
+    if not config.kubelet_active:
         return None
     return PodResourcesSource(
         config.kubelet_pod_resources_socket,
@@ -113,7 +113,7 @@ async def run_server(config: Config) -> int:
         "dcgm-enricher serving on %s, upstream %s, kubelet PodResources %s, Docker %s",
         config.listen_address,
         "discovered on this node" if config.upstream_discover_pod else config.upstream_url,
-        config.kubelet_pod_resources_socket or "off",
+        config.kubelet_pod_resources_socket if config.kubelet_active else "off",
         _docker_mode(config),
     )
     try:

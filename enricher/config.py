@@ -25,6 +25,7 @@ class Config:
     kube_pod_labels: tuple[str, ...] = ()
     kube_pod_annotations: tuple[str, ...] = ("hub.jupyter.org/username",)
     kubelet_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubelet_enabled: bool | None = None  # None: on when Kubernetes is on
     kubelet_timeout: float = 2.0
     kubelet_gpu_resources: tuple[str, ...] = ()  # besides nvidia.com/gpu, .shared, mig-*
     # Docker mode (only without Kubernetes): "" is cgroup-only mode, containers by short ID.
@@ -48,6 +49,18 @@ class Config:
         if self.kube_enabled is None:
             return bool(self.kube_node_name)
         return self.kube_enabled
+
+    @property
+    def kubelet_active(self) -> bool:
+        """Whether the kubelet PodResources source runs. Once on, a socket that is missing is
+        the source down, not off: only ``--no-kubelet.enabled`` (or an empty socket path)
+        switches it off. By default on wherever Kubernetes is, so a plain Docker host does not
+        report a kubelet it never had."""
+        if not self.kubelet_pod_resources_socket:
+            return False
+        if self.kubelet_enabled is None:
+            return self.kube_active
+        return self.kubelet_enabled
 
     @property
     def docker_active(self) -> bool:

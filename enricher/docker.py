@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from .episodes import EpisodeLog
 from .exposition import FamilyWriter
 
 __all__ = [
@@ -250,22 +251,6 @@ class _Entry:
     fetched_at: float
 
 
-class _Once:
-    """First failure at WARNING, repeats at DEBUG, recovery at INFO."""
-
-    def __init__(self) -> None:
-        self.failing = False
-
-    def fail(self, message: str) -> None:
-        log.log(logging.DEBUG if self.failing else logging.WARNING, "docker: %s", message)
-        self.failing = True
-
-    def ok(self) -> None:
-        if self.failing:
-            log.info("docker: recovered")
-        self.failing = False
-
-
 class DockerSource:
     """Container name, image and compose labels by container ID, from the Docker Engine API.
 
@@ -327,7 +312,7 @@ class DockerSource:
         self._max_concurrency = max_concurrency
         self._session: aiohttp.ClientSession | None = None
         self._last_contact = -float("inf")
-        self._log = _Once()
+        self._log = EpisodeLog("docker", log)
         self._absent_logged = False
 
     # ------------------------------------------------------------------ public

@@ -36,6 +36,7 @@ import kubernetes.config
 import kubernetes.watch
 import urllib3
 
+from enricher.episodes import EpisodeLog
 from enricher.model import PodIndex, PodInfo
 
 __all__ = [
@@ -437,6 +438,7 @@ class PodCache:
         self._pods: dict[str, tuple[PodInfo, bool]] = {}  # uid -> (pod, matches upstream)
         self._rv: str | None = None
         self._failures = 0  # in a row; 0 after any success
+        self._log = EpisodeLog(f"kubernetes pod watch on node {node_name}", log)
         self._over_cap_logged = False
 
         self._stop = threading.Event()
@@ -541,12 +543,10 @@ class PodCache:
         self.errors_total += 1
         if down:
             self.up = False
-        level = logging.WARNING if self._failures == 0 else logging.DEBUG
-        log.log(level, "kubernetes pod watch on node %s: %s", self._node, message)
+        self._log.fail(message)
 
     def _healthy(self) -> None:
-        if self._failures:
-            log.info("kubernetes pod watch on node %s recovered", self._node)
+        self._log.ok()
         self._failures = 0
         self.up = True
         self.last_sync = time.time()
@@ -659,6 +659,7 @@ class PodCache:
                 self._resp = None
         if not self._stop.is_set():
             # The server ended the watch on its timeout: a normal, healthy end.
+            self._log.ok()
             self._failures = 0
             self.up = True
 

@@ -310,7 +310,6 @@ class NvmlSource:
         # (target kind, list) -> the version that answered; 0 when none does.
         self._list_version: dict[tuple[str, ProcessKind], int] = {}
         self._last_seen: dict[str, int] = {}  # target uuid -> newest utilization timestamp
-        self._logged_errors: frozenset[str] = frozenset()
         # What cannot change while NVML stays initialised (indices are fixed at init; a GPU's
         # UUID and name are its own; a MIG UUID names one instance for its whole life): read
         # once per init instead of on every fetch. Forgotten on re-init and, per GPU, when a
@@ -329,12 +328,11 @@ class NvmlSource:
             try:
                 self._ensure_initialised()
                 snapshot = self._read()
-            except NvmlUnavailable as exc:
+            except NvmlUnavailable:
                 self.errors_total += 1
-                self._log_errors([f"NVML unavailable ({exc.reason}): {exc}"])
                 raise
+            # Logged by the caller (the scraper's episode log), not here: once, not twice.
             self.errors_total += len(snapshot.errors)
-            self._log_errors(snapshot.errors)
             return snapshot
 
     def close(self) -> None:
@@ -642,11 +640,3 @@ class NvmlSource:
             return
         current = {t.uuid for g in done for t in g.targets}
         self._last_seen = {u: ts for u, ts in self._last_seen.items() if u in current}
-
-    def _log_errors(self, errors: Iterable[str]) -> None:
-        # A new problem is a warning; the same problem on the next scrape is debug noise.
-        current = frozenset(errors)
-        for message in sorted(current):
-            level = logging.DEBUG if message in self._logged_errors else logging.WARNING
-            log.log(level, "nvml: %s", message)
-        self._logged_errors = current

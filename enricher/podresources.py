@@ -84,7 +84,7 @@ class DeviceAllocation:
 class ListResult:
     """What one List call gave. ``ok`` False with ``error`` set when it failed."""
 
-    enabled: bool  # False: switched off (no socket configured) or the socket does not exist
+    enabled: bool  # False: switched off (no socket configured)
     ok: bool = False
     allocations: tuple[DeviceAllocation, ...] = ()
     error: str = ""
@@ -191,7 +191,7 @@ def parse_list_response(
 
 def check_socket(path: str) -> str | None:
     """None when ``path`` is a unix socket we may connect to; else why not (:data:`SOCKET_ABSENT`
-    when it does not exist, which means: no kubelet API here, the source is disabled)."""
+    when it does not exist: no kubelet running, or the directory not mounted)."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -228,11 +228,12 @@ def load_grpc() -> Any:
 class PodResourcesSource:
     """Calls the kubelet's ``PodResourcesLister.List`` once per :meth:`fetch`.
 
-    ``socket_path`` empty switches the source off; a path that does not exist makes it report
-    itself disabled (a node without the API, or a pod without the mount), checked on every
-    fetch so a kubelet that comes up later is found. Every call has a deadline of ``timeout``
-    seconds, and a call never starts while another is still running (the second caller gets an
-    error instead): a slow kubelet cannot pile up threads or connections.
+    ``socket_path`` empty switches the source off; a path that does not exist is a failure like
+    any other (a kubelet that is down, or a pod without the mount: the source was asked for, so
+    it is down, not off), checked on every fetch so a kubelet that comes up later is found.
+    Every call has a deadline of ``timeout`` seconds, and a call never starts while another is
+    still running (the second caller gets an error instead): a slow kubelet cannot pile up
+    threads or connections.
     """
 
     def __init__(
@@ -265,7 +266,11 @@ class PodResourcesSource:
             problem = check_socket(self.socket_path)
             if problem == SOCKET_ABSENT:
                 self._close_channel()
-                return ListResult(enabled=False)
+                return self._failed(
+                    "absent",
+                    f"no socket at {self.socket_path} (kubelet down, or its pod-resources "
+                    "directory not mounted; --no-kubelet.enabled switches the source off)",
+                )
             if problem is not None:
                 return self._failed("socket", problem)
             response = self._list()

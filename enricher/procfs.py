@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from enricher.episodes import EpisodeLog
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
 
 __all__ = ["ProcReader", "container_chain", "parse_btime", "parse_cgroup", "parse_stat"]
@@ -354,7 +355,7 @@ class ProcReader:
         self._btime: int | None = None
         self._btime_read_at = 0.0
         self._lock = threading.Lock()
-        self._warned = False
+        self._log = EpisodeLog("procfs", log)
 
     def read(self, pid: int, listed_at: float | None = None) -> ProcInfo | ProcError:
         """Return what procfs says about ``pid``, or why it cannot tell.
@@ -369,7 +370,11 @@ class ProcReader:
     ) -> dict[int, ProcInfo | ProcError]:
         """``read`` each distinct PID, all against the same ``listed_at``."""
         unique = list(dict.fromkeys(pids))
-        return dict(zip(unique, self._read_batch(unique, listed_at), strict=True))
+        errors_before = self.errors_total
+        results = dict(zip(unique, self._read_batch(unique, listed_at), strict=True))
+        if self.errors_total == errors_before:
+            self._log.ok()
+        return results
 
     # ----------------------------------------------------------------------- internals
 
@@ -451,8 +456,7 @@ class ProcReader:
     def _unreadable(self, why: str) -> ProcError:
         with self._lock:
             self.errors_total += 1
-            first, self._warned = not self._warned, True
-        log.log(logging.WARNING if first else logging.DEBUG, "procfs: %s", why)
+        self._log.fail(why)
         return ProcError.UNREADABLE
 
     def _stat(self, base: str) -> tuple[str, int] | ProcError:

@@ -32,10 +32,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import Scraper, make_app
+from enricher.commands import make_podresources_source
 from enricher.config import Config
 from enricher.demo import SimulatedKubelet, list_response
 from enricher.kube import PodCache
-from enricher.podresources import DeviceAllocation, PodResourcesSource
+from enricher.podresources import DeviceAllocation
 from enricher.procfs import ProcReader
 
 from .conftest import GOLDEN, assert_valid_exposition
@@ -304,11 +305,7 @@ async def node_factory(
             "kubelet_timeout": 1.0,
         }
         cfg = replace(Config(), **(settings | config))
-        source = PodResourcesSource(
-            cfg.kubelet_pod_resources_socket,
-            timeout=cfg.kubelet_timeout,
-            extra_resources=cfg.kubelet_gpu_resources,
-        )
+        source = make_podresources_source(cfg)
         scraper = Scraper(
             cfg,
             gpu=fake_nvml.source(),
@@ -467,13 +464,22 @@ async def test_kubelet_error_degrades_to_process_evidence(node_factory: Any) -> 
     assert who(temp[(U[4], "")]) == ("jupyterhub", "jupyter-bob", "notebook")
 
 
-async def test_no_kubelet_socket_is_disabled(node_factory: Any) -> None:
+async def test_missing_kubelet_socket_is_down_not_disabled(node_factory: Any) -> None:
     node = await node_factory(kubelet=False)
+    text = await scrape(node)
+    enabled = {r["source"]: r["__value__"] for r in series(text, "dcgm_enricher_source_enabled")}
+    up = {r["source"]: r["__value__"] for r in series(text, "dcgm_enricher_source_up")}
+    assert (enabled["podresources"], up["podresources"]) == ("1.0", "0.0")
+    assert series(text, "gpu_container_allocated") == []
+
+
+async def test_kubelet_switched_off_is_disabled(node_factory: Any) -> None:
+    node = await node_factory(kubelet=False, kubelet_enabled=False)
+    assert node.scraper.podresources is None
     text = await scrape(node)
     enabled = {r["source"]: r["__value__"] for r in series(text, "dcgm_enricher_source_enabled")}
     up = {r["source"] for r in series(text, "dcgm_enricher_source_up")}
     assert enabled["podresources"] == "0.0" and "podresources" not in up
-    assert series(text, "gpu_container_allocated") == []
 
 
 async def test_concurrent_scrapes_share_one_kubelet_call(node_factory: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import logging
 import os
 import shutil
 import time
@@ -1017,6 +1018,64 @@ async def test_container_restarted_with_a_new_id(make_env: MakeEnv) -> None:
     _healthy(after)
     assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
     assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {TRAIN.who}
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def episode_levels(caplog: pytest.LogCaptureFixture, source: str) -> list[str]:
+    """Levels of the lines logged about ``source`` (those starting ``<source>:``), in order."""
+    return [
+        r.levelname
+        for r in caplog.records
+        if r.name.startswith("enricher") and r.getMessage().startswith(f"{source}:")
+    ]
+
+
+async def test_nvml_failure_is_logged_once_per_episode(
+    make_env: MakeEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One line per failure at the most (the source used to log it and the scraper again),
+    WARNING to begin each episode, DEBUG while it lasts, INFO when it ends."""
+    env = await make_env()
+    caplog.set_level(logging.DEBUG, logger="enricher")
+    _healthy(await env.scrape())
+    ups = []
+    for _episode in range(2):
+        env.node.extra_fails = [("nvmlDeviceGetMigMode", ERROR_GPU_IS_LOST, 1)]
+        env.apply()
+        for _ in range(2):
+            ups.append(
+                by_source(await env.scrape(blind=[(UUIDS[1], "")]), "dcgm_enricher_source_up")[
+                    "nvml"
+                ]
+            )
+        env.node.extra_fails = []
+        env.apply()
+        ups.append(by_source(await env.scrape(), "dcgm_enricher_source_up")["nvml"])
+    assert ups == [0, 0, 1, 0, 0, 1]
+    assert episode_levels(caplog, "nvml") == ["WARNING", "DEBUG", "INFO"] * 2
+
+
+async def test_procfs_failure_warns_again_after_a_recovery(
+    make_env: MakeEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = await make_env()
+    caplog.set_level(logging.DEBUG, logger="enricher")
+    _healthy(await env.scrape())
+    # A malformed stat file: read on every scrape (a cgroup file is cached once read).
+    env.node.procs.append(Proc(204, 0, INFER, memory=GIB, proc="bad-stat"))
+    ups = []
+    for _episode in range(2):
+        env.node.proc(204).proc = "bad-stat"
+        env.apply()
+        for _ in range(2):
+            ups.append(by_source(await env.scrape(), "dcgm_enricher_source_up")["procfs"])
+        env.node.proc(204).proc = "ok"
+        env.apply()
+        ups.append(by_source(await env.scrape(), "dcgm_enricher_source_up")["procfs"])
+    assert ups == [0, 0, 1, 0, 0, 1]
+    assert episode_levels(caplog, "procfs") == ["WARNING", "DEBUG", "INFO"] * 2
 
 
 # --------------------------------------------------------------------------- the invariant

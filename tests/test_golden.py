@@ -411,6 +411,18 @@ async def test_upstream_down_still_serves(
     assert_valid_exposition(promtool, text)
 
 
+async def test_node_page_is_not_counted_as_a_scrape(node_factory: Any) -> None:
+    node = await node_factory((FIXTURES / "node.prom").read_text())
+    for _ in range(3):  # the first reads the node itself (no scrape yet), the others reuse it
+        resp = await node.client.get("/")
+        assert resp.status == 200
+        assert "<html" in (await resp.text()).lower()
+    text = await scrape(node)
+    assert series(text, "dcgm_enricher_scrapes_total") == [{"__value__": "1.0"}]
+    assert series(text, "dcgm_enricher_shared_scrapes_total") == [{"__value__": "0.0"}]
+    assert series(text, "dcgm_enricher_node_page_requests_total") == [{"__value__": "3.0"}]
+
+
 async def test_process_collector(node_factory: Any) -> None:
     node = await node_factory((FIXTURES / "node.prom").read_text(), collector_process=True)
     text = await scrape(node)

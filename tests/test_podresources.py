@@ -613,12 +613,22 @@ def test_fetch_over_the_socket(
     }
 
 
-def test_socket_missing_is_disabled_not_failed(tmp_path: Path) -> None:
-    for path in ("", str(tmp_path / "no-kubelet.sock")):
-        src = PodResourcesSource(path)
-        result = src.fetch()
-        assert (result.enabled, result.ok, result.error) == (False, False, "")
-        assert src.errors_total == 0 and src.calls_total == 0
+def test_no_socket_path_is_disabled() -> None:
+    src = PodResourcesSource("")
+    result = src.fetch()
+    assert (result.enabled, result.ok, result.error) == (False, False, "")
+    assert src.errors_total == 0 and src.calls_total == 0
+
+
+def test_socket_missing_is_down_not_disabled(tmp_path: Path) -> None:
+    """A configured socket that is not there: the source was asked for, so it is failing."""
+    path = tmp_path / "no-kubelet.sock"
+    src = PodResourcesSource(str(path))
+    result = src.fetch()
+    assert (result.enabled, result.ok) == (True, False)
+    assert result.error.startswith(f"absent: no socket at {path}")
+    assert "--no-kubelet.enabled" in result.error
+    assert src.errors_total == 1 and src.calls_total == 0
 
 
 def test_socket_without_kubelet_is_an_error(socket_path: Path, source: PodResourcesSource) -> None:
@@ -698,16 +708,17 @@ def test_kubelet_restart_is_followed(
     second = kubelet(lambda _ctx: response)
     back = source.fetch()
     assert back.ok, back.error
-    # Down during a scrape: its socket is removed, so the source says disabled, and it never
-    # serves the allocations it saw before.
+    # Down during a scrape: its socket is removed, so the source is down (not disabled), and it
+    # never serves the allocations it saw before.
     second.stop(grace=None)
     down = source.fetch()
-    assert (down.enabled, down.ok, down.allocations) == (False, False, ())
+    assert (down.enabled, down.ok, down.allocations) == (True, False, ())
+    assert down.error.startswith("absent:")
     kubelet(lambda _ctx: response)
     again = source.fetch()
     assert again.ok, again.error
     assert [a.pod for a in again.allocations] == ["train-0"]
-    assert source.errors_total == 0
+    assert source.errors_total == 1
 
 
 def test_never_two_calls_at_once(
@@ -785,8 +796,10 @@ def test_socket_path_is_not_cwd_relative(
 
 
 def test_kubelet_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    _, cfg, _ = parse_config([])
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    _, cfg, _ = parse_config(["--kube.node-name", "gpu-1"])
     assert cfg.kubelet_pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert cfg.kubelet_enabled is None and cfg.kubelet_active
     assert (cfg.kubelet_timeout, cfg.kubelet_gpu_resources) == (2.0, ())
     src = make_podresources_source(cfg)
     assert src is not None and src.timeout == 2.0
@@ -805,6 +818,48 @@ def test_empty_socket_flag_switches_the_source_off(monkeypatch: pytest.MonkeyPat
     _, cfg, _ = parse_config([])
     assert cfg.kubelet_pod_resources_socket == ""
     assert make_podresources_source(cfg) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "active"),
+    [
+        pytest.param(["--kube.node-name", "n"], {}, True, id="kubernetes"),
+        pytest.param([], {}, False, id="docker-host"),
+        pytest.param(["--kube.node-name", "n", "--no-kubelet.enabled"], {}, False, id="off"),
+        pytest.param(
+            ["--kube.node-name", "n"], {"ENRICHER_KUBELET_ENABLED": "false"}, False, id="off-env"
+        ),
+        pytest.param(["--kubelet.enabled"], {}, True, id="on-without-kubernetes"),
+        pytest.param(["--kubelet.pod-resources-socket", "/run/k.sock"], {}, True, id="socket"),
+        pytest.param(
+            ["--kubelet.pod-resources-socket", "/run/k.sock", "--no-kubelet.enabled"],
+            {},
+            False,
+            id="socket-but-off",
+        ),
+        pytest.param(
+            ["--kube.node-name", "n", "--kubelet.pod-resources-socket="], {}, False, id="empty"
+        ),
+    ],
+)
+def test_switching_the_source_off_takes_a_flag(
+    argv: list[str], env: dict[str, str], active: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On by default with Kubernetes (or when a socket is named), whether or not the socket is
+    there; off only when asked."""
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    for name, val in env.items():
+        monkeypatch.setenv(name, val)
+    _, cfg, _ = parse_config(argv)
+    assert cfg.kubelet_active is active
+    assert (make_podresources_source(cfg) is not None) is active
+
+
+def test_enabled_without_a_socket_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_config(["--kubelet.enabled", "--kubelet.pod-resources-socket="])
+    assert info.value.code == 2
+    assert "--kubelet.enabled needs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])

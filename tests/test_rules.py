@@ -197,6 +197,33 @@ def test_runbook_links_resolve() -> None:
         assert target in anchors, target
 
 
+def test_readme_counts_and_lists_every_alert() -> None:
+    readme = (ROOT / "README.md").read_text()
+    counts = re.search(r"\((\d+) alerts, (\d+) recording\s+rules", readme)
+    assert counts is not None, "README states how many alerts and recording rules there are"
+    assert (int(counts[1]), int(counts[2])) == (len(alerts()), len(records()))
+    table = set(re.findall(r"^\| (Gpu\w+) \|", readme, re.M))
+    assert table == {a["alert"] for a in alerts()}
+
+
+def golden_sources() -> list[str]:
+    """Every source the enricher reports, as its golden outputs (the real app's) name them."""
+    pattern = re.compile(r'^dcgm_enricher_source_enabled\{source="([a-z]+)"\}', re.M)
+    return sorted(
+        {
+            m
+            for f in (ROOT / "tests" / "golden").glob("*.out")
+            for m in pattern.findall(f.read_text())
+        }
+    )
+
+
+@pytest.mark.parametrize("source", golden_sources())
+def test_every_source_that_can_be_down_has_an_alert(source: str) -> None:
+    exprs = [a["expr"] for a in alerts()]
+    assert any(f'dcgm_enricher_source_up{{source="{source}"}} == 0' in e for e in exprs), source
+
+
 # --------------------------------------------------------------------------- PrometheusRule
 
 

@@ -251,7 +251,9 @@ async def test_healthz_and_landing() -> None:
         # With nobody scraping, opening the page runs a scrape itself (upstream down here).
         assert "no scrape yet" not in page
         metrics = await (await client.get("/metrics")).text()
-        assert _value(metrics, "dcgm_enricher_scrapes_total") == 2
+        # The page's own read is not a scrape of /metrics: it has its own counter.
+        assert _value(metrics, "dcgm_enricher_scrapes_total") == 1
+        assert _value(metrics, "dcgm_enricher_node_page_requests_total") == 1
     finally:
         await client.close()
 
