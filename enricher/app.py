@@ -439,7 +439,9 @@ class Scraper:
             kube_duration=kube_dur,
             allocated=allocated,
             unmapped=len(unmapped),
-            plan=plan_devices(attributions, allocated),
+            plan=plan_devices(
+                attributions, allocated, index, frozenset(self.config.upstream_pod_labels)
+            ),
             fallback=fallback_identity(snapshot, self.config.kube_node_name),
         )
 

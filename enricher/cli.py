@@ -15,6 +15,7 @@ from typing import Any
 
 from . import __version__
 from .config import Config
+from .exposition import LABEL_NAME_RE
 
 COMMANDS = ("serve", "demo", "resolve", "ps")
 _D = Config()
@@ -73,6 +74,16 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             type=int,
             default=_env("--upstream.max-bytes", _D.upstream_max_bytes),
             help="largest upstream body accepted, after decompression (default %(default)s)",
+        )
+        g.add_argument(
+            "--upstream.pod-labels",
+            metavar="NAMES",
+            dest="upstream_pod_labels",
+            default=_env("--upstream.pod-labels", ",".join(_D.upstream_pod_labels)),
+            help="comma-separated label names that dcgm-exporter copies from pods "
+            "(--kubernetes-enable-pod-labels), as they appear on its series: removed from a "
+            "series moved to another pod even when the pod watch does not know the old pod "
+            "(default: only the labels the watch knows)",
         )
         g.add_argument(
             "--upstream.discover-pod",
@@ -290,6 +301,10 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
     ns = parser.parse_args(args_list)
     values = {k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
     values["kube_pod_labels"] = _csv(values.get("kube_pod_labels") or "")
+    values["upstream_pod_labels"] = _csv(values.get("upstream_pod_labels") or "")
+    for name in values["upstream_pod_labels"]:
+        if LABEL_NAME_RE.match(name) is None:
+            parser.error(f"--upstream.pod-labels: {name!r} is not a label name")
     values["kube_pod_annotations"] = _csv(values.get("kube_pod_annotations") or "")
     if "kubelet_pod_resources_socket" in values:
         socket_path = values.pop("kubelet_pod_resources_socket")

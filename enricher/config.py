@@ -11,6 +11,10 @@ class Config:
     upstream_url: str = "http://127.0.0.1:9400/metrics"
     upstream_timeout: float = 5.0
     upstream_max_bytes: int = 32 * 1024 * 1024
+    # Label names dcgm-exporter copies from the pods it names (its pod-label allowlist, as
+    # they appear on its series): dropped from a series that the enricher moves to another pod
+    # even when the pod watch does not know the pod dcgm-exporter named.
+    upstream_pod_labels: tuple[str, ...] = ()
     upstream_discover_pod: bool = False
     upstream_pod_selector: str = "app=nvidia-dcgm-exporter"
     upstream_pod_namespace: str = "gpu-operator"

@@ -251,7 +251,9 @@ def resolve_allocations(
     return mapped, unmapped
 
 
-def _owner_of(who_set: set[tuple[str, str, str] | None]) -> Owner:
+def _owner_of(
+    who_set: set[tuple[str, str, str] | None], uids: Mapping[tuple[str, str], str]
+) -> Owner:
     if None in who_set:
         return SHARED
     pods = {(ns, pod) for ns, pod, _ in who_set}  # type: ignore[misc]
@@ -259,7 +261,7 @@ def _owner_of(who_set: set[tuple[str, str, str] | None]) -> Owner:
         return SHARED
     ns, pod = next(iter(pods))
     containers = {c for _, _, c in who_set}  # type: ignore[misc]
-    return Owner(ns, pod, containers.pop() if len(containers) == 1 else "")
+    return Owner(ns, pod, containers.pop() if len(containers) == 1 else "", uids.get((ns, pod), ""))
 
 
 def _who(a: Attribution) -> tuple[str, str, str] | None:
@@ -271,7 +273,10 @@ def _who(a: Attribution) -> tuple[str, str, str] | None:
 
 
 def plan_devices(
-    attributions: Iterable[Attribution], allocated: Iterable[AllocatedDevice] = ()
+    attributions: Iterable[Attribution],
+    allocated: Iterable[AllocatedDevice] = (),
+    pods: PodIndex | None = None,
+    upstream_pod_labels: frozenset[str] = frozenset(),
 ) -> RewritePlan:
     """Decide what the device series of each busy or allocated device name.
 
@@ -286,7 +291,18 @@ def plan_devices(
     A device that is neither busy nor allocated keeps the upstream's labels.
 
     A MIG instance's processes, or allocations, count for the instance and the whole GPU.
+
+    Every other label about a pod follows that decision (exposition's label rules): the
+    owner's UID from ``pods`` for ``pod_uid``, and the label names of each pod the upstream
+    may name, so that a series moved away from a pod drops what dcgm-exporter copied from it.
     """
+    uids: dict[tuple[str, str], str] = {}
+    pod_labels: dict[tuple[str, str], frozenset[str]] = {}
+    if pods is not None:
+        for info in pods.by_uid.values():
+            uids.setdefault((info.namespace, info.name), info.uid)
+            if info.label_names:
+                pod_labels[(info.namespace, info.name)] = info.label_names
     owners_seen: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
     for a in attributions:
         if a.reason == REASON_MPS_SERVER:
@@ -295,17 +311,21 @@ def plan_devices(
         owners_seen[a.device_key].add(who)
         if a.process.gi_id is not None:
             owners_seen[(a.process.gpu_uuid, "")].add(who)
+        if a.pod is not None:
+            uids[(a.pod.namespace, a.pod.name)] = a.pod.uid
     allocated_to: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
     for d in allocated:
         who = (d.namespace, d.pod, d.container)
         allocated_to[d.key].add(who)
         if d.key[1]:
             allocated_to[(d.key[0], "")].add(who)
-    owners = {key: _owner_of(who_set) for key, who_set in owners_seen.items()}
+    owners = {key: _owner_of(who_set, uids) for key, who_set in owners_seen.items()}
     for key, who_set in allocated_to.items():
         if key not in owners:
-            owners[key] = _owner_of(who_set)
-    return RewritePlan(owners=owners)
+            owners[key] = _owner_of(who_set, uids)
+    return RewritePlan(
+        owners=owners, pod_labels=pod_labels, upstream_pod_labels=upstream_pod_labels
+    )
 
 
 def sanitize_label_name(name: str) -> str:

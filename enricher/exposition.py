@@ -68,6 +68,11 @@ IDENTITY_LABELS = frozenset(
         "hostname",
     }
 )
+# Labels dcgm-exporter writes about the pod it names, beside the pod labels themselves:
+# --kubernetes-enable-pod-uid and the DRA claim of the allocation. They follow the enricher's
+# decision; the device-describing dra_* labels (driver, pool, device) stay as they are.
+POD_UID_LABEL = "pod_uid"
+DRA_CLAIM_LABELS = frozenset({"dra_claim_name", "dra_claim_namespace"})
 # (namespace, pod, container) label names per dcgm-exporter naming scheme.
 CURRENT_SCHEME = ("namespace", "pod", "container")
 OLD_SCHEME = ("pod_namespace", "pod_name", "container_name")
@@ -77,6 +82,13 @@ VGPU_LABEL = "vgpu"
 # the scrape target's own pod/namespace/container (the enricher's pod) from being attached:
 # a series about a GPU must never name the monitoring pod.
 POD_GUARD_LABELS = ("container", "namespace", "pod")
+# Never removed as a stale pod label, even when a pod has a label of that name.
+_KEPT_LABELS = (
+    IDENTITY_LABELS
+    | frozenset(CURRENT_SCHEME)
+    | frozenset(OLD_SCHEME)
+    | {POD_UID_LABEL, VGPU_LABEL, "dra_driver_name", "dra_pool_name", "dra_device_name"}
+)
 _GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
 
 MAX_LABEL_VALUE_LENGTH = 1024
@@ -229,11 +241,14 @@ DeviceKey = tuple[str, str]  # (GPU UUID, GPU_I_ID or "" for a whole GPU)
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """Who a device series names. ``pod`` empty means: clear the pod labels (shared device)."""
+    """Who a device series names. ``pod`` empty means: clear the pod labels (shared device).
+
+    ``uid`` is the pod's UID when the pod watch knows it (``pod_uid`` on the series)."""
 
     namespace: str
     pod: str
     container: str
+    uid: str = ""
 
     @property
     def shared(self) -> bool:
@@ -248,6 +263,11 @@ class RewritePlan:
     """What to write on device series: owners by device key; devices absent keep upstream labels."""
 
     owners: Mapping[DeviceKey, Owner] = field(default_factory=dict)
+    # The label names dcgm-exporter copies from each pod it names (--kubernetes-enable-pod-
+    # labels), by (namespace, pod), from the pod watch; and the names the user says it copies
+    # from any pod (--upstream.pod-labels), for pods the watch does not know.
+    pod_labels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    upstream_pod_labels: frozenset[str] = frozenset()
     # Family names the enricher renders itself; upstream families with these names are dropped.
     reserved_prefixes: tuple[str, ...] = (
         "gpu_container_",
@@ -256,6 +276,20 @@ class RewritePlan:
         "gpu_pod_info",
         "dcgm_enricher_",
     )
+
+
+def _stale_pod_labels(plan: RewritePlan, named: tuple[str, str], owner: Owner) -> frozenset[str]:
+    """The labels of a device series that describe the pod dcgm-exporter named, when the
+    enricher names another one (or none): that pod's own labels and its DRA claim.
+
+    The pod's own labels are known from the pod watch; for a pod it does not know, the names
+    the user gave with --upstream.pod-labels. Device and pod identity labels are never among
+    them, whatever a pod's labels are called.
+    """
+    if named == (owner.namespace, owner.pod) or named == ("", ""):
+        return frozenset()
+    names = plan.pod_labels.get(named, plan.upstream_pod_labels) | plan.upstream_pod_labels
+    return (names - _KEPT_LABELS) | DRA_CLAIM_LABELS
 
 
 @dataclass(slots=True)
@@ -543,9 +577,23 @@ class Rewriter:
                 values = dict(
                     zip(scheme, (owner.namespace, owner.pod, owner.container), strict=True)
                 )
+                labels = dict(pairs)
+                named = (
+                    unescape_label_value(labels.get(scheme[0], "")),
+                    unescape_label_value(labels.get(scheme[1], "")),
+                )
+                drop = _stale_pod_labels(plan, named, owner)
+                if POD_UID_LABEL in names and (owner.uid or named != (owner.namespace, owner.pod)):
+                    # The owner's UID; empty with the pod (shared) or when the watch does not
+                    # know the owner. The upstream's stays only when it named the same pod
+                    # and the owner's UID is unknown.
+                    values[POD_UID_LABEL] = owner.uid
                 new_pairs = [
-                    (n, values.pop(n) if n in values else unescape_label_value(v)) for n, v in pairs
+                    (n, values.pop(n) if n in values else unescape_label_value(v))
+                    for n, v in pairs
+                    if n not in drop
                 ]
+                values.pop(POD_UID_LABEL, None)
                 # Labels the upstream lacked are added in dcgm-exporter's order.
                 for name in (scheme[2], scheme[0], scheme[1]):
                     if name in values:

@@ -149,6 +149,15 @@ def derive_workload(obj: Mapping[str, Any]) -> tuple[str, str]:
     return kind, name
 
 
+_NOT_LABEL_CHAR = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def upstream_label_name(key: str) -> str:
+    """The label name dcgm-exporter gives a pod's label key (--kubernetes-enable-pod-labels):
+    every character outside ``[a-zA-Z0-9_]`` replaced by ``_``, no prefix."""
+    return _NOT_LABEL_CHAR.sub("_", key)
+
+
 def parse_pod(
     obj: Mapping[str, Any],
     label_keys: Sequence[str] = (),
@@ -196,6 +205,9 @@ def parse_pod(
         workload_name=workload,
         gpu_requested=gpu,
         labels=_selected(meta.get("labels"), label_keys),
+        label_names=frozenset(
+            upstream_label_name(k) for k in _map(meta.get("labels")) if isinstance(k, str) and k
+        ),
         annotations=_selected(meta.get("annotations"), annotation_keys),
         containers=containers,
         mirror_of=mirror,

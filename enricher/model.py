@@ -132,6 +132,10 @@ class PodInfo:
     # Bare container id (no "containerd://" prefix) -> container name, from all status lists.
     containers: Mapping[str, str] = field(default_factory=dict)
     mirror_of: str = ""  # a mirror pod's kubernetes.io/config.mirror: the static pod's cgroup UID
+    # Every label key of the pod as dcgm-exporter's --kubernetes-enable-pod-labels names it on
+    # its series (each character outside [a-zA-Z0-9_] replaced by "_"), so that a series
+    # re-attributed away from this pod can drop them.
+    label_names: frozenset[str] = frozenset()
     pod_ip: str = ""
     ready: bool = False
 

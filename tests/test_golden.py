@@ -445,3 +445,77 @@ async def test_identity_survives_upstream_outage(node_factory: Any) -> None:
         "upstream"
     ] == "0.0"
     assert series(second_text, "gpu_container_memory_used_bytes") == first
+
+
+# dcgm-exporter's options that write more about the pod it names. Each is applied to the node's
+# upstream as dcgm-exporter would: on the series of the pods it (sometimes wrongly) named.
+_NAMED = {
+    "vllm-6b7c9d-abcde": (VLLM.uid, {"pod_template_hash": "6b7c9d"}),  # known to the watch
+    "reserved-0": ("00000000-dead-4bad-8bad-000000000000", {"team": "a"}),  # unknown to it
+    "bert-0": (BERT.uid, {}),
+}
+_OPTIONS = {
+    # --kubernetes-enable-pod-uid
+    "pod-uid": lambda uid, labels: f'pod_uid="{uid}"',
+    # --kubernetes-enable-pod-labels: the named pod's label keys, sanitised
+    "pod-labels": lambda uid, labels: ",".join(f'{k}="{v}"' for k, v in labels.items()),
+    # DRA: the claim of the named pod's allocation, and the device's own dra_* labels
+    "dra": lambda uid, labels: (
+        'dra_claim_name="claim-x",dra_claim_namespace="ml",'
+        'dra_driver_name="gpu.nvidia.com",dra_pool_name="gpu-node-a",dra_device_name="gpu-0"'
+    ),
+}
+
+
+_GHOST = 'container="old",namespace="ml",pod="ghost-0",team="b",app_kubernetes_io_name="ghost"'
+
+
+def _with_option(text: str, option: str) -> str:
+    if option == "pod-labels":
+        # GPU 0 named after a pod the watch never knew (deleted since): only the names given
+        # with --upstream.pod-labels (team) can be told apart from the device's labels.
+        text = text.replace(
+            'UUID="GPU-0a0a0a0a-0000-4000-8000-000000000000",pci_bus_id="00000000:10:00.0",'
+            'device="nvidia0",modelName="NVIDIA A100-SXM4-80GB",Hostname="dcgm-exporter-7xk2p",'
+            'container="",namespace="",pod=""',
+            'UUID="GPU-0a0a0a0a-0000-4000-8000-000000000000",pci_bus_id="00000000:10:00.0",'
+            'device="nvidia0",modelName="NVIDIA A100-SXM4-80GB",Hostname="dcgm-exporter-7xk2p",'
+            + _GHOST,
+        )
+    out = []
+    for line in text.splitlines():
+        for pod, (uid, labels) in _NAMED.items():
+            extra = _OPTIONS[option](uid, labels)
+            if f'pod="{pod}"' in line and extra:
+                line = line.replace(f'pod="{pod}"', f'pod="{pod}",{extra}')
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("option", list(_OPTIONS))
+async def test_pod_identity_golden(
+    node_factory: Any, update_golden: bool, promtool: str, option: str
+) -> None:
+    """Finding 2 of issue 12: every label about a pod follows the enricher's decision."""
+    upstream = _with_option((FIXTURES / "node.prom").read_text(), option)
+    node = await node_factory(upstream, upstream_pod_labels=("team",))
+    text = await scrape(node)
+    check_golden(f"pod-identity-{option}", text, update_golden)
+    assert_valid_exposition(promtool, text)
+    for s in series(text, "DCGM_FI_DEV_FB_USED"):
+        # Whatever the option, no series keeps a label of a pod it no longer names.
+        if s.get("pod") != "vllm-6b7c9d-abcde":
+            assert "pod_template_hash" not in s, s
+        if s.get("pod") != "reserved-0":
+            assert "team" not in s, s
+            assert s.get("pod_uid", "") != _NAMED["reserved-0"][0], s
+        if s.get("pod") == "bert-0":
+            assert s.get("pod_uid", BERT.uid) == BERT.uid, s
+        if s["UUID"].startswith("GPU-0a0a") and option == "pod-labels":
+            assert s["pod"] == "jupyter-alice"
+            assert "team" not in s  # named by --upstream.pod-labels
+            assert s["app_kubernetes_io_name"] == "ghost"  # not named: cannot be told apart
+        if "dra_driver_name" in s:
+            assert s["dra_device_name"] == "gpu-0"  # the device's own: kept
+            if s["pod"] not in _NAMED:
+                assert "dra_claim_name" not in s, s

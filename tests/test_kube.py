@@ -200,6 +200,8 @@ def _gpu_pod(resources: dict[str, Any], where: str = "containers") -> dict[str, 
                 workload_name="web",
                 gpu_requested=True,
                 labels={"team": "vision"},
+                # Every label key, as dcgm-exporter names it on its series.
+                label_names=frozenset({"pod_template_hash", "team", "other"}),
                 annotations={"owner": "alice"},
                 containers={CID_A: "trainer", CID_B: "sidecar"},
                 pod_ip="10.1.2.3",
