@@ -573,27 +573,40 @@ async def _healthz_while(base: str, scrapes: int) -> dict[str, Any]:
 def bench_loop(mode: Mode, spec: Any) -> dict[str, Any]:
     """/healthz latency of an enricher rewriting a body near --upstream.max-bytes on every
     scrape (--upstream.follow-step=0): bodies that differ in values only (the template path),
-    then bodies that differ in labels too (line by line, the slow path)."""
+    then bodies that differ in labels too (line by line, the slow path). Each as shipped
+    (large rewrites in the rewrite worker) and with every rewrite on the event loop (the
+    design before it), one after the other in this run."""
     from . import servers
 
     out: dict[str, Any] = {"healthz_every_ms": HEALTHZ_EVERY * 1000}
     for kind, relabel in (("values", False), ("labels", True)):
         upstream = _start(servers.run_upstream, payloads.MAX32, 2, relabel)
-        enricher = None
         try:
-            enricher = _start(
-                servers.run_enricher,
-                replace(spec, upstream_url=upstream.url, follow_step=0.0, kube=False),
-            )
-            base = enricher.url.removesuffix("/metrics")
-            row = asyncio.run(_healthz_while(base, mode.loop_scrapes))
-            row["rewrites"] = enricher.ask("stats")
-            row["inside_ms"] = enricher.ask("timings")
-            out[kind] = row
+            for design, on_loop in (("worker", False), ("on_loop", True)):
+                enricher = _start(
+                    servers.run_enricher,
+                    replace(
+                        spec,
+                        upstream_url=upstream.url,
+                        follow_step=0.0,
+                        kube=False,
+                        rewrite_on_loop=on_loop,
+                    ),
+                )
+                try:
+                    base = enricher.url.removesuffix("/metrics")
+                    row = asyncio.run(_healthz_while(base, mode.loop_scrapes))
+                    row["rewrites"] = enricher.ask("stats")
+                    row["inside_ms"] = enricher.ask("timings")
+                    out[f"{kind}_{design}"] = row
+                finally:
+                    enricher.stop()
         finally:
-            if enricher is not None:
-                enricher.stop()
             upstream.stop()
+    for kind in ("values", "labels"):
+        out[f"{kind}_max_ratio"] = round(
+            out[f"{kind}_worker"]["busy"]["max_ms"] / out[f"{kind}_on_loop"]["busy"]["max_ms"], 3
+        )
     return out
 
 
@@ -915,21 +928,29 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
 def render_loop(loop: dict[str, Any]) -> list[str]:
     lines = [
         f"Event loop: GET /healthz (ms; one every {loop['healthz_every_ms']:g} ms) while "
-        f"/metrics ({loop['values']['body_mib']} MiB served, from a 31 MiB upstream body) is "
-        "scraped back to back"
+        f"/metrics ({loop['values_worker']['body_mib']} MiB served, from a 31 MiB upstream "
+        "body) is scraped back to back"
     ]
     lines.append(
-        f"{'upstream bodies differ in':26} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7}  "
+        f"{'bodies differ in, rewrite':26} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7}  "
         f"{'idle p50':>8} {'idle max':>8}  scrape p50  rewrite p50"
     )
     for kind in ("values", "labels"):
-        row = loop[kind]
-        busy, idle = row["busy"], row["idle"]
-        lines.append(
-            f"{kind:26} {busy['n']:>5} {busy['p50_ms']:>7.2f} {busy['p99_ms']:>7.2f} "
-            f"{busy['max_ms']:>7.1f}  {idle['p50_ms']:>8.2f} {idle['max_ms']:>8.1f}  "
-            f"{row['scrape_p50_ms']:>10.1f}  {row['inside_ms'].get('rewrite', 0):>11.1f}"
-        )
+        for design in ("worker", "on_loop"):
+            row = loop[f"{kind}_{design}"]
+            busy, idle = row["busy"], row["idle"]
+            lines.append(
+                f"{kind + ', ' + design:26} {busy['n']:>5} {busy['p50_ms']:>7.2f} "
+                f"{busy['p99_ms']:>7.2f} {busy['max_ms']:>7.1f}  {idle['p50_ms']:>8.2f} "
+                f"{idle['max_ms']:>8.1f}  {row['scrape_p50_ms']:>10.1f}  "
+                f"{row['inside_ms'].get('rewrite', 0):>11.1f}"
+            )
+    lines.append(
+        f"/healthz max, worker / on the loop: values {loop['values_max_ratio']}, labels "
+        f"{loop['labels_max_ratio']}. worker: as shipped (bodies over "
+        "enricher.app.REWRITE_INLINE_MAX_CHARS rewritten in a thread); on_loop: every rewrite "
+        "on the event loop, the design before."
+    )
     return lines
 
 

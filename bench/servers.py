@@ -181,6 +181,8 @@ class EnricherSpec:
     collect_interval: float | None = None
     follow_step: float | None = None
     kube: bool = True  # False: no pod watch (and no kubernetes client in the process)
+    # True: every rewrite on the event loop, as before the rewrite worker (for comparison).
+    rewrite_on_loop: bool = False
 
 
 # Installed by the test extras only, and imported by libraries the enricher uses when present
@@ -315,6 +317,8 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     if spec.follow_step is not None:
         settings["upstream_follow_step"] = spec.follow_step
     config = replace(Config(), **settings)
+    if spec.rewrite_on_loop:
+        app_module.REWRITE_INLINE_MAX_CHARS = sys.maxsize  # type: ignore[misc]
     pods = start_pod_cache(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")
