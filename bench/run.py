@@ -10,7 +10,9 @@ against an anchor measured in the same run, so a slow or noisy machine cannot fa
   pass-through proxy and the upstream itself, one scraper and three concurrent scrapers;
 * attribution: NVML (the fake libnvidia-ml) + procfs + pod lookup for 64 GPU processes;
 * memory: the enricher process's RSS after start, after 1,000 and 10,000 scrapes while pods
-  churn (a tenth of 110 pods replaced every 100 scrapes, their PIDs reused).
+  churn (a tenth of 110 pods replaced every 100 scrapes, their PIDs reused);
+* event loop: /healthz latency while the enricher rewrites a 31 MiB upstream body (new
+  values, and new labels), against /healthz of the same process when idle.
 
 It prints a table and writes the figures as JSON (default bench/results/latest.json).
 ``--quick`` runs every part briefly: CI runs it to check the benchmark still works, and
@@ -86,6 +88,8 @@ class Mode:
     churn_every: int
     churn_pods: int
     follow_learn: float  # upstream periods the follower gets to learn the rhythm
+    loop_scrapes: int  # scrapes of the large body per kind, /healthz asked meanwhile
+    loop_shape: str  # the large body: max32 (31 MiB) in a full run
 
 
 FULL = Mode(
@@ -98,6 +102,8 @@ FULL = Mode(
     churn_every=100,
     churn_pods=11,
     follow_learn=6.0,
+    loop_scrapes=12,
+    loop_shape="max32",
 )
 QUICK = Mode(
     rewrite_reps=5,
@@ -109,6 +115,8 @@ QUICK = Mode(
     churn_every=25,
     churn_pods=11,
     follow_learn=0.5,
+    loop_scrapes=2,
+    loop_shape="stress",  # 6 MiB: still over the inline limit, and quick to generate
 )
 
 
@@ -510,6 +518,102 @@ def run_e2e(mode: Mode, upstream: Child, spec: Any) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------- event loop
+
+HEALTHZ_EVERY = 0.005  # seconds between two /healthz requests (one at a time)
+
+
+async def _healthz_while(base: str, scrapes: int) -> dict[str, Any]:
+    """/healthz asked back to back (every HEALTHZ_EVERY) while nothing else runs, then while
+    one client scrapes /metrics ``scrapes`` times in a row."""
+    idle: list[float] = []
+    busy: list[float] = []
+    scrape_times: list[float] = []
+    stop = asyncio.Event()
+
+    async def ping(session: aiohttp.ClientSession, into: list[float]) -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            async with session.get(base + "/healthz") as resp:
+                await resp.read()
+            into.append(time.perf_counter() - t0)
+            await asyncio.sleep(HEALTHZ_EVERY)
+
+    async with aiohttp.ClientSession() as health, aiohttp.ClientSession() as scraper:
+        for _ in range(2):  # warm up: the first rewrite (parse caches, template)
+            async with scraper.get(base + "/metrics") as resp:
+                size = len(await resp.read())
+        pinger = asyncio.create_task(ping(health, idle))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await pinger
+        stop.clear()
+        pinger = asyncio.create_task(ping(health, busy))
+        for _ in range(scrapes):
+            t0 = time.perf_counter()
+            async with scraper.get(base + "/metrics") as resp:
+                await resp.read()
+            scrape_times.append(time.perf_counter() - t0)
+        stop.set()
+        await pinger
+
+    def stats(values: list[float]) -> dict[str, float]:
+        return {
+            "n": len(values),
+            "p50_ms": _ms(statistics.median(values)),
+            "p99_ms": _ms(_pct(values, 0.99)),
+            "max_ms": _ms(max(values)),
+        }
+
+    return {
+        "body_mib": round(size / 2**20, 2),
+        "idle": stats(idle),
+        "busy": stats(busy),
+        "scrape_p50_ms": _ms(statistics.median(scrape_times)),
+    }
+
+
+def bench_loop(mode: Mode, spec: Any) -> dict[str, Any]:
+    """/healthz latency of an enricher rewriting a body near --upstream.max-bytes on every
+    scrape (--upstream.follow-step=0): bodies that differ in values only (the template path),
+    then bodies that differ in labels too (line by line, the slow path). Each as shipped
+    (large rewrites in the rewrite worker) and with every rewrite on the event loop (the
+    design before it), one after the other in this run."""
+    from . import servers
+
+    out: dict[str, Any] = {"healthz_every_ms": HEALTHZ_EVERY * 1000, "shape": mode.loop_shape}
+    for kind, relabel in (("values", False), ("labels", True)):
+        shape = payloads.MAX32 if mode.loop_shape == "max32" else payloads.SHAPES[mode.loop_shape]
+        upstream = _start(servers.run_upstream, shape, 2, relabel)
+        try:
+            for design, on_loop in (("worker", False), ("on_loop", True)):
+                enricher = _start(
+                    servers.run_enricher,
+                    replace(
+                        spec,
+                        upstream_url=upstream.url,
+                        follow_step=0.0,
+                        kube=False,
+                        rewrite_on_loop=on_loop,
+                    ),
+                )
+                try:
+                    base = enricher.url.removesuffix("/metrics")
+                    row = asyncio.run(_healthz_while(base, mode.loop_scrapes))
+                    row["rewrites"] = enricher.ask("stats")
+                    row["inside_ms"] = enricher.ask("timings")
+                    out[f"{kind}_{design}"] = row
+                finally:
+                    enricher.stop()
+        finally:
+            upstream.stop()
+    for kind in ("values", "labels"):
+        out[f"{kind}_max_ratio"] = round(
+            out[f"{kind}_worker"]["busy"]["max_ms"] / out[f"{kind}_on_loop"]["busy"]["max_ms"], 3
+        )
+    return out
+
+
 # --------------------------------------------------------------------------- memory
 
 
@@ -815,6 +919,9 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
         f"{floor['imports']} (without the kubernetes client {floor['imports_without_kubernetes']}"
         f"; with the kubelet source's gRPC, as on a node: {floor['imports_with_kubelet_grpc']})"
     )
+    if "loop" in results:
+        lines.append("")
+        lines.extend(render_loop(results["loop"]))
     lines.append("")
     lines.append("Targets")
     for c in checks:
@@ -822,7 +929,39 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+def render_loop(loop: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Event loop: GET /healthz (ms; one every {loop['healthz_every_ms']:g} ms) while "
+        f"/metrics ({loop['values_worker']['body_mib']} MiB served, upstream body "
+        f"{loop['shape']}) is scraped back to back"
+    ]
+    lines.append(
+        f"{'bodies differ in, rewrite':26} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7}  "
+        f"{'idle p50':>8} {'idle max':>8}  scrape p50  rewrite p50"
+    )
+    for kind in ("values", "labels"):
+        for design in ("worker", "on_loop"):
+            row = loop[f"{kind}_{design}"]
+            busy, idle = row["busy"], row["idle"]
+            lines.append(
+                f"{kind + ', ' + design:26} {busy['n']:>5} {busy['p50_ms']:>7.2f} "
+                f"{busy['p99_ms']:>7.2f} {busy['max_ms']:>7.1f}  {idle['p50_ms']:>8.2f} "
+                f"{idle['max_ms']:>8.1f}  {row['scrape_p50_ms']:>10.1f}  "
+                f"{row['inside_ms'].get('rewrite', 0):>11.1f}"
+            )
+    lines.append(
+        f"/healthz max, worker / on the loop: values {loop['values_max_ratio']}, labels "
+        f"{loop['labels_max_ratio']}. worker: as shipped (bodies over "
+        "enricher.app.REWRITE_INLINE_MAX_CHARS rewritten in a thread); on_loop: every rewrite "
+        "on the event loop, the design before."
+    )
+    return lines
+
+
 # --------------------------------------------------------------------------- main
+
+
+ALL_PARTS = ("rewrite", "attribution", "e2e", "memory", "loop")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -831,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument(
         "--only",
-        choices=("rewrite", "attribution", "e2e", "memory"),
+        choices=("rewrite", "attribution", "e2e", "memory", "loop"),
         action="append",
         help="run only these parts (repeatable); targets are checked on the full run",
     )
@@ -839,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("gcc") is None:
         parser.error("gcc is needed to build the fake libnvidia-ml (make system-deps)")
     mode = QUICK if args.quick else FULL
-    parts = set(args.only or ("rewrite", "attribution", "e2e", "memory"))
+    parts = set(args.only or ALL_PARTS)
 
     from tests.kubeapi import KubeApiStandIn
     from tests.nvmlfake import build_fake_nvml
@@ -864,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
         if "attribution" in parts:
             print("attribution ...", file=sys.stderr, flush=True)
             results["attribution"] = bench_attribution(mode, work, nvml_lib)
-        if parts & {"e2e", "memory"}:
+        if parts & {"e2e", "memory", "loop"}:
             sim = SimNode(work / "node", payloads.SHAPES["mig56"])
             sim.write()
             with KubeApiStandIn() as kube:
@@ -895,16 +1034,21 @@ def main(argv: list[str] | None = None) -> int:
                             lambda: _start(servers.run_enricher, spec),
                             lambda: _start(servers.run_enricher, replace(spec, kube=False)),
                         )
+                    if "loop" in parts:
+                        print("event loop ...", file=sys.stderr, flush=True)
+                        results["loop"] = bench_loop(mode, spec)
                 finally:
                     upstream.stop()
     results["seconds"] = round(time.perf_counter() - started, 1)
     checks: list[Check] = []
-    if parts == {"rewrite", "attribution", "e2e", "memory"}:
+    if parts == set(ALL_PARTS):
         checks = evaluate(results, mode)
         results["targets"] = [c.__dict__ for c in checks]
         print(render_table(results, checks))
     else:
         print(json.dumps(results, indent=2))
+        if "loop" in results:
+            print("\n" + "\n".join(render_loop(results["loop"])))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten: {args.out} ({results['seconds']} s)")

@@ -72,9 +72,13 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
 # --------------------------------------------------------------------------- upstream
 
 
-def run_upstream(conn: Connection, shape: str) -> None:
-    """A dcgm-exporter stand-in: pre-rendered bodies, a different collection per request."""
-    asyncio.run(_upstream(conn, shape))
+def run_upstream(
+    conn: Connection, shape: str | payloads.Shape, variants: int = VARIANTS, relabel: bool = False
+) -> None:
+    """A dcgm-exporter stand-in: pre-rendered bodies, a different collection per request
+    (cycling through ``variants``; with ``relabel`` each also in a pod epoch of its own, so
+    consecutive bodies differ in labels too and every rewrite goes line by line)."""
+    asyncio.run(_upstream(conn, shape, variants, relabel))
 
 
 STAMP = "bench_collection_timestamp_seconds"
@@ -97,8 +101,10 @@ def collection_time(body: bytes) -> float | None:
     return float(body[start : body.index(b"\n", start)])
 
 
-async def _upstream(conn: Connection, shape: str) -> None:
-    bodies = [payloads.generate(shape, v).encode() for v in range(VARIANTS)]
+async def _upstream(
+    conn: Connection, shape: str | payloads.Shape, variants: int, relabel: bool
+) -> None:
+    bodies = [payloads.generate(shape, v, v if relabel else 0).encode() for v in range(variants)]
     # client -> (requests so far, variant, collection time) in "every" mode
     clients: dict[str, tuple[int, int, float]] = {}
     rhythm: list[Any] = ["every", 1]
@@ -106,12 +112,12 @@ async def _upstream(conn: Connection, shape: str) -> None:
     async def metrics(request: web.Request) -> web.Response:
         if rhythm[0] == "period":
             index = int(time.time() / rhythm[1])
-            variant, made = index % VARIANTS, index * rhythm[1]
+            variant, made = index % len(bodies), index * rhythm[1]
         else:
             client = request.query.get("client", "")
             n, variant, made = clients.get(client, (0, -1, 0.0))
             if n % rhythm[1] == 0:
-                variant, made = (variant + 1) % VARIANTS, time.time()
+                variant, made = (variant + 1) % len(bodies), time.time()
             clients[client] = (n + 1, variant, made)
         body = bodies[variant] + stamp_line(made)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
@@ -119,7 +125,7 @@ async def _upstream(conn: Connection, shape: str) -> None:
     def on_message(msg: Any) -> None:
         if isinstance(msg, tuple) and msg[0] == "epoch":
             epoch = int(msg[1])
-            bodies[:] = [payloads.generate(shape, v, epoch).encode() for v in range(VARIANTS)]
+            bodies[:] = [payloads.generate(shape, v, epoch).encode() for v in range(variants)]
             conn.send(("epoch", epoch))
         elif isinstance(msg, tuple) and msg[0] in ("every", "period"):
             rhythm[:] = [msg[0], max(1, int(msg[1])) if msg[0] == "every" else float(msg[1])]
@@ -175,6 +181,8 @@ class EnricherSpec:
     collect_interval: float | None = None
     follow_step: float | None = None
     kube: bool = True  # False: no pod watch (and no kubernetes client in the process)
+    # True: every rewrite on the event loop, as before the rewrite worker (for comparison).
+    rewrite_on_loop: bool = False
 
 
 # Installed by the test extras only, and imported by libraries the enricher uses when present
@@ -309,6 +317,8 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     if spec.follow_step is not None:
         settings["upstream_follow_step"] = spec.follow_step
     config = replace(Config(), **settings)
+    if spec.rewrite_on_loop:
+        app_module.REWRITE_INLINE_MAX_CHARS = sys.maxsize  # type: ignore[misc]
     pods = start_pod_cache(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")

@@ -8,7 +8,6 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,17 +30,22 @@ from .enrich import (
     resolve_allocations,
 )
 from .episodes import EpisodeLog
-from .exposition import DeviceKey, RewritePlan, Rewriter
+from .exposition import DeviceKey, RewritePlan, Rewriter, RewriteResult
 from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
 from .podresources import ListResult
 from .refresh import Follower, Refresher
 from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
+from .worker import Worker
 
 log = logging.getLogger("enricher")
 
 LANDING_MAX_AGE_SECONDS = 15.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_IDENTITIES = 4096
+# Upstream bodies up to this size are rewritten on the event loop (a few milliseconds at
+# most: the template path does about 1 MiB in 2 ms); larger ones in the rewrite worker, so a
+# body near --upstream.max-bytes never stalls /healthz or other scrapes (bench: loop part).
+REWRITE_INLINE_MAX_CHARS = 1 << 20
 
 
 class GpuSource(Protocol):
@@ -154,16 +158,16 @@ class Scraper:
         self._inflight: asyncio.Future[ScrapeResult] | None = None
         self._session: aiohttp.ClientSession | None = None
         # One worker: NVML and procfs reads never overlap, and a hung NVML call cannot pile up
-        # threads (the next scrape reports it busy instead).
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="enricher-gpu")
-        self._gpu_busy = False
+        # threads (the next scrape reports it busy instead). Daemon threads (enricher.worker):
+        # a call that never returns cannot keep the process from exiting.
+        self._gpu_worker = Worker("enricher-gpu")
         # The kubelet call has its own worker, so a slow kubelet never delays NVML; the source
         # itself refuses to start a call while one is running.
-        self._kubelet_executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="enricher-kubelet"
-        )
+        self._kubelet_worker = Worker("enricher-kubelet")
         self._kubelet_errors = 0  # calls abandoned here (the source counts its own failures)
-        self._kubelet_call: asyncio.Future[ListResult] | None = None
+        # Large rewrites, one at a time: the Rewriter's caches see one caller at a time, since
+        # the loop rewrites inline only while this worker is idle.
+        self._rewrite_worker = Worker("enricher-rewrite")
         self.upstream_errors = 0
         self.upstream_requests = 0
         self.scrapes_total = 0
@@ -222,8 +226,9 @@ class Scraper:
             await self._session.close()
         if self.docker is not None:
             await self.docker.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._kubelet_executor.shutdown(wait=False, cancel_futures=True)
+        self._gpu_worker.close()
+        self._kubelet_worker.close()
+        self._rewrite_worker.close()
 
     def _session_get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -333,16 +338,12 @@ class Scraper:
     async def _gpu_side(
         self,
     ) -> tuple[GpuSnapshot, bool, float, dict[int, ProcInfo | ProcError], float]:
-        if self._gpu_busy:
+        if not self._gpu_worker.idle:
             self._log_nvml.fail("previous NVML read still running")
             return GpuSnapshot(), False, 0.0, {}, 0.0
-        self._gpu_busy = True
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._executor, self._collect_gpu)
-        fut.add_done_callback(lambda _f: setattr(self, "_gpu_busy", False))
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.config.scrape_timeout)
-        except asyncio.TimeoutError:
+            return await self._gpu_worker.run(self._collect_gpu, self.config.scrape_timeout)
+        except TimeoutError:
             self._log_nvml.fail(f"NVML/procfs read took over {self.config.scrape_timeout}s")
             return GpuSnapshot(), False, self.config.scrape_timeout, {}, 0.0
 
@@ -352,19 +353,17 @@ class Scraper:
         source = self.podresources
         if source is None:
             return ListResult(enabled=False), 0.0
-        if self._kubelet_call is not None and not self._kubelet_call.done():
+        if not self._kubelet_worker.idle:
             # Never queue a second call behind one that is stuck.
             self._kubelet_errors += 1
             result = ListResult(enabled=True, error="busy: the previous List call is still running")
             self._log_kubelet.fail(result.error)
             return result, self._clock() - start
-        loop = asyncio.get_running_loop()
-        fut = self._kubelet_call = loop.run_in_executor(self._kubelet_executor, source.fetch)
         # The call carries its own deadline; this margin only guards against a stuck thread.
         limit = self.config.kubelet_timeout + 1.0
         try:
-            result = await asyncio.wait_for(asyncio.shield(fut), limit)
-        except asyncio.TimeoutError:
+            result = await self._kubelet_worker.run(source.fetch, limit)
+        except TimeoutError:
             self._kubelet_errors += 1
             result = ListResult(enabled=True, error=f"timeout: no answer within {limit:g}s")
         except Exception as exc:  # the source never raises; a bug must not fail the scrape
@@ -398,7 +397,24 @@ class Scraper:
         node = await (self._node.refresh() if self._aligned and self._node else self._node_view())
         text = answer[0]
         if text is not None:
-            self._remember(self._rewriter.rewrite(text, node.plan).identities)
+            rewritten, _ = await self._rewrite(text, node.plan, encode=False)
+            self._remember(rewritten.identities)
+
+    async def _rewrite(
+        self, text: str, plan: RewritePlan, *, encode: bool
+    ) -> tuple[RewriteResult, bytes]:
+        """Rewrite ``text`` (and encode the result when ``encode``): inline when it is small
+        and no rewrite is under way, else in the rewrite worker. A pure-Python rewrite in a
+        thread still takes the GIL, but gives it up every switch interval (5 ms), so the
+        loop answers meanwhile."""
+
+        def work() -> tuple[RewriteResult, bytes]:
+            result = self._rewriter.rewrite(text, plan)
+            return result, result.text.encode("utf-8") if encode else b""
+
+        if len(text) <= REWRITE_INLINE_MAX_CHARS and self._rewrite_worker.idle:
+            return work()
+        return await self._rewrite_worker.run(work)
 
     async def _node_view(self) -> NodeView:
         return await (self._node.get() if self._node is not None else self._node_side())
@@ -461,11 +477,11 @@ class Scraper:
         node = await self._node_view()
         text, upstream_dur = await upstream_task
 
-        parts: list[str] = []
+        parts: list[bytes] = []
         invalid_lines = samples = 0
         if text is not None:
-            rewritten = self._rewriter.rewrite(text, node.plan)
-            parts.append(rewritten.text)
+            rewritten, encoded = await self._rewrite(text, node.plan, encode=True)
+            parts.append(encoded)
             invalid_lines = rewritten.invalid_lines + rewritten.dropped_duplicates
             samples = rewritten.samples
             self._remember(rewritten.identities)
@@ -477,7 +493,7 @@ class Scraper:
             process_series=self.config.collector_process,
             docker=self.docker is not None,
         )
-        parts.append(self._families(node, identities, options))
+        parts.append(self._families(node, identities, options).encode("utf-8"))
 
         statuses = [
             SourceStatus("upstream", text is not None, upstream_dur, self.upstream_errors),
@@ -577,9 +593,11 @@ class Scraper:
                 node.unmapped + node.listed.skipped,
             )
         parts.append(
-            render_self_metrics(statuses, node.attributions, version=__version__, extra=extra)
+            render_self_metrics(
+                statuses, node.attributions, version=__version__, extra=extra
+            ).encode("utf-8")
         )
-        body = "".join(parts).encode("utf-8")
+        body = b"".join(parts)
         self._last_duration = self._clock() - started
         return ScrapeResult(
             body,

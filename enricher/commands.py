@@ -16,8 +16,13 @@ from .enrich import Attribution, attribute, cgroup_containers, choose_docker, do
 from .model import CgroupRef, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
+from .worker import Worker
 
 log = logging.getLogger("enricher")
+
+# How long shutdown waits for NVML: with aiohttp's 2 s for requests in flight, SIGTERM ends
+# the process well within 5 s even while an NVML call hangs.
+NVML_CLOSE_TIMEOUT = 1.0
 
 
 def start_pod_cache(config: Config) -> Any:
@@ -123,10 +128,25 @@ async def run_server(config: Config) -> int:
         if pods is not None:
             pods.stop()
         if gpu is not None:
-            gpu.close()
+            await close_nvml(gpu)
         if podresources is not None:
             podresources.close()
     return 0
+
+
+async def close_nvml(gpu: Any, timeout: float = NVML_CLOSE_TIMEOUT) -> bool:
+    """Shut NVML down in a daemon thread (after a read in flight, which holds the source's
+    lock), waiting at most ``timeout`` seconds: a hung NVML call must not outlive the
+    kubelet's grace period. False when it did not finish in time."""
+    closer = Worker("enricher-nvml-close")
+    try:
+        await closer.run(gpu.close, timeout)
+    except TimeoutError:
+        log.warning("nvml: shutdown did not finish within %gs (a call hangs); exiting", timeout)
+        return False
+    finally:
+        closer.close()
+    return True
 
 
 def _docker_mode(config: Config) -> str:

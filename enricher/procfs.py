@@ -7,13 +7,14 @@ configurable root (``--path.procfs``) so tests and the demo can point it at a si
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from enricher.episodes import EpisodeLog
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
@@ -27,8 +28,9 @@ MAX_LINE_CHARS = 4 * 1024
 # /proc/stat carries one "intr" line with a counter per IRQ; on large nodes that line alone can
 # exceed 64 KiB, and btime comes after it.
 MAX_PROC_STAT_BYTES = 1024 * 1024
-# btime has one-second resolution, so a start time computed from it may be up to a second late.
-START_SLACK_SECONDS = 1.0
+# How far the tree's btime may be from this machine's wall clock minus CLOCK_BOOTTIME for the
+# tree to count as this machine's /proc (btime is whole seconds; NTP slews move it a little).
+BOOT_CLOCK_MATCH_SECONDS = 2.0
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -338,8 +340,15 @@ class ProcReader:
         cache_size: int = 8192,
         *,
         btime_max_age: float = 60.0,
+        boot_clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``btime_max_age``: seconds between re-reads of ``<root>/stat`` (clock steps move it)."""
+        """``btime_max_age``: seconds between re-reads of ``<root>/stat`` (clock steps move it).
+
+        ``boot_clock``: seconds since the tree's boot, now: the clock that process start
+        times (``starttime``, in clock ticks) count on. None: CLOCK_BOOTTIME when the tree's
+        btime agrees with it (this machine's /proc, as ``--path.procfs`` points at), else
+        ``wall_clock() - btime`` (a tree written by ``enricher.fakeproc``)."""
         ticks = os.sysconf("SC_CLK_TCK") if clk_tck is None else clk_tck
         if ticks <= 0:
             raise ValueError(f"clk_tck must be positive, got {ticks}")
@@ -356,12 +365,16 @@ class ProcReader:
         self._btime_read_at = 0.0
         self._lock = threading.Lock()
         self._log = EpisodeLog("procfs", log)
+        self._boot_clock = boot_clock
+        self._wall_clock = wall_clock
 
     def read(self, pid: int, listed_at: float | None = None) -> ProcInfo | ProcError:
         """Return what procfs says about ``pid``, or why it cannot tell.
 
-        ``listed_at`` is the wall-clock time NVML listed the PID; a process that started more
-        than a second after it is a newer process reusing the PID (``ProcError.REUSED``).
+        ``listed_at`` is the wall-clock time NVML listed the PID; a process that started after
+        it, to the clock tick, is a newer process reusing the PID (``ProcError.REUSED``). The
+        comparison is made on the boot clock (``boot_clock``), where start times are exact to
+        the tick; btime, whole seconds, would hide a PID reused within a second.
         """
         return self._read_batch((pid,), listed_at)[0]
 
@@ -389,6 +402,7 @@ class ProcReader:
         cache = self._cache
         lock = self._lock
         btime: int | None = None
+        listed_ticks = math.nan  # when NVML listed, in ticks since boot; NaN: not known
         for pid in pids:
             if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
                 results.append(self._unreadable(f"invalid pid {pid!r}"))
@@ -399,6 +413,8 @@ class ProcReader:
                 if btime is None:
                     results.append(ProcError.UNREADABLE)
                     continue
+                if listed_at is not None:
+                    listed_ticks = self.listed_ticks(listed_at, btime)
             base = f"{prefix}{pid!s}"
             first = self._stat(base)
             if isinstance(first, ProcError):
@@ -406,8 +422,10 @@ class ProcReader:
                 continue
             comm, ticks = first
             start = btime + ticks / clk_tck
-            if listed_at is not None and start - listed_at > START_SLACK_SECONDS:
-                # NaN compares false, so a bad listed_at never rejects a process.
+            # For whole ticks, ticks > x is ticks > floor(x): started in a later tick than
+            # the listing (the same tick cannot tell). NaN compares false, so a bad listed_at
+            # never rejects a process.
+            if ticks > listed_ticks:
                 results.append(ProcError.REUSED)
                 continue
             with lock:
@@ -429,6 +447,18 @@ class ProcReader:
                     continue
             results.append(self._read_uncached(pid, base, comm, ticks, start))
         return results
+
+    def listed_ticks(self, listed_at: float, btime: int) -> float:
+        """``listed_at`` (wall clock) on the boot clock, in clock ticks (not rounded)."""
+        boot_clock = self._boot_clock
+        wall_now = self._wall_clock()
+        if boot_clock is None:
+            boot_now = time.clock_gettime(time.CLOCK_BOOTTIME)
+            if abs(wall_now - boot_now - btime) > BOOT_CLOCK_MATCH_SECONDS:
+                boot_now = wall_now - btime  # not this machine's boot: the tree's own btime
+        else:
+            boot_now = boot_clock()
+        return (listed_at - wall_now + boot_now) * self.clk_tck
 
     def _read_uncached(
         self, pid: int, base: str, comm: str, ticks: int, start: float

@@ -11,6 +11,7 @@ GPUs between two scrapes. One record per line, fields separated by spaces::
     proc DEV PID MEMORY LIST              MEMORY: bytes or "na"; LIST: compute|graphics|mps
     util DEV PID TIMESTAMP SM [MEM]       one nvmlProcessUtilizationSample_t
     fail SYMBOL DEV CODE                  SYMBOL returns CODE for DEV
+    hang SYMBOL DEV                       SYMBOL never returns for DEV (a wedged driver)
 
 ``DEV`` is ``G`` (a full GPU), ``G/GI`` or ``G/GI/CI`` (a MIG instance), or ``*`` (any, only
 for ``fail``). A ``fail`` rule for ``G`` also hits that GPU's MIG devices. GPUs must be listed
@@ -258,6 +259,17 @@ class FakeNvmlState:
             raise ValueError(f"not an NVML symbol: {symbol!r}")
         dev = "*" if gpu is None else _device(gpu, gi, ci)
         self._lines.append(f"fail {symbol} {dev} {int(code)}")
+        return self
+
+    def hang(
+        self, symbol: str, gpu: int | None = None, gi: int | None = None, ci: int | None = None
+    ) -> FakeNvmlState:
+        """Make ``symbol`` block forever for one device (all devices when ``gpu`` is None),
+        as a call into a wedged driver does; it logs ``hang`` first."""
+        if not _SYMBOL.fullmatch(symbol) or len(symbol) >= 80:
+            raise ValueError(f"not an NVML symbol: {symbol!r}")
+        dev = "*" if gpu is None else _device(gpu, gi, ci)
+        self._lines.append(f"hang {symbol} {dev}")
         return self
 
     def fail_init(self, code: int) -> FakeNvmlState:

@@ -142,6 +142,17 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     assert 0 < floor["imports_without_kubernetes"] < floor["imports"]
     assert floor["imports"] < floor["imports_with_kubelet_grpc"]
 
+    loop = data["loop"]
+    for kind in ("values", "labels"):
+        for design in ("worker", "on_loop"):
+            row = loop[f"{kind}_{design}"]
+            assert row["busy"]["n"] > 0 and row["idle"]["n"] > 0
+            assert row["busy"]["max_ms"] >= row["busy"]["p50_ms"] > 0
+        assert loop[f"{kind}_max_ratio"] > 0
+    assert loop["values_worker"]["rewrites"]["template"] > 0
+    assert loop["labels_worker"]["rewrites"]["template"] == 0
+    assert "Event loop" in proc.stdout
+
     assert {t["name"] for t in data["targets"]} >= {
         "rewrite mig56 vs naive",
         "rewrite mig56 vs limit",

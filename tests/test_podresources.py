@@ -425,7 +425,7 @@ def held(key: tuple[str, str], who: str, container: str = "c") -> AllocatedDevic
         pytest.param(
             [on_pod(G0, 1, pod("busy"))],
             [held((G0, ""), "idle")],
-            {(G0, ""): Owner("ml", "busy", "c")},
+            {(G0, ""): Owner("ml", "busy", "c", "uid-ml-busy")},  # the pod's UID for pod_uid
             id="process-evidence-first",
         ),
         pytest.param(
@@ -450,9 +450,9 @@ def held(key: tuple[str, str], who: str, container: str = "c") -> AllocatedDevic
             [on_pod(G2, 1, pod("bert"), gi=1)],
             [held((G2, "1"), "bert"), held((G2, "2"), "eval")],
             {
-                (G2, "1"): Owner("ml", "bert", "c"),
+                (G2, "1"): Owner("ml", "bert", "c", "uid-ml-bert"),
                 (G2, "2"): Owner("ml", "eval", "c"),
-                (G2, ""): Owner("ml", "bert", "c"),
+                (G2, ""): Owner("ml", "bert", "c", "uid-ml-bert"),
             },
             id="mig-instances",
         ),
@@ -479,7 +479,7 @@ def held(key: tuple[str, str], who: str, container: str = "c") -> AllocatedDevic
         pytest.param(
             [unattributed(G1, 9, REASON_MPS_SERVER), on_pod(G1, 10, pod("a"))],
             [],
-            {(G1, ""): Owner("ml", "a", "c")},
+            {(G1, ""): Owner("ml", "a", "c", "uid-ml-a")},
             id="mps-server-does-not-share",
         ),
         pytest.param(

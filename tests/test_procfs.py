@@ -702,7 +702,10 @@ def test_read_exited_after_cgroup_read(root: Path, monkeypatch: pytest.MonkeyPat
     [
         pytest.param(-5.0, ProcError.REUSED, id="started-5s-after-listing"),
         pytest.param(-1.5, ProcError.REUSED, id="started-1.5s-after-listing"),
-        pytest.param(-0.5, None, id="within-btime-resolution"),
+        pytest.param(-0.5, ProcError.REUSED, id="within-btime-resolution"),
+        pytest.param(-1 / CLK, ProcError.REUSED, id="started-one-tick-after-listing"),
+        pytest.param(0.5 / CLK, None, id="listed-later-in-its-start-tick"),
+        pytest.param(1 / CLK, None, id="started-one-tick-before-listing"),
         pytest.param(0.0, None, id="same-instant"),
         pytest.param(3600.0, None, id="listed-long-after-start"),
         pytest.param(float("nan"), None, id="nan-ignored"),
@@ -714,6 +717,35 @@ def test_read_listed_at(root: Path, offset: float, expected: ProcError | None) -
     got = ProcReader(str(root), clk_tck=CLK).read(8, listed_at=start + offset)
     if expected is None:
         assert isinstance(got, ProcInfo) and got.start_time == pytest.approx(start)
+    else:
+        assert got is expected
+
+
+@pytest.mark.parametrize(
+    ("start_ticks", "expected"),
+    [
+        pytest.param(400_001, ProcError.REUSED, id="one-tick-after-listing"),
+        pytest.param(400_000, None, id="the-listing-tick"),
+        pytest.param(399_999, None, id="one-tick-before-listing"),
+    ],
+)
+def test_listed_at_compared_on_the_boot_clock(
+    tmp_path: Path, start_ticks: int, expected: ProcError | None
+) -> None:
+    """A tree of this machine: btime is the boot instant rounded down (0.7 s early here), so
+    a start time computed from it is 0.7 s early too; on the boot clock (CLOCK_BOOTTIME,
+    injected) the start ticks are compared exactly, and a PID reused one tick after NVML's
+    listing is caught."""
+    boot = 1_700_000_000.7  # the boot instant on the wall clock
+    root = tmp_path / "proc"
+    fakeproc.write_proc_stat(root, int(boot))
+    fakeproc.write_process(root, 8, comm="w", cgroup=cg(), start_ticks=start_ticks)
+    reader = ProcReader(
+        str(root), clk_tck=CLK, boot_clock=lambda: 5000.0, wall_clock=lambda: boot + 5000.0
+    )
+    got = reader.read(8, listed_at=boot + 4000.0)  # 400,000 ticks after boot
+    if expected is None:
+        assert isinstance(got, ProcInfo)
     else:
         assert got is expected
 

@@ -17,6 +17,9 @@
  * Every table has a fixed size; a state file that does not fit (or does not parse) makes
  * init and nvmlDeviceGetCount_v2 fail with NVML_ERROR_UNKNOWN instead of overflowing.
  *
+ * A "hang SYMBOL DEV" line makes SYMBOL block forever for DEV (a wedged driver): it logs
+ * "hang" and waits in pause(), so a test can check that nothing waits on it for good.
+ *
  * Build variants: -DFAKE_NVML_NO_V3 / -DFAKE_NVML_NO_V2 / -DFAKE_NVML_NO_V1 leave out the
  * process-list symbols of that version, to exercise the real missing-symbol path.
  */
@@ -27,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 
@@ -42,6 +46,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
+#define FAKE_HANG (-1) /* a fail rule with this code blocks instead of returning */
 
 #define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
 #define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFU
@@ -390,6 +395,19 @@ static int parse_line(struct fake_state *st, char *line)
         st->nfails++;
         return 0;
     }
+    if (strcmp(tok[0], "hang") == 0 && n == 3) {
+        /* hang SYMBOL DEV */
+        if (st->nfails >= FAKE_MAX_FAILS) {
+            return -1;
+        }
+        struct fake_fail *f = &st->fails[st->nfails];
+        if (copy_str(f->fn, sizeof(f->fn), tok[1]) != 0 || parse_dev(tok[2], &f->dev) != 0) {
+            return -1;
+        }
+        f->code = FAKE_HANG;
+        st->nfails++;
+        return 0;
+    }
     return -1;
 }
 
@@ -544,6 +562,12 @@ static nvmlReturn_t forced(const char *fn, nvmlDevice_t h)
     for (int i = 0; i < g_state.nfails; i++) {
         const struct fake_fail *f = &g_state.fails[i];
         if (strcmp(f->fn, fn) == 0 && fail_matches_handle(&f->dev, h)) {
+            if (f->code == FAKE_HANG) {
+                fake_log(fn, h, "hang");
+                for (;;) {
+                    pause();
+                }
+            }
             return f->code;
         }
     }
