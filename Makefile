@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv system-deps lint typecheck unit bench bench-quick clean
+.PHONY: demo test venv system-deps prometheus3 lint typecheck unit bench bench-quick clean
 
 $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,12 @@ demo: venv
 system-deps:
 	./.ci/system-deps
 
-## test: lint, type-check and run the whole suite
-test: system-deps venv lint typecheck unit
+## prometheus3: Prometheus 3.5 LTS from Debian's unstable suite, unpacked into .cache (not installed)
+prometheus3:
+	./.ci/prometheus3
+
+## test: lint, type-check and run the whole suite (on Prometheus 2.42 and 3.5)
+test: system-deps prometheus3 venv lint typecheck unit
 
 LINT_PATHS := enricher tests $(wildcard bench)
 
@@ -45,4 +49,4 @@ bench-quick: system-deps venv
 	$(BIN)/python -m bench --quick --out bench/results/quick.json
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
