@@ -3,7 +3,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv system-deps lint typecheck unit bench bench-quick clean
+# The lowest and the highest Python that pyproject.toml's requires-python admits: `make test`
+# runs the suite on both, each in its own virtualenv (.ci/find-python says where they are).
+PY_LOWEST ?= 3.10
+PY_HIGHEST ?= 3.13
+LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
+HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
+
+.PHONY: demo test venv system-deps prometheus3 lint typecheck unit bench bench-quick clean
 
 $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +20,12 @@ $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 
 venv: $(BIN)/dcgm-enricher
 
+.venv-py%/bin/dcgm-enricher: pyproject.toml enricher/proto/api.proto
+	python=$$(./.ci/find-python $*) && $$python -m venv .venv-py$*
+	.venv-py$*/bin/python -m pip install -q --upgrade pip
+	.venv-py$*/bin/python -m pip install -q -e '.[test]'
+	touch $@
+
 ## demo: run the enricher on the built-in simulated node (no GPU, no cluster needed)
 demo: venv
 	$(BIN)/dcgm-enricher demo
@@ -21,8 +34,16 @@ demo: venv
 system-deps:
 	./.ci/system-deps
 
-## test: lint, type-check and run the whole suite
-test: system-deps venv lint typecheck unit
+## prometheus3: Prometheus 3.5 LTS from Debian's unstable suite, unpacked into .cache (not installed)
+prometheus3:
+	./.ci/prometheus3
+
+## test: lint and type-check, then the whole suite on the lowest and the highest Python (and on
+## Prometheus 2.42 and 3.5)
+test: system-deps prometheus3 $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
+	$(MAKE) --no-print-directory lint typecheck BIN=$(LOWEST_BIN)
+	$(MAKE) --no-print-directory unit BIN=$(LOWEST_BIN)
+	$(MAKE) --no-print-directory unit BIN=$(HIGHEST_BIN)
 
 LINT_PATHS := enricher tests $(wildcard bench)
 
@@ -45,4 +66,4 @@ bench-quick: system-deps venv
 	$(BIN)/python -m bench --quick --out bench/results/quick.json
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-py* .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

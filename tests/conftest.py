@@ -1,14 +1,15 @@
-"""Shared test plumbing: golden-file switch, paths to ../shared fixtures, promtool."""
+"""Shared test plumbing: golden-file switch, ../shared fixtures, the Prometheus releases."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from .promreleases import PromRelease, releases, require
 
 pytest_plugins = ["tests.nvmlfake"]
 
@@ -49,14 +50,17 @@ def shared_dcgm_fixtures() -> list[Path]:
     return sorted(SHARED_DCGM.glob("*.prom"))
 
 
+@pytest.fixture(scope="session", params=releases(), ids=lambda r: r.id)
+def prom_release(request: pytest.FixtureRequest) -> PromRelease:
+    """Each Prometheus release in turn (tests.promreleases): for tests that start a server."""
+    release: PromRelease = request.param
+    return require(release)
+
+
 @pytest.fixture(scope="session")
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing in CI: .ci/run must install Debian's prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return path
+def promtool(prom_release: PromRelease) -> str:
+    """The promtool of each Prometheus release in turn: every test that takes it runs twice."""
+    return prom_release.promtool
 
 
 def promtool_check_metrics(promtool: str, text: str) -> subprocess.CompletedProcess[str]:

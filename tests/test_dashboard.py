@@ -2,12 +2,12 @@
 
 Static checks read grafana/dcgm-enricher.json. The end-to-end checks start the demo node
 (`dcgm-enricher demo`: the real enricher over a simulated GPU node, since there is no GPU here)
-and two real Prometheus servers (Debian's prometheus) scraping it every second: one with
-honor_labels: true, the rules loaded and target labels added the way the Prometheus Operator
-adds them, one with honor_labels: false. Every panel query, with the variables set to
-match-all, runs through Prometheus's HTTP API in both label modes and must return series;
-every recording rule must produce data; the alerts that the demo's situations call for must be
-pending or firing, and no other.
+and two real Prometheus servers scraping it every second, once per release (Debian 12's 2.42,
+the 3.5 LTS: tests/promreleases.py): one with honor_labels: true, the rules loaded and target
+labels added the way the Prometheus Operator adds them, one with honor_labels: false. Every
+panel query, with the variables set to match-all, runs through Prometheus's HTTP API in both
+label modes and must return series; every recording rule must produce data; the alerts that the
+demo's situations call for must be pending or firing, and no other.
 
 Checks that need something the demo does not serve yet are expected failures, decided from
 the demo's own /metrics: they turn into ordinary checks as soon as the demo has what they need.
@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,12 +37,13 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from .promreleases import PromRelease
+
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 PROVIDER = ROOT / "grafana" / "provisioning" / "dashboards.yaml"
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
-PROMETHEUS = shutil.which("prometheus")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 BUILTIN_DS = {"type": "grafana", "uid": "-- Grafana --"}
 ENRICHER_POD = "dcgm-enricher-e2e-x7k2p"
@@ -477,12 +477,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    if PROMETHEUS is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is missing in CI: .ci/run must install Debian's prometheus")
-        pytest.skip("prometheus not installed (apt-get install prometheus)")
-    tmp = tmp_path_factory.mktemp("e2e")
+def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -> Iterator[Stack]:
+    """The demo and two servers of one Prometheus release (the whole module runs per release)."""
+    tmp = tmp_path_factory.mktemp(f"e2e-{prom_release.id}")
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
 
@@ -533,7 +530,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             start(
                 mode,
                 [
-                    PROMETHEUS,
+                    prom_release.prometheus,
                     f"--config.file={data / 'prometheus.yml'}",
                     f"--storage.tsdb.path={data / 'tsdb'}",
                     f"--web.listen-address=127.0.0.1:{port}",

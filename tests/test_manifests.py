@@ -34,13 +34,13 @@ import jsonschema
 import pytest
 import yaml
 
+from .promreleases import PromRelease
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 SCRAPE_CONFIG = MANIFESTS / "prometheus" / "scrape-config.yaml"
 
 KUBECTL = shutil.which("kubectl")
-PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 Doc = dict[str, Any]
@@ -1407,16 +1407,15 @@ def test_scrape_config_keeps_only_the_enricher_port() -> None:
     assert {n for n in names if regex.fullmatch(n[1])} == {(ENRICHER_CONTAINER, "enricher")}
 
 
-def _promtool_check(config: Doc, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    assert PROMTOOL is not None
+def _promtool_check(promtool: str, config: Doc, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
-    return run_tool([PROMTOOL, "check", "config", str(path)])
+    return run_tool([promtool, "check", "config", str(path)])
 
 
-def _promtool_has_kubernetes_sd(tmp_path: Path) -> bool:
+def _promtool_has_kubernetes_sd(promtool: str, tmp_path: Path) -> bool:
     probe = {"scrape_configs": [{"job_name": "p", "kubernetes_sd_configs": [{"role": "pod"}]}]}
-    return _promtool_check(probe, tmp_path).returncode == 0
+    return _promtool_check(promtool, probe, tmp_path).returncode == 0
 
 
 def _without_kubernetes_sd(config: Doc) -> Doc:
@@ -1428,23 +1427,20 @@ def _without_kubernetes_sd(config: Doc) -> Doc:
     return config
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
-def test_scrape_config_passes_promtool(tmp_path: Path) -> None:
+def test_scrape_config_passes_promtool(promtool: str, tmp_path: Path) -> None:
     """promtool checks everything but the discovery block where its build lacks Kubernetes SD."""
     config = yaml.safe_load(SCRAPE_CONFIG.read_text())
-    if _promtool_has_kubernetes_sd(tmp_path):
-        proc = _promtool_check(config, tmp_path)
+    if _promtool_has_kubernetes_sd(promtool, tmp_path):
+        proc = _promtool_check(promtool, config, tmp_path)
     else:
-        proc = _promtool_check(_without_kubernetes_sd(config), tmp_path)
+        proc = _promtool_check(promtool, _without_kubernetes_sd(config), tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
-def test_scrape_config_passes_promtool_with_kubernetes_sd(tmp_path: Path) -> None:
-    if not _promtool_has_kubernetes_sd(tmp_path):
-        pytest.skip("this promtool is built without kubernetes_sd_configs (Debian's is)")
-    assert PROMTOOL is not None
-    proc = run_tool([PROMTOOL, "check", "config", str(SCRAPE_CONFIG)])
+def test_scrape_config_passes_promtool_with_kubernetes_sd(promtool: str, tmp_path: Path) -> None:
+    if not _promtool_has_kubernetes_sd(promtool, tmp_path):
+        pytest.skip("this promtool is built without kubernetes_sd_configs (Debian 12's 2.42 is)")
+    proc = run_tool([promtool, "check", "config", str(SCRAPE_CONFIG)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -1456,14 +1452,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def prometheus_targets(tmp_path: Path) -> Iterator[Callable[[list[Doc]], Doc]]:
-    """Run the real Prometheus with the job's relabel rules over file-discovered targets.
+def prometheus_targets(
+    tmp_path: Path, prom_release: PromRelease
+) -> Iterator[Callable[[list[Doc]], Doc]]:
+    """Run the real Prometheus (each release) with the job's relabel rules over file targets.
 
     The targets carry the __meta_kubernetes_* labels that Kubernetes discovery would set, so
     the relabel rules run exactly as written; only the discovery mechanism differs.
     """
-    if PROMETHEUS is None:
-        pytest.skip("prometheus not installed (Debian package prometheus)")
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
 
@@ -1480,7 +1476,7 @@ def prometheus_targets(tmp_path: Path) -> Iterator[Callable[[list[Doc]], Doc]]:
         procs.append(
             subprocess.Popen(
                 [
-                    PROMETHEUS,
+                    prom_release.prometheus,
                     f"--config.file={tmp_path / 'prometheus.yml'}",
                     f"--storage.tsdb.path={tmp_path / 'data'}",
                     f"--web.listen-address=127.0.0.1:{port}",

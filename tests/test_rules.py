@@ -1,9 +1,9 @@
 """The alerting and recording rules: promtool, their style, the runbook, the PrometheusRule.
 
-Real parts: Debian's promtool checks the rules and runs their unit tests
-(rules/*.tests.yaml, a firing and a quiet case for every alert); the real kubectl builds the
-monitoring component. What the rules do against a live Prometheus scraping the demo node is in
-test_dashboard.py.
+Real parts: the promtool of both Prometheus releases (2.42 and 3.5, tests/promreleases.py)
+checks the rules and runs their unit tests (rules/*.tests.yaml, a firing and a quiet case for
+every alert); the real kubectl builds the monitoring component. What the rules do against a
+live Prometheus scraping the demo node is in test_dashboard.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""The Python range pyproject.toml declares is the one `make test` runs the suite on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Read with regexes: tomllib is 3.11+.
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
+MAKEFILE = (ROOT / "Makefile").read_text()
+
+
+def _minor(version: str) -> int:
+    major, minor = version.split(".")
+    assert major == "3", version
+    return int(minor)
+
+
+def _make_var(name: str) -> str:
+    m = re.search(rf"^{name} \?= (\S+)$", MAKEFILE, re.M)
+    assert m, name
+    return m.group(1)
+
+
+def declared() -> tuple[int, int]:
+    """The lowest and the highest 3.x minor that requires-python admits."""
+    m = re.search(r'^requires-python = ">=3\.(\d+),<3\.(\d+)"$', PYPROJECT, re.M)
+    assert m, "requires-python must be a closed range: >=3.X,<3.Y"
+    return int(m.group(1)), int(m.group(2)) - 1
+
+
+def test_make_test_runs_the_lowest_and_the_highest_declared_python() -> None:
+    assert (_minor(_make_var("PY_LOWEST")), _minor(_make_var("PY_HIGHEST"))) == declared()
+
+
+def test_classifiers_name_every_declared_python() -> None:
+    low, high = declared()
+    named = {int(v) for v in re.findall(r'"Programming Language :: Python :: 3\.(\d+)"', PYPROJECT)}
+    assert named == set(range(low, high + 1))
+
+
+def test_linters_target_the_lowest_python() -> None:
+    low, _ = declared()
+    assert f'target-version = "py3{low}"' in PYPROJECT
+    assert f'python_version = "3.{low}"' in PYPROJECT
