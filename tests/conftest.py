@@ -88,3 +88,10 @@ def assert_valid_exposition(promtool: str, text: str) -> None:
     for line in out.splitlines():
         if line.startswith(("gpu_", "dcgm_enricher_")):
             assert "should be written in 'snake_case'" in line, line
+
+
+@pytest.fixture(scope="session")
+def promtools() -> list[str]:
+    """``promtool`` of every Prometheus release the tests run on, for batched checks that
+    judge one set of outputs with each (tests/promcheck.py)."""
+    return [require(r).promtool for r in releases()]

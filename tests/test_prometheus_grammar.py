@@ -1,0 +1,288 @@
+"""A real Prometheus (every release the tests know) is the judge of the text format.
+
+One Prometheus per release scrapes, once a second:
+- each line of a table *directly*, in a body of its own beside a valid sample: ``up`` says
+  whether Prometheus's scrape parser accepts it, so the table of what the enricher drops
+  (Python reads it, Prometheus does not) and keeps (odd but valid) is checked against the
+  real parser, not against assumptions the code shares;
+- the real ``dcgm-enricher serve`` process in front of an upstream that serves those lines
+  and a sequence of hostile bodies: ``up`` must stay 1 on every scrape, and each body's valid
+  canary sample must arrive.
+
+No GPU and no cluster here: the enricher runs with NVML and the Kubernetes source off, so
+what is under test is the upstream rewrite between two real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import yaml
+
+from tests.promreleases import PromRelease
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lines Prometheus rejects though Python's float(), isdigit(), split() or isspace() accept
+# them (or the enricher once "repaired" them); each fails a whole scrape when passed through.
+REJECTED = {
+    "arabic-indic-digits": 'x_weird{x="1"} \u0661\u0662',
+    "nbsp-in-value": 'c{x="1"} 1\u00a02',
+    "em-space-separator": 'c{x="1"}\u20031',
+    "nbsp-after-name": 'c\u00a0{x="1"} 1',
+    "overflow": 'c{x="1"} 1e400',
+    "underscore": 'c{x="1"} 1_000',
+    "negative-timestamp": 'c{x="1"} 1 -5',
+    "timestamp-past-int64": 'c{x="1"} 1 9223372036854775808',
+    "unicode-digit-timestamp": 'c{x="1"} 1 \u0661',
+    "carriage-return": 'c{x="1"} 1\r',
+    "unknown-type": "# TYPE c Gauge",
+    "invalid-utf8-label": 'c{x="\udcff"} 1',
+}
+# Odd lines Prometheus accepts: the enricher must keep their samples.
+ACCEPTED = {
+    "infinity": 'k{x="inf"} Infinity',
+    "lower-nan": 'k{x="nan"} nan',
+    "tabs": 'k{x="tab"}\t1',
+    "trailing-blanks": 'k{x="trail"} 1 \t',
+    "blanks-in-block": 'k{ x = "blank" , } 1',
+    "leading-dot": 'k{x="dot"} .5',
+    "unusual-escape-free": 'k{x="\u2028\u00a0"} 1',
+    "nul-in-label": 'k{x="a\x00b"} 1',
+    "nul-in-help": "# HELP k nul \x00 inside",
+}
+CANARY = "hostile_canary"
+# A sequence of whole bodies the upstream serves in turn (each also carries the canary).
+SEQUENCE = [
+    "\n".join(REJECTED.values()),
+    "\n".join(ACCEPTED.values()),
+    '# HELP c bad \\q escape\nc{x="\\q"} 1\n# TYPE c counter\nc 1',
+    "c 1\r\nd 2\r\n",
+    "\n".join(f'dup{{l="{"v" * 1024}{i}"}} {i}' for i in range(3)),
+    '{"utf8.name"} 1\n{__name__="q"} 1\nq{__x="1"} 1',
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _body(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+class Upstream:
+    """Serves ``/raw/<name>`` (one table line and a valid sample) and ``/seq`` (the body of
+    the sequence in turn, one step per request)."""
+
+    def __init__(self) -> None:
+        self.raw = {n: _body(f"ok 1\n{line}\n") for n, line in {**REJECTED, **ACCEPTED}.items()}
+        self.step = 0
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                if self.path.startswith("/raw/"):
+                    body = outer.raw.get(self.path[5:], b"")
+                else:
+                    with outer.lock:
+                        k = outer.step
+                        outer.step += 1
+                    text = SEQUENCE[k % len(SEQUENCE)]
+                    body = _body(f'{text}\n{CANARY}{{step="{k % len(SEQUENCE)}"}} {k}\n')
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(ConnectionError):
+                    self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _get(url: str, timeout: float = 5) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read()
+        return body
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+class Judge:
+    def __init__(self, url: str, logs: Path) -> None:
+        self.url = url
+        self.logs = logs
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        body = json.loads(_get(url))
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def values(self, promql: str) -> dict[str, float]:
+        """``{job or step: value}`` of an instant query."""
+        out = {}
+        for r in self.query(promql):
+            key = r["metric"].get("step") or r["metric"].get("job", "")
+            out[key] = float(r["value"][1])
+        return out
+
+
+@pytest.fixture(scope="module")
+def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Judge]:
+    tmp = tmp_path_factory.mktemp(f"grammar-{prom_release.version}")
+    upstream = Upstream()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[IO[bytes]] = []
+
+    def start(name: str, args: list[str]) -> None:
+        log = (tmp / f"{name}.log").open("wb")
+        logs.append(log)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env))
+
+    try:
+        enricher_port = _free_port()
+        start(
+            "enricher",
+            [
+                sys.executable,
+                "-m",
+                "enricher",
+                "serve",
+                f"--web.listen-address=127.0.0.1:{enricher_port}",
+                f"--upstream.url=http://127.0.0.1:{upstream.port}/seq",
+                "--no-nvml.enabled",
+                "--no-kube.enabled",
+                "--upstream.follow-step=0",  # every scrape asks the upstream: one step each
+            ],
+        )
+        jobs = [
+            {
+                "job_name": f"raw-{name}",
+                "static_configs": [{"targets": [f"127.0.0.1:{upstream.port}"]}],
+                "metrics_path": f"/raw/{name}",
+            }
+            for name in upstream.raw
+        ]
+        jobs.append(
+            {
+                "job_name": "enriched",
+                "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{enricher_port}"]}],
+            }
+        )
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": jobs,
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = _free_port()
+        start(
+            "prometheus",
+            [
+                prom_release.prometheus,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+        )
+        built = Judge(f"http://127.0.0.1:{port}", tmp)
+        deadline = time.monotonic() + 60
+        # Every body of the sequence seen twice through the enricher, and every raw target
+        # scraped a few times.
+        want = 2 * len(SEQUENCE)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, KeyError, AssertionError):
+                scrapes = built.values('count_over_time(up{job="enriched"}[5m])')
+                raw = built.values('count_over_time(up{job=~"raw-.*"}[5m])')
+                enough = scrapes.get("enriched", 0) >= want and len(raw) == len(upstream.raw)
+                if enough and min(raw.values()) >= 3:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail(
+                "Prometheus did not scrape enough in 60 s:\n"
+                + (tmp / "prometheus.log").read_text(errors="replace")[-2000:]
+                + (tmp / "enricher.log").read_text(errors="replace")[-2000:]
+            )
+        yield built
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        for log in logs:
+            log.close()
+        upstream.close()
+
+
+def test_prometheus_rejects_what_python_accepts(judge: Judge) -> None:
+    """The table's claims, judged by the real scrape parser: every REJECTED line fails its
+    target's scrape, every ACCEPTED one passes."""
+    up = judge.values('max_over_time(up{job=~"raw-.*"}[5m])')
+    assert {n: up[f"raw-{n}"] for n in REJECTED} == dict.fromkeys(REJECTED, 0.0)
+    assert {n: up[f"raw-{n}"] for n in ACCEPTED} == dict.fromkeys(ACCEPTED, 1.0)
+
+
+def test_enricher_scrape_never_fails_on_hostile_bodies(judge: Judge) -> None:
+    """Finding 1 of issue 12: whatever the upstream sends, up == 1 on every scrape."""
+    assert judge.values('min_over_time(up{job="enriched"}[5m])') == {"enriched": 1.0}
+    assert judge.values('count_over_time(up{job="enriched"}[5m])')["enriched"] >= 2 * len(SEQUENCE)
+    # Every body's canary came through, so no body was served empty.
+    steps = judge.values(f"count_over_time({CANARY}[5m])")
+    assert set(steps) == {str(k) for k in range(len(SEQUENCE))}
+
+
+def test_accepted_lines_keep_their_samples(judge: Judge) -> None:
+    got = {r["metric"]["x"] for r in judge.query('last_over_time(k{job="enriched"}[5m])')}
+    assert got == {"inf", "nan", "tab", "trail", "blank", "dot", "\u2028\u00a0", "a\x00b"}
+
+
+def test_rejected_lines_are_counted(judge: Judge) -> None:
+    counted = judge.values(
+        'max_over_time(dcgm_enricher_upstream_invalid_lines{job="enriched"}[5m])'
+    )
+    assert counted and max(counted.values()) >= len(REJECTED)
+    # Nothing of a rejected line leaked through in another form.
+    assert judge.query('x_weird{job="enriched"}') == []
+    assert judge.query('{job="enriched",x="1"}') == []
