@@ -303,7 +303,7 @@ class DockerSource:
         self.errors_total = 0
         self.requests_total = 0
         self.api_version: str | None = None  # None until negotiated; "" for unversioned paths
-        self.enabled = self.socket_path is not None and os.path.exists(self.socket_path)
+        self.enabled = self.socket_path is not None
 
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._inflight: dict[str, asyncio.Task[_Entry | None]] = {}
@@ -313,7 +313,6 @@ class DockerSource:
         self._session: aiohttp.ClientSession | None = None
         self._last_contact = -float("inf")
         self._log = EpisodeLog("docker", log)
-        self._absent_logged = False
 
     # ------------------------------------------------------------------ public
 
@@ -405,21 +404,22 @@ class DockerSource:
     # ------------------------------------------------------------------ internals
 
     def _check_socket(self) -> bool:
-        """Whether there is a socket path to talk to (cgroup-only mode otherwise)."""
+        """Whether there is a socket to talk to. A configured path with no socket is a source
+        that is down (containers are named by short ID meanwhile); only ``--docker.host=""``
+        switches the source off (cgroup-only mode)."""
         if self.socket_path is None:
             self.enabled = False
             return False
-        present = os.path.exists(self.socket_path)
-        if not present and not self._absent_logged:
-            log.info(
-                "docker: no socket at %s: containers are named by short ID (cgroup-only mode)",
-                self.socket_path,
-            )
-        self._absent_logged = not present
-        self.enabled = present
-        if not present:
-            self.up = False
-        return present
+        self.enabled = True
+        if os.path.exists(self.socket_path):
+            return True
+        self.up = False
+        self.errors_total += 1
+        self._log.fail(
+            f"no socket at {self.socket_path}: containers are named by short ID until it "
+            'appears (--docker.host="" switches the Docker source off)'
+        )
+        return False
 
     def _landed(self, cid: str, task: asyncio.Task[_Entry | None]) -> None:
         if self._inflight.get(cid) is task:
