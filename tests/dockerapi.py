@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
+import socket
+import stat
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -267,7 +270,19 @@ class DockerAPI:
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        await web.UnixSite(self._runner, self.socket_path).start()
+        # Bound here rather than by web.UnixSite: since Python 3.13 asyncio removes the socket
+        # file of a unix server it closes, and a stopped stand-in must behave the same on every
+        # Python. It leaves the file behind, as a killed dockerd does (connections are then
+        # refused); a test that wants the socket gone removes it.
+        if os.path.exists(self.socket_path) and stat.S_ISSOCK(os.stat(self.socket_path).st_mode):
+            os.unlink(self.socket_path)  # a restart on the same path, as asyncio would do
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        await web.SockSite(self._runner, sock).start()
 
     async def _shutdown(self) -> None:
         if self._runner is not None:
