@@ -343,7 +343,7 @@ class Scraper:
             return GpuSnapshot(), False, 0.0, {}, 0.0
         try:
             return await self._gpu_worker.run(self._collect_gpu, self.config.scrape_timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
             self._log_nvml.fail(f"NVML/procfs read took over {self.config.scrape_timeout}s")
             return GpuSnapshot(), False, self.config.scrape_timeout, {}, 0.0
 
@@ -363,7 +363,7 @@ class Scraper:
         limit = self.config.kubelet_timeout + 1.0
         try:
             result = await self._kubelet_worker.run(source.fetch, limit)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
             self._kubelet_errors += 1
             result = ListResult(enabled=True, error=f"timeout: no answer within {limit:g}s")
         except Exception as exc:  # the source never raises; a bug must not fail the scrape

@@ -141,7 +141,7 @@ async def close_nvml(gpu: Any, timeout: float = NVML_CLOSE_TIMEOUT) -> bool:
     closer = Worker("enricher-nvml-close")
     try:
         await closer.run(gpu.close, timeout)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # not the builtin before Python 3.11
         log.warning("nvml: shutdown did not finish within %gs (a call hangs); exiting", timeout)
         return False
     finally:

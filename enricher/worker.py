@@ -49,7 +49,7 @@ class Worker:
 
     async def run(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run ``fn`` in the thread and wait for it (at most ``timeout`` seconds: then raises
-        TimeoutError and the call goes on, its result dropped). Cancelling the caller never
+        asyncio.TimeoutError and the call goes on, its result dropped). Cancelling the caller never
         cancels a call that has started."""
         future = self.submit(fn)
         return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)

@@ -876,7 +876,15 @@ async def test_unexpected_cgroup_files(make_env: MakeEnv, cgroup: str, reason: s
 
 async def test_kubernetes_down_at_start(make_env: MakeEnv) -> None:
     env = await make_env(kube_down_at_start=True)
-    text = await env.scrape()
+    # The watch's first list attempt runs in its own thread: scrape until it has failed once
+    # (a scrape that lands before it would see no error yet, which is not what this tests).
+    deadline = time.monotonic() + 10
+    while True:
+        text = await env.scrape()
+        if by_source(text, "dcgm_enricher_source_errors_total")["kubernetes"] >= 1:
+            break
+        assert time.monotonic() < deadline, "no failed list counted within 10 s"
+        await asyncio.sleep(0.05)
     up = by_source(text, "dcgm_enricher_source_up")
     assert (up["kubernetes"], up["upstream"], up["nvml"], up["procfs"]) == (0, 1, 1, 1)
     assert by_source(text, "dcgm_enricher_source_errors_total")["kubernetes"] >= 1
