@@ -309,7 +309,7 @@ def check_no_wrong_pod(text: str, node: SimNode, blind: Iterable[Key] = ()) -> N
     """No series names a pod that does not run a process on its device.
 
     Device series of a device with no (visible) process keep dcgm-exporter's allocation
-    labels (README: label rules); ``blind`` lists busy devices NVML could not read on this
+    labels (docs/labels.md); ``blind`` lists busy devices NVML could not read on this
     scrape, which are in that case too.
     """
     truth = node.users()

@@ -418,10 +418,10 @@ def test_follower_rejects_bad_settings(step: float, coarse: float) -> None:
 async def test_polls_per_collection_once_the_rhythm_is_learnt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """README's figures: with dcgm-exporter's default 30 s and the default 0.1 s step, the
-    real Follower learns the rhythm in four collections, asking once a second and ten times a
-    second only around when a collection is due; then it asks 7 times per collection and sees
-    each within a step. Time is simulated: sleeping moves a fake clock."""
+    """docs/performance.md's figures: with dcgm-exporter's default 30 s and the default 0.1 s
+    step, the real Follower learns the rhythm in four collections, asking once a second and ten
+    times a second only around when a collection is due; then it asks 7 times per collection and
+    sees each within a step. Time is simulated: sleeping moves a fake clock."""
     interval, step, offset = 30.0, 0.1, 0.013
     clock = [0.0]
     polls: list[float] = []
