@@ -513,8 +513,8 @@ async def test_concurrent_scrapes_share_one_kubelet_call(node_factory: Any) -> N
 
 # --------------------------------------------------------------------------- waste, in PromQL
 
-# The queries the dashboard and alerts use (README "Waste"), run here by Prometheus's engine
-# over the series this node exports, held for an hour.
+# The queries the dashboard and alerts use (docs/metrics.md, "Shared GPUs and waste"), run here
+# by Prometheus's engine over the series this node exports, held for an hour.
 ALLOCATED_NO_PROCESS = """
 group by (namespace, pod, container, resource, UUID, GPU_I_ID) (
   gpu_container_allocated

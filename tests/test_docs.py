@@ -382,7 +382,11 @@ def relative_links(text: str) -> Iterator[str]:
             yield target
 
 
-@pytest.mark.parametrize("path", doc_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [*doc_files(), ROOT / "bench" / "README.md", ROOT / "deploy" / "compose" / "README.md"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_relative_links_resolve(path: Path) -> None:
     for target in relative_links(path.read_text()):
         file_part, _, anchor = target.partition("#")
