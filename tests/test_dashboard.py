@@ -579,6 +579,35 @@ def test_panel_query_returns_series(stack: Stack, query: Query, mode: str) -> No
         assert not missing, f"{query.id}: legend names {missing}, absent from {series['metric']}"
 
 
+def readme_install_checks() -> list[Any]:
+    """The queries README.md gives to check an install, each after its comment: one that ends
+    in ``: none.`` returns nothing, ``: one`` one series, any other at least one."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"^## Check the install\n.*?^```promql\n(.*?)^```", text, re.M | re.S)
+    assert block is not None, "README has no PromQL block under 'Check the install'"
+    lines = block[1].splitlines()
+    assert len(lines) % 2 == 0 and all(c.startswith("# ") for c in lines[::2]), lines
+    return [
+        pytest.param(
+            comment[2:], expr, id=f"{i}-" + re.findall(r"\b(?:DCGM|dcgm|gpu)_\w+", expr)[0]
+        )
+        for i, (comment, expr) in enumerate(zip(lines[::2], lines[1::2], strict=True))
+    ]
+
+
+@pytest.mark.parametrize(("comment", "expr"), readme_install_checks())
+def test_readme_install_check(stack: Stack, comment: str, expr: str) -> None:
+    """What README.md says each check returns on a healthy install: the demo node scraped with
+    honor_labels, as the manifests scrape it."""
+    if comment.endswith(": none."):
+        stack.poll("honor_labels", "count(gpu_container_memory_used_bytes)")  # data is in
+        assert stack.query("honor_labels", expr) == [], comment
+    elif ": one " in comment or comment.endswith(": one."):
+        assert len(stack.poll("honor_labels", expr)) == 1, comment
+    else:
+        assert stack.poll("honor_labels", expr), comment
+
+
 def test_every_need_is_used() -> None:
     used = set(QUERY_NEEDS.values()) | set(RECORD_NEEDS.values())
     used |= {n for n in EXPECTED_ALERTS.values() if n}
