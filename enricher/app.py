@@ -30,10 +30,11 @@ from .enrich import (
     resolve_allocations,
 )
 from .episodes import EpisodeLog
-from .exposition import DeviceKey, RewritePlan, Rewriter, RewriteResult
+from .labels import DeviceKey, RewritePlan
 from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
 from .podresources import ListResult
 from .refresh import Follower, Refresher
+from .rewrite import Rewriter, RewriteResult
 from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
 from .worker import Worker
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import __version__
 from .config import Config
-from .exposition import LABEL_NAME_RE
+from .textformat import LABEL_NAME_RE
 
 COMMANDS = ("serve", "demo", "resolve", "ps")
 _D = Config()

@@ -27,11 +27,11 @@ from aiohttp import web
 from . import fakeproc
 from .app import Scraper, make_app, serve
 from .config import Config
-from .exposition import FamilyWriter
 from .kube import build_index, parse_pod
 from .model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodIndex, PodInfo, ProcessKind
 from .podresources import DeviceAllocation, PodResourcesSource, load_grpc
 from .procfs import ProcReader
+from .textformat import FamilyWriter
 
 GIB = 2**30
 NODE = "demo-gpu-node-1"

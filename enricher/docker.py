@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from .episodes import EpisodeLog
-from .exposition import FamilyWriter
+from .textformat import FamilyWriter
 
 __all__ = [
     "CONTAINER_INFO",
@@ -50,7 +50,7 @@ COMPOSE_SERVICE = "com.docker.compose.service"
 CONTAINER_INFO = "gpu_container_info"
 SHORT_ID_CHARS = 12
 # Docker names, image references and label values are far shorter; anything longer is cut
-# rather than trusted (exposition cuts label values at 1024 again).
+# rather than trusted (textformat cuts label values at 1024 again).
 MAX_VALUE_CHARS = 512
 # Request paths without a version prefix: only for a daemon that names no version in /_ping.
 _UNVERSIONED = ""

@@ -17,14 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .docker import DockerContainer, render_container_info
-from .exposition import (
-    MAX_LABEL_VALUE_LENGTH,
-    SHARED,
-    DeviceKey,
-    FamilyWriter,
-    Owner,
-    RewritePlan,
-)
+from .labels import SHARED, DeviceKey, Owner, RewritePlan
 from .model import (
     CgroupRef,
     GpuProcess,
@@ -37,6 +30,7 @@ from .model import (
 )
 from .podresources import DeviceAllocation, DeviceIdKind, parse_device_id
 from .procfs import container_chain
+from .textformat import MAX_LABEL_VALUE_LENGTH, FamilyWriter
 
 # Why a GPU process was not attributed to a pod: the `reason` label of
 # gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
@@ -292,7 +286,7 @@ def plan_devices(
 
     A MIG instance's processes, or allocations, count for the instance and the whole GPU.
 
-    Every other label about a pod follows that decision (exposition's label rules): the
+    Every other label about a pod follows that decision (the label policy, ``labels.relabel``): the
     owner's UID from ``pods`` for ``pod_uid``, and the label names of each pod the upstream
     may name, so that a series moved away from a pod drops what dcgm-exporter copied from it.
     """

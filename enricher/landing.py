@@ -22,8 +22,9 @@ from . import __version__
 from .config import Config
 from .docker import DockerContainer
 from .enrich import Attribution
-from .exposition import DeviceKey, parse_label_block, unescape_label_value
+from .labels import DeviceKey
 from .model import GpuSnapshot, SourceStatus
+from .textformat import parse_label_block, unescape_label_value
 
 if TYPE_CHECKING:
     from .app import ScrapeResult

@@ -45,7 +45,7 @@ from enricher.enrich import (
     render_families,
     render_self_metrics,
 )
-from enricher.exposition import SHARED, Owner
+from enricher.labels import SHARED, Owner
 from enricher.model import (
     CgroupRef,
     GpuProcess,

@@ -32,7 +32,7 @@ from enricher.enrich import (
     render_families,
     resolve_allocations,
 )
-from enricher.exposition import SHARED, Owner
+from enricher.labels import SHARED, Owner
 from enricher.model import (
     CgroupRef,
     GpuDevice,
