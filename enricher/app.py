@@ -16,7 +16,6 @@ from aiohttp import web
 
 from . import __version__
 from .config import Config
-from .docker import DockerContainer
 from .enrich import (
     AllocatedDevice,
     Attribution,
@@ -31,7 +30,15 @@ from .enrich import (
 )
 from .episodes import EpisodeLog
 from .labels import DeviceKey, RewritePlan
-from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
+from .model import (
+    DockerContainer,
+    GpuSnapshot,
+    PodIndex,
+    PodInfo,
+    ProcError,
+    ProcInfo,
+    SourceStatus,
+)
 from .podresources import ListResult
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult

@@ -11,9 +11,9 @@ from typing import Any, TextIO
 
 from .app import PodSource, Scraper, make_app, serve
 from .config import Config
-from .docker import DockerContainer, DockerSource
+from .docker import DockerSource
 from .enrich import Attribution, attribute, cgroup_containers, choose_docker, docker_lookup_ids
-from .model import CgroupRef, PodIndex, ProcError, ProcInfo
+from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
 from .worker import Worker

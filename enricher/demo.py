@@ -28,8 +28,17 @@ from . import fakeproc
 from .app import Scraper, make_app, serve
 from .config import Config
 from .kube import build_index, parse_pod
-from .model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodIndex, PodInfo, ProcessKind
-from .podresources import DeviceAllocation, PodResourcesSource, load_grpc
+from .model import (
+    DeviceAllocation,
+    GpuDevice,
+    GpuProcess,
+    GpuSnapshot,
+    MigDevice,
+    PodIndex,
+    PodInfo,
+    ProcessKind,
+)
+from .podresources import PodResourcesSource, load_grpc
 from .procfs import ProcReader
 from .textformat import FamilyWriter
 

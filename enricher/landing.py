@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from . import __version__
 from .config import Config
-from .docker import DockerContainer
 from .enrich import Attribution
 from .labels import DeviceKey
-from .model import GpuSnapshot, SourceStatus
+from .model import DockerContainer, GpuSnapshot, SourceStatus
 from .textformat import parse_label_block, unescape_label_value
 
 if TYPE_CHECKING:
