@@ -26,6 +26,7 @@ from aiohttp import web
 
 from . import fakeproc
 from .app import Scraper, make_app, serve
+from .commands import wait_for_signal
 from .config import Config
 from .kube import build_index, parse_pod
 from .model import (
@@ -640,8 +641,6 @@ async def start_demo(
 
 async def run_demo(config: Config) -> int:
     """``dcgm-enricher demo``: serve until interrupted."""
-    from .cli import wait_for_signal
-
     with tempfile.TemporaryDirectory(prefix="dcgm-enricher-demo-") as tmp:
         proc_root = Path(tmp) / "proc"
         socket_path = Path(tmp) / "pod-resources" / "kubelet.sock"
