@@ -174,7 +174,8 @@ def _time_once(fn: Callable[[], object]) -> float:
 
 
 def bench_rewrite(mode: Mode) -> dict[str, Any]:
-    from enricher.exposition import Owner, RewritePlan, Rewriter
+    from enricher.labels import Owner, RewritePlan
+    from enricher.rewrite import Rewriter
 
     out: dict[str, Any] = {}
     for name, shape in payloads.SHAPES.items():

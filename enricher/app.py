@@ -16,7 +16,6 @@ from aiohttp import web
 
 from . import __version__
 from .config import Config
-from .docker import DockerContainer
 from .enrich import (
     AllocatedDevice,
     Attribution,
@@ -30,10 +29,19 @@ from .enrich import (
     resolve_allocations,
 )
 from .episodes import EpisodeLog
-from .exposition import DeviceKey, RewritePlan, Rewriter, RewriteResult
-from .model import GpuSnapshot, PodIndex, PodInfo, ProcError, ProcInfo, SourceStatus
+from .labels import DeviceKey, RewritePlan
+from .model import (
+    DockerContainer,
+    GpuSnapshot,
+    PodIndex,
+    PodInfo,
+    ProcError,
+    ProcInfo,
+    SourceStatus,
+)
 from .podresources import ListResult
 from .refresh import Follower, Refresher
+from .rewrite import Rewriter, RewriteResult
 from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
 from .worker import Worker
 

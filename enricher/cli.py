@@ -8,14 +8,13 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
 from .config import Config
-from .exposition import LABEL_NAME_RE
+from .textformat import LABEL_NAME_RE
 
 COMMANDS = ("serve", "demo", "resolve", "ps")
 _D = Config()
@@ -384,15 +383,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .commands import run_server
 
     return asyncio.run(run_server(config))
-
-
-async def wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 def dump_json(obj: dict[str, Any]) -> str:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from .app import PodSource, Scraper, make_app, serve
 from .config import Config
-from .docker import DockerContainer, DockerSource
+from .docker import DockerSource
 from .enrich import Attribution, attribute, cgroup_containers, choose_docker, docker_lookup_ids
-from .model import CgroupRef, PodIndex, ProcError, ProcInfo
+from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
 from .worker import Worker
@@ -78,10 +79,17 @@ def make_gpu_source(config: Config) -> Any:
     return NvmlSource(library_path=config.nvml_library, retry_interval=config.nvml_retry_interval)
 
 
+async def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 async def run_server(config: Config) -> int:
     """``dcgm-enricher serve``: the sidecar, until SIGTERM."""
-    from .cli import wait_for_signal
-
     try:
         pods = start_pod_cache(config)
     except Exception as exc:

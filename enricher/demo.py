@@ -26,12 +26,22 @@ from aiohttp import web
 
 from . import fakeproc
 from .app import Scraper, make_app, serve
+from .commands import wait_for_signal
 from .config import Config
-from .exposition import FamilyWriter
 from .kube import build_index, parse_pod
-from .model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodIndex, PodInfo, ProcessKind
-from .podresources import DeviceAllocation, PodResourcesSource, load_grpc
+from .model import (
+    DeviceAllocation,
+    GpuDevice,
+    GpuProcess,
+    GpuSnapshot,
+    MigDevice,
+    PodIndex,
+    PodInfo,
+    ProcessKind,
+)
+from .podresources import PodResourcesSource, load_grpc
 from .procfs import ProcReader
+from .textformat import FamilyWriter
 
 GIB = 2**30
 NODE = "demo-gpu-node-1"
@@ -631,8 +641,6 @@ async def start_demo(
 
 async def run_demo(config: Config) -> int:
     """``dcgm-enricher demo``: serve until interrupted."""
-    from .cli import wait_for_signal
-
     with tempfile.TemporaryDirectory(prefix="dcgm-enricher-demo-") as tmp:
         proc_root = Path(tmp) / "proc"
         socket_path = Path(tmp) / "pod-resources" / "kubelet.sock"

@@ -1,9 +1,10 @@
 """The Docker source: which Docker container a cgroup's container ID is, for GPU hosts without
 Kubernetes.
 
-``parse_*`` and ``render_container_info`` are pure. ``DockerSource`` asks the Docker Engine API
-on its unix socket (``GET /_ping`` and ``GET /containers/<id>/json`` only: it never changes
-anything) and keeps the answers in a bounded cache keyed by container ID.
+``parse_*`` are pure; what they return (``model.DockerContainer``) and its family
+(``enrich.render_container_info``) live with the pure core. ``DockerSource`` asks the Docker
+Engine API on its unix socket (``GET /_ping`` and ``GET /containers/<id>/json`` only: it never
+changes anything) and keeps the answers in a bounded cache keyed by container ID.
 
 Without a socket (``host=""``, or no socket file at the configured path) the source runs in
 cgroup-only mode: every container is named by its short ID, which the cgroup path alone gives.
@@ -26,20 +27,16 @@ from typing import Any
 import aiohttp
 
 from .episodes import EpisodeLog
-from .exposition import FamilyWriter
+from .model import DockerContainer, short_id
 
 __all__ = [
-    "CONTAINER_INFO",
     "DEFAULT_HOST",
-    "DockerContainer",
     "DockerError",
     "DockerSource",
     "parse_api_version",
     "parse_docker_host",
     "parse_error_message",
     "parse_inspect",
-    "render_container_info",
-    "short_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,10 +44,8 @@ log = logging.getLogger(__name__)
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 COMPOSE_PROJECT = "com.docker.compose.project"
 COMPOSE_SERVICE = "com.docker.compose.service"
-CONTAINER_INFO = "gpu_container_info"
-SHORT_ID_CHARS = 12
 # Docker names, image references and label values are far shorter; anything longer is cut
-# rather than trusted (exposition cuts label values at 1024 again).
+# rather than trusted (textformat cuts label values at 1024 again).
 MAX_VALUE_CHARS = 512
 # Request paths without a version prefix: only for a daemon that names no version in /_ping.
 _UNVERSIONED = ""
@@ -73,37 +68,6 @@ class DockerError(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
-
-
-def short_id(container_id: str) -> str:
-    """The 12-character form ``docker ps`` shows."""
-    return container_id[:SHORT_ID_CHARS]
-
-
-@dataclass(frozen=True, slots=True)
-class DockerContainer:
-    """One Docker container as the enricher reports it.
-
-    ``resolved`` is False when only the cgroup was read (cgroup-only mode, or the API did not
-    answer for a container never seen before): then ``name`` is the short ID and the other
-    fields are empty.
-    """
-
-    id: str  # 64 lowercase hex, as in the cgroup path
-    name: str  # without Docker's leading "/"
-    image: str = ""  # the reference the container was created from (Config.Image)
-    compose_project: str = ""
-    compose_service: str = ""
-    resolved: bool = True
-
-    @property
-    def short_id(self) -> str:
-        return short_id(self.id)
-
-    @classmethod
-    def from_id(cls, container_id: str) -> DockerContainer:
-        """What the cgroup alone says: the container named by its short ID."""
-        return cls(id=container_id, name=short_id(container_id), resolved=False)
 
 
 def _clean(value: Any) -> str:
@@ -199,36 +163,6 @@ def parse_docker_host(host: str) -> str | None:
     if not path.startswith("/") or "\x00" in path or len(path.encode("utf-8", "replace")) > 107:
         raise ValueError(f"--docker.host {host!r}: the socket path must be absolute and short")
     return path
-
-
-def render_container_info(containers: Iterable[DockerContainer]) -> str:
-    """``gpu_container_info{container, container_id, image, compose_project, compose_service} 1``
-    per container, for ``group_left`` joins; one series per container ID.
-
-    ``namespace`` and ``pod`` are written empty, like on every other series, so that with
-    ``honor_labels: true`` no target label lands on them.
-    """
-    by_id = {c.id: c for c in containers}
-    w = FamilyWriter()
-    w.family(
-        CONTAINER_INFO,
-        "Docker containers with a process on a GPU of this host, for group_left joins; always 1.",
-    )
-    for c in sorted(by_id.values(), key=lambda c: (c.name, c.id)):
-        w.sample(
-            CONTAINER_INFO,
-            (
-                ("namespace", ""),
-                ("pod", ""),
-                ("container", c.name),
-                ("container_id", c.id),
-                ("image", c.image),
-                ("compose_project", c.compose_project),
-                ("compose_service", c.compose_service),
-            ),
-            1,
-        )
-    return w.render()
 
 
 def _choose_version(offered: str | None) -> str:

@@ -16,17 +16,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .docker import DockerContainer, render_container_info
-from .exposition import (
-    MAX_LABEL_VALUE_LENGTH,
-    SHARED,
-    DeviceKey,
-    FamilyWriter,
-    Owner,
-    RewritePlan,
-)
+from .labels import SHARED, DeviceKey, Owner, RewritePlan
 from .model import (
     CgroupRef,
+    DeviceAllocation,
+    DeviceIdKind,
+    DockerContainer,
     GpuProcess,
     GpuSnapshot,
     PodIndex,
@@ -34,9 +29,10 @@ from .model import (
     ProcError,
     ProcInfo,
     SourceStatus,
+    parse_device_id,
 )
-from .podresources import DeviceAllocation, DeviceIdKind, parse_device_id
 from .procfs import container_chain
+from .textformat import MAX_LABEL_VALUE_LENGTH, FamilyWriter
 
 # Why a GPU process was not attributed to a pod: the `reason` label of
 # gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
@@ -292,7 +288,7 @@ def plan_devices(
 
     A MIG instance's processes, or allocations, count for the instance and the whole GPU.
 
-    Every other label about a pod follows that decision (exposition's label rules): the
+    Every other label about a pod follows that decision (the label policy, ``labels.relabel``): the
     owner's UID from ``pods`` for ``pod_uid``, and the label names of each pod the upstream
     may name, so that a series moved away from a pod drops what dcgm-exporter copied from it.
     """
@@ -370,6 +366,7 @@ PROC_MEM = "gpu_process_memory_used_bytes"
 UNATTR = "gpu_unattributed_memory_used_bytes"
 POD_INFO = "gpu_pod_info"
 ALLOCATED = "gpu_container_allocated"
+CONTAINER_INFO = "gpu_container_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,6 +505,36 @@ def render_families(
     if options.docker or containers:
         text += render_container_info(containers.values())
     return text
+
+
+def render_container_info(containers: Iterable[DockerContainer]) -> str:
+    """``gpu_container_info{container, container_id, image, compose_project, compose_service} 1``
+    per container, for ``group_left`` joins; one series per container ID.
+
+    ``namespace`` and ``pod`` are written empty, like on every other series, so that with
+    ``honor_labels: true`` no target label lands on them.
+    """
+    by_id = {c.id: c for c in containers}
+    w = FamilyWriter()
+    w.family(
+        CONTAINER_INFO,
+        "Docker containers with a process on a GPU of this host, for group_left joins; always 1.",
+    )
+    for c in sorted(by_id.values(), key=lambda c: (c.name, c.id)):
+        w.sample(
+            CONTAINER_INFO,
+            (
+                ("namespace", ""),
+                ("pod", ""),
+                ("container", c.name),
+                ("container_id", c.id),
+                ("image", c.image),
+                ("compose_project", c.compose_project),
+                ("compose_service", c.compose_service),
+            ),
+            1,
+        )
+    return w.render()
 
 
 def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]:

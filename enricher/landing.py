@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from . import __version__
 from .config import Config
-from .docker import DockerContainer
 from .enrich import Attribution
-from .exposition import DeviceKey, parse_label_block, unescape_label_value
-from .model import GpuSnapshot, SourceStatus
+from .labels import DeviceKey
+from .model import DockerContainer, GpuSnapshot, SourceStatus
+from .textformat import parse_label_block, unescape_label_value
 
 if TYPE_CHECKING:
     from .app import ScrapeResult

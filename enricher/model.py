@@ -1,11 +1,13 @@
 """Immutable snapshots that the data sources produce and the pure enrichment step consumes.
 
-Every source module (``nvml``, ``procfs``, ``kube``, ``upstream``) returns these types; nothing
-here does I/O.
+Every source module (``nvml``, ``procfs``, ``kube``, ``podresources``, ``docker``) returns these
+types; nothing here does I/O. The few pure helpers here belong to a type: how a device plugin's
+device ID reads (``parse_device_id``), a Docker container's short ID.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -146,6 +148,117 @@ class PodIndex:
 
     by_uid: Mapping[str, PodInfo] = field(default_factory=dict)  # includes mirror_of keys
     by_container: Mapping[str, tuple[PodInfo, str]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- kubelet devices
+
+MAX_ID_LENGTH = 256
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_GPU_ID = re.compile(rf"(GPU-{_UUID})")
+_MIG_ID = re.compile(rf"(MIG-{_UUID})")
+_MIG_LEGACY_ID = re.compile(rf"MIG-(GPU-{_UUID})/(\d{{1,4}})/(\d{{1,4}})")
+_GKE_ID = re.compile(r"nvidia(\d{1,4})(?:/gi(\d{1,4}))?")
+_INDEX_ID = re.compile(r"\d{1,4}")
+# Replicas of a shared GPU: the NVIDIA plugin appends ::<n>, GKE /vgpu<n>.
+_NVIDIA_REPLICA = re.compile(r"(.+)::(\d{1,6})")
+_GKE_REPLICA = re.compile(r"(.+)/vgpu(\d{1,6})")
+
+
+class DeviceIdKind(str, Enum):
+    """The device plugin naming scheme a device ID follows."""
+
+    GPU_UUID = "gpu_uuid"  # GPU-<uuid>: NVIDIA plugin, deviceIDStrategy uuid (the default)
+    MIG_UUID = "mig_uuid"  # MIG-<uuid>: a MIG device, resolved to (GPU, GPU_I_ID) through NVML
+    MIG_LEGACY = "mig_legacy"  # MIG-GPU-<uuid>/<gi>/<ci>: drivers before R470
+    GPU_INDEX = "gpu_index"  # nvidia<N> (GKE) or <N> (NVIDIA plugin, deviceIDStrategy index)
+    GKE_MIG = "gke_mig"  # nvidia<N>/gi<G>: a GKE GPU partition
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRef:
+    """What a device ID names. ``uuid`` is the GPU's or the MIG device's UUID, as NVML writes it."""
+
+    kind: DeviceIdKind
+    uuid: str = ""
+    index: int | None = None  # GPU index (GPU_INDEX, GKE_MIG)
+    gi: int | None = None  # GPU instance id (MIG_LEGACY, GKE_MIG)
+    replica: int | None = None  # which replica of a shared GPU, None when not shared
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocation:
+    """One GPU device ID the kubelet allocated to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+
+
+def parse_device_id(device_id: str) -> DeviceRef | None:
+    """What a device plugin's device ID names, or None for an ID we do not understand."""
+    text = device_id.strip()
+    if not text or len(text) > MAX_ID_LENGTH:
+        return None
+    replica: int | None = None
+    for pattern in (_NVIDIA_REPLICA, _GKE_REPLICA):
+        m = pattern.fullmatch(text)
+        if m is not None:
+            text, replica = m.group(1), int(m.group(2))
+            break
+    if m := _GPU_ID.fullmatch(text):
+        return DeviceRef(DeviceIdKind.GPU_UUID, uuid=m.group(1), replica=replica)
+    if m := _MIG_LEGACY_ID.fullmatch(text):
+        return DeviceRef(
+            DeviceIdKind.MIG_LEGACY, uuid=m.group(1), gi=int(m.group(2)), replica=replica
+        )
+    if m := _MIG_ID.fullmatch(text):
+        return DeviceRef(DeviceIdKind.MIG_UUID, uuid=m.group(1), replica=replica)
+    if m := _GKE_ID.fullmatch(text):
+        index = int(m.group(1))
+        if m.group(2) is None:
+            return DeviceRef(DeviceIdKind.GPU_INDEX, index=index, replica=replica)
+        return DeviceRef(DeviceIdKind.GKE_MIG, index=index, gi=int(m.group(2)), replica=replica)
+    if _INDEX_ID.fullmatch(text):
+        return DeviceRef(DeviceIdKind.GPU_INDEX, index=int(text), replica=replica)
+    return None
+
+
+# --------------------------------------------------------------------------- Docker
+
+SHORT_ID_CHARS = 12
+
+
+def short_id(container_id: str) -> str:
+    """The 12-character form ``docker ps`` shows."""
+    return container_id[:SHORT_ID_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class DockerContainer:
+    """One Docker container as the enricher reports it.
+
+    ``resolved`` is False when only the cgroup was read (cgroup-only mode, or the API did not
+    answer for a container never seen before): then ``name`` is the short ID and the other
+    fields are empty.
+    """
+
+    id: str  # 64 lowercase hex, as in the cgroup path
+    name: str  # without Docker's leading "/"
+    image: str = ""  # the reference the container was created from (Config.Image)
+    compose_project: str = ""
+    compose_service: str = ""
+    resolved: bool = True
+
+    @property
+    def short_id(self) -> str:
+        return short_id(self.id)
+
+    @classmethod
+    def from_id(cls, container_id: str) -> DockerContainer:
+        """What the cgroup alone says: the container named by its short ID."""
+        return cls(id=container_id, name=short_id(container_id), resolved=False)
 
 
 # --------------------------------------------------------------------------- health

@@ -2,8 +2,9 @@
 
 :class:`PodResourcesSource` does the I/O: one ``v1.PodResourcesLister/List`` call over gRPC on
 the kubelet's unix socket, bounded in time and never two at once. The pure helpers
-(:func:`parse_list_response`, :func:`allocations_from_message`, :func:`parse_device_id`,
-:func:`is_gpu_resource`, :func:`check_socket`) hold the rules and are tested alone.
+(:func:`parse_list_response`, :func:`allocations_from_message`, :func:`is_gpu_resource`,
+:func:`check_socket`) hold the rules and are tested alone. What a device ID names
+(``model.parse_device_id``) is the pure core's question, asked against NVML's snapshot.
 
 The generated protobuf and gRPC modules (``enricher.proto.api_pb2*``, built from
 ``enricher/proto/api.proto``) and grpcio are imported on first use, so a source tree that was
@@ -13,14 +14,14 @@ never built still serves everything else: the source then reports an error.
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from .model import MAX_ID_LENGTH, DeviceAllocation
 
 if TYPE_CHECKING:
     from .proto import api_pb2
@@ -33,51 +34,8 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # The kubelet's own server refuses messages over 16 MiB; we accept the same.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_ALLOCATIONS = 65536  # GPU device IDs kept from one response
-MAX_ID_LENGTH = 256
 MAX_NAME_LENGTH = 253  # a DNS subdomain: the longest pod or namespace name Kubernetes allows
 SOCKET_ABSENT = "absent"  # check_socket's answer for a path that does not exist
-
-_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-_GPU_ID = re.compile(rf"(GPU-{_UUID})")
-_MIG_ID = re.compile(rf"(MIG-{_UUID})")
-_MIG_LEGACY_ID = re.compile(rf"MIG-(GPU-{_UUID})/(\d{{1,4}})/(\d{{1,4}})")
-_GKE_ID = re.compile(r"nvidia(\d{1,4})(?:/gi(\d{1,4}))?")
-_INDEX_ID = re.compile(r"\d{1,4}")
-# Replicas of a shared GPU: the NVIDIA plugin appends ::<n>, GKE /vgpu<n>.
-_NVIDIA_REPLICA = re.compile(r"(.+)::(\d{1,6})")
-_GKE_REPLICA = re.compile(r"(.+)/vgpu(\d{1,6})")
-
-
-class DeviceIdKind(str, Enum):
-    """The device plugin naming scheme a device ID follows."""
-
-    GPU_UUID = "gpu_uuid"  # GPU-<uuid>: NVIDIA plugin, deviceIDStrategy uuid (the default)
-    MIG_UUID = "mig_uuid"  # MIG-<uuid>: a MIG device, resolved to (GPU, GPU_I_ID) through NVML
-    MIG_LEGACY = "mig_legacy"  # MIG-GPU-<uuid>/<gi>/<ci>: drivers before R470
-    GPU_INDEX = "gpu_index"  # nvidia<N> (GKE) or <N> (NVIDIA plugin, deviceIDStrategy index)
-    GKE_MIG = "gke_mig"  # nvidia<N>/gi<G>: a GKE GPU partition
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceRef:
-    """What a device ID names. ``uuid`` is the GPU's or the MIG device's UUID, as NVML writes it."""
-
-    kind: DeviceIdKind
-    uuid: str = ""
-    index: int | None = None  # GPU index (GPU_INDEX, GKE_MIG)
-    gi: int | None = None  # GPU instance id (MIG_LEGACY, GKE_MIG)
-    replica: int | None = None  # which replica of a shared GPU, None when not shared
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceAllocation:
-    """One GPU device ID the kubelet allocated to one container."""
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str
-    device_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,35 +63,6 @@ class PodResourcesError(Exception):
 def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
     """Whether a device plugin resource name is one of the GPUs we watch."""
     return name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX) or name in extra
-
-
-def parse_device_id(device_id: str) -> DeviceRef | None:
-    """What a device plugin's device ID names, or None for an ID we do not understand."""
-    text = device_id.strip()
-    if not text or len(text) > MAX_ID_LENGTH:
-        return None
-    replica: int | None = None
-    for pattern in (_NVIDIA_REPLICA, _GKE_REPLICA):
-        m = pattern.fullmatch(text)
-        if m is not None:
-            text, replica = m.group(1), int(m.group(2))
-            break
-    if m := _GPU_ID.fullmatch(text):
-        return DeviceRef(DeviceIdKind.GPU_UUID, uuid=m.group(1), replica=replica)
-    if m := _MIG_LEGACY_ID.fullmatch(text):
-        return DeviceRef(
-            DeviceIdKind.MIG_LEGACY, uuid=m.group(1), gi=int(m.group(2)), replica=replica
-        )
-    if m := _MIG_ID.fullmatch(text):
-        return DeviceRef(DeviceIdKind.MIG_UUID, uuid=m.group(1), replica=replica)
-    if m := _GKE_ID.fullmatch(text):
-        index = int(m.group(1))
-        if m.group(2) is None:
-            return DeviceRef(DeviceIdKind.GPU_INDEX, index=index, replica=replica)
-        return DeviceRef(DeviceIdKind.GKE_MIG, index=index, gi=int(m.group(2)), replica=replica)
-    if _INDEX_ID.fullmatch(text):
-        return DeviceRef(DeviceIdKind.GPU_INDEX, index=int(text), replica=replica)
-    return None
 
 
 def allocations_from_message(

@@ -36,7 +36,7 @@ from enricher.commands import make_podresources_source
 from enricher.config import Config
 from enricher.demo import SimulatedKubelet, list_response
 from enricher.kube import PodCache
-from enricher.podresources import DeviceAllocation
+from enricher.model import DeviceAllocation
 from enricher.procfs import ProcReader
 
 from .conftest import GOLDEN, assert_valid_exposition

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from enricher.docker import DockerContainer
 from enricher.enrich import attribute
 from enricher.kube import build_index
 from enricher.model import (
     CgroupRef,
+    DockerContainer,
     GpuProcess,
     GpuSnapshot,
     PodInfo,

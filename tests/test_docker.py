@@ -21,20 +21,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.cli import parse_config
 from enricher.commands import make_docker_source
 from enricher.docker import (
-    CONTAINER_INFO,
     DEFAULT_HOST,
     MAX_VALUE_CHARS,
-    DockerContainer,
     DockerSource,
     parse_api_version,
     parse_docker_host,
     parse_error_message,
     parse_inspect,
     parse_inspect_body,
-    render_container_info,
-    short_id,
 )
 from enricher.enrich import (
+    CONTAINER_INFO,
     Attribution,
     RenderOptions,
     attribute,
@@ -42,18 +39,21 @@ from enricher.enrich import (
     choose_docker,
     docker_lookup_ids,
     plan_devices,
+    render_container_info,
     render_families,
     render_self_metrics,
 )
-from enricher.exposition import SHARED, Owner
+from enricher.labels import SHARED, Owner
 from enricher.model import (
     CgroupRef,
+    DockerContainer,
     GpuProcess,
     GpuSnapshot,
     PodIndex,
     ProcError,
     ProcInfo,
     Runtime,
+    short_id,
 )
 from tests.conftest import assert_valid_exposition
 from tests.dockerapi import DockerAPI, FakeContainer, compose_labels, container_id, inspect_document

@@ -39,7 +39,8 @@ from enricher import fakeproc
 from enricher.app import Scraper, make_app
 from enricher.commands import ps, resolve
 from enricher.config import Config
-from enricher.docker import DockerSource, short_id
+from enricher.docker import DockerSource
+from enricher.model import short_id
 from enricher.procfs import ProcReader
 from tests.scraping import PER_SCRAPE
 

@@ -10,15 +10,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.exposition import (
-    _COMMON_VALUES_RE,
-    _FAST_VALUES_RE,
-    SHARED,
+from enricher.labels import SHARED, Owner, RewritePlan
+from enricher.rewrite import _COMMON_VALUES_RE, _FAST_VALUES_RE, Rewriter, RewriteResult
+from enricher.textformat import (
     FamilyWriter,
-    Owner,
-    RewritePlan,
-    Rewriter,
-    RewriteResult,
     escape_label_value,
     format_value,
     parse_label_block,

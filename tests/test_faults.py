@@ -36,10 +36,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import Scraper, make_app
-from enricher.exposition import FamilyWriter
 from enricher.kube import PodCache
 from enricher.nvml import NvmlSource
 from enricher.procfs import ProcReader
+from enricher.textformat import FamilyWriter
 from tests.scraping import PER_SCRAPE
 
 from .conftest import assert_valid_exposition

@@ -42,8 +42,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher import fakeproc
 from enricher.app import MAX_IDENTITIES, Scraper, make_app, serve
 from enricher.enrich import RenderOptions, attribute, render_families
-from enricher.exposition import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH, RewritePlan, Rewriter
 from enricher.kube import build_index, parse_pod
+from enricher.labels import RewritePlan
 from enricher.model import (
     CgroupRef,
     GpuDevice,
@@ -56,6 +56,8 @@ from enricher.model import (
     Runtime,
 )
 from enricher.procfs import ProcReader
+from enricher.rewrite import Rewriter
+from enricher.textformat import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH
 from enricher.upstream import UpstreamError, fetch_upstream
 from tests.promcheck import check_metrics_batch
 from tests.scraping import PER_SCRAPE

@@ -32,9 +32,12 @@ from enricher.enrich import (
     render_families,
     resolve_allocations,
 )
-from enricher.exposition import SHARED, Owner
+from enricher.labels import SHARED, Owner
 from enricher.model import (
     CgroupRef,
+    DeviceAllocation,
+    DeviceIdKind,
+    DeviceRef,
     GpuDevice,
     GpuProcess,
     GpuSnapshot,
@@ -43,15 +46,12 @@ from enricher.model import (
     PodInfo,
     ProcInfo,
     Runtime,
+    parse_device_id,
 )
 from enricher.podresources import (
-    DeviceAllocation,
-    DeviceIdKind,
-    DeviceRef,
     PodResourcesSource,
     check_socket,
     is_gpu_resource,
-    parse_device_id,
     parse_list_response,
 )
 from enricher.proto import api_pb2

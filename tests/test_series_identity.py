@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.exposition import RewritePlan, Rewriter
+from enricher.labels import RewritePlan
+from enricher.rewrite import Rewriter
 
 UUID = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 

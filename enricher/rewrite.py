@@ -1,295 +1,34 @@
-"""Prometheus text exposition: escaping, value formatting and the upstream rewrite.
+"""The upstream rewrite: dcgm-exporter's exposition in, the same samples with the plan's pod
+labels out. The hot path.
 
-Everything here is pure. The rewrite is the hot path: it works line by line on the upstream
-text, parses each distinct label block once (blocks repeat across families: one per device),
-and regroups lines by family so the output is always valid exposition even when the upstream's
-is not (interleaved families, duplicate HELP lines, junk lines). Texts that differ from the
-previous one only in their values skip the per-line work through a template (see Rewriter).
+It works line by line on the upstream text, parses each distinct label block once (blocks
+repeat across families: one per device), and regroups lines by family so the output is always
+valid exposition even when the upstream's is not (interleaved families, duplicate HELP lines,
+junk lines). Texts that differ from the previous one only in their values skip the per-line
+work through a template (see Rewriter). What a label block becomes is ``labels.relabel``'s.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-# The text format's grammar, as Prometheus's own parsers read it (the scrape parser of
-# model/textparse and the expfmt parser behind ``promtool check metrics``); where the two
-# differ, the stricter rule. Python's ``str.split()``, ``str.strip()``, ``str.isdigit()``,
-# ``float()`` and ``\s`` accept Unicode spaces and digits, underscores and out-of-range
-# numbers that Go's parsers reject, so none of them judges input here.
-METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_BLANK = " \t"  # the only separators the format knows
-# One label pair inside a block: name, blanks, =, a quoted value whose escapes are the
-# format's three (backslash, quote, n). Any other escape, or a lone surrogate (an undecodable
-# upstream byte, see upstream.decode_body), makes the block invalid. NUL is an ordinary
-# character there (both Prometheus parsers read it; tests/test_prometheus_grammar.py).
-_PAIR_RE = re.compile(
-    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n\ud800-\udfff]|\\[\\"n])*)"'
-    r"[ \t]*(,|\Z)"
+from .labels import GUARD_BLOCK, DeviceKey, RewritePlan, device_identity, device_key, relabel
+from .textformat import (
+    BLANK,
+    FAMILY_SUFFIXES,
+    METRIC_NAME_RE,
+    VALID_TYPES,
+    first_blank,
+    parse_label_block,
+    render_labels,
+    split_comment,
+    valid_help,
+    valid_value,
+    written_value,
 )
-_ESCAPE_RE = re.compile(r"\\(.)")
-# HELP text: any character but a lone surrogate; escapes only backslash and n.
-_HELP_RE = re.compile(r"(?:[^\\\n\ud800-\udfff]|\\[\\n])*\Z")
-_VALID_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
-_FAMILY_SUFFIXES = {
-    "histogram": ("_bucket", "_sum", "_count"),
-    "summary": ("_sum", "_count"),
-}
-# A sample's value, as Go's strconv.ParseFloat reads it with Prometheus's restriction (no
-# "p", "P" or "_": hex floats and digit separators are out): ASCII decimal with an optional
-# exponent, or inf/infinity (signed) and nan, in any case. Out-of-range numbers fail too.
-_FLOAT_RE = re.compile(
-    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)"
-    r"|[nN][aA][nN]"
-)
-# What follows the name or label block: blanks, the value token (Prometheus's lexer takes
-# anything up to a blank, newline or brace, then parses it), and an optional timestamp in
-# ASCII digits (the scrape lexer takes no sign), each separated by blanks.
-_TAIL_RE = re.compile(r"[ \t]*([^{ \t\n]+)(?:[ \t]+([0-9]+))?[ \t]*\Z")
-_INT64_MAX = 2**63 - 1
-
-# The labels that identify a device on dcgm-exporter series, in both naming schemes.
-UUID_LABELS = ("UUID", "uuid")
-GPU_I_ID = "GPU_I_ID"
-IDENTITY_LABELS = frozenset(
-    {
-        "gpu",
-        "UUID",
-        "uuid",
-        "GPU_I_ID",
-        "GPU_I_PROFILE",
-        "device",
-        "modelName",
-        "Hostname",
-        "hostname",
-    }
-)
-# Labels dcgm-exporter writes about the pod it names, beside the pod labels themselves:
-# --kubernetes-enable-pod-uid and the DRA claim of the allocation. They follow the enricher's
-# decision; the device-describing dra_* labels (driver, pool, device) stay as they are.
-POD_UID_LABEL = "pod_uid"
-DRA_CLAIM_LABELS = frozenset({"dra_claim_name", "dra_claim_namespace"})
-# (namespace, pod, container) label names per dcgm-exporter naming scheme.
-CURRENT_SCHEME = ("namespace", "pod", "container")
-OLD_SCHEME = ("pod_namespace", "pod_name", "container_name")
-VGPU_LABEL = "vgpu"
-# Every upstream series leaves with these labels, empty when no pod is known. Prometheus
-# drops empty labels on ingestion, but with honor_labels: true an explicit empty value stops
-# the scrape target's own pod/namespace/container (the enricher's pod) from being attached:
-# a series about a GPU must never name the monitoring pod.
-POD_GUARD_LABELS = ("container", "namespace", "pod")
-# Never removed as a stale pod label, even when a pod has a label of that name.
-_KEPT_LABELS = (
-    IDENTITY_LABELS
-    | frozenset(CURRENT_SCHEME)
-    | frozenset(OLD_SCHEME)
-    | {POD_UID_LABEL, VGPU_LABEL, "dra_driver_name", "dra_pool_name", "dra_device_name"}
-)
-_GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
-
-MAX_LABEL_VALUE_LENGTH = 1024
-_UNWRITABLE = re.compile("[\ud800-\udfff]")
-
-
-def escape_label_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
-    """Escape a label value for the text format (backslash, double quote, newline).
-
-    Values are cut to ``limit`` characters first so a hostile annotation cannot blow up a scrape.
-    """
-    if len(value) > limit:
-        value = value[:limit]
-    if _UNWRITABLE.search(value) is not None:
-        # A lone surrogate (from a JSON escape in pod metadata) is not UTF-8 and has no
-        # escape: U+FFFD stands in for it.
-        value = _UNWRITABLE.sub("\ufffd", value)
-    if "\\" in value or '"' in value or "\n" in value:
-        value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return value
-
-
-def written_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
-    """The label value a reader gets back from ``escape_label_value(value)``: cut, and with
-    U+FFFD for what cannot be written (the series identity for dedupe)."""
-    value = value[:limit]
-    return _UNWRITABLE.sub("\ufffd", value) if _UNWRITABLE.search(value) else value
-
-
-def escape_help(text: str) -> str:
-    """Escape HELP text (backslash and newline)."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-_BLANKS = re.compile(r"[ \t]+")
-
-
-def split_comment(line: str) -> list[str]:
-    """Split ``# HELP name text`` into at most four parts on blanks (space and tab only).
-
-    ``str.split()`` would also split on Unicode separators (U+2028, U+00A0, ...), which are
-    ordinary characters of HELP text in the exposition format.
-    """
-    return _BLANKS.split(line, maxsplit=3)
-
-
-def unescape_label_value(raw: str) -> str:
-    r"""Undo text-format escaping of a value that ``parse_label_block`` accepted.
-
-    Only ``\\``, ``\"`` and ``\n`` reach here: a block with any other escape is invalid.
-    """
-    if "\\" not in raw:
-        return raw
-    return _ESCAPE_RE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), raw)
-
-
-def format_value(value: float) -> str:
-    """Render a sample value as Prometheus does (integers without a fraction)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
-def render_labels(pairs: Iterable[tuple[str, str]]) -> str:
-    """Render ``{a="x",b="y"}`` from (name, unescaped value) pairs; empty string when none."""
-    body = ",".join(f'{name}="{escape_label_value(value)}"' for name, value in pairs)
-    return "{" + body + "}" if body else ""
-
-
-def parse_label_block(block: str) -> list[tuple[str, str]] | None:
-    """Parse the text between ``{`` and ``}`` into (name, raw escaped value) pairs.
-
-    Returns None for anything that is not valid: a strict reader would reject the whole
-    scrape, so the caller drops that one line instead. Duplicate names are invalid, and so
-    are names starting with ``__``, which Prometheus reserves for its own use.
-    """
-    pairs: list[tuple[str, str]] = []
-    pos = 0
-    end = len(block)
-    if block.strip(_BLANK) == "":
-        return pairs
-    seen: set[str] = set()
-    while pos < end:
-        m = _PAIR_RE.match(block, pos)
-        if m is None:
-            return None
-        name, raw = m.group(1), m.group(2)
-        if name in seen or name.startswith("__"):
-            return None
-        seen.add(name)
-        pairs.append((name, raw))
-        pos = m.end()
-        if m.group(3) == "":
-            if pos < end:
-                return None
-        elif block[pos:].strip(_BLANK) == "":
-            break  # a trailing comma (and blanks) before the closing brace
-    return pairs
-
-
-def valid_float(token: str) -> bool:
-    """Whether Prometheus parses ``token`` as a sample value (Go's ParseFloat, no p or _)."""
-    if _FLOAT_RE.fullmatch(token) is None:
-        return False
-    # ParseFloat fails with ErrRange where Python's float() quietly gives inf (1e400).
-    return not math.isinf(float(token)) or token.lstrip("+-")[:1] in "iI"
-
-
-def valid_value(tail: str) -> str | None:
-    """The value part of a sample line (after the name or ``}``), normalised to
-    ``value[ timestamp]``, or None when Prometheus would reject it.
-
-    Normalising only drops blanks: the value and timestamp tokens are copied as they came.
-    """
-    m = _TAIL_RE.match(tail)
-    if m is None:
-        return None
-    value, ts = m.group(1), m.group(2)
-    if not valid_float(value):
-        return None
-    if ts is None:
-        return value
-    if int(ts) > _INT64_MAX:  # ParseInt's range
-        return None
-    return f"{value} {ts}"
-
-
-def valid_help(raw: str) -> bool:
-    """Whether HELP text is valid: escapes only ``\\`` and ``\n``, valid UTF-8."""
-    return _HELP_RE.match(raw) is not None
-
-
-def _first_blank(line: str) -> int:
-    """Index of the first space or tab in ``line`` (its length when there is none)."""
-    space, tab = line.find(" "), line.find("\t")
-    if tab < 0:
-        return space if space >= 0 else len(line)
-    return tab if space < 0 else min(space, tab)
-
-
-# --------------------------------------------------------------------------- rewrite plan
-
-
-DeviceKey = tuple[str, str]  # (GPU UUID, GPU_I_ID or "" for a whole GPU)
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Who a device series names. ``pod`` empty means: clear the pod labels (shared device).
-
-    ``uid`` is the pod's UID when the pod watch knows it (``pod_uid`` on the series)."""
-
-    namespace: str
-    pod: str
-    container: str
-    uid: str = ""
-
-    @property
-    def shared(self) -> bool:
-        return self.pod == ""
-
-
-SHARED = Owner("", "", "")
-
-
-@dataclass(frozen=True, slots=True)
-class RewritePlan:
-    """What to write on device series: owners by device key; devices absent keep upstream labels."""
-
-    owners: Mapping[DeviceKey, Owner] = field(default_factory=dict)
-    # The label names dcgm-exporter copies from each pod it names (--kubernetes-enable-pod-
-    # labels), by (namespace, pod), from the pod watch; and the names the user says it copies
-    # from any pod (--upstream.pod-labels), for pods the watch does not know.
-    pod_labels: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    upstream_pod_labels: frozenset[str] = frozenset()
-    # Family names the enricher renders itself; upstream families with these names are dropped.
-    reserved_prefixes: tuple[str, ...] = (
-        "gpu_container_",
-        "gpu_process_",
-        "gpu_unattributed_",
-        "gpu_pod_info",
-        "dcgm_enricher_",
-    )
-
-
-def _stale_pod_labels(plan: RewritePlan, named: tuple[str, str], owner: Owner) -> frozenset[str]:
-    """The labels of a device series that describe the pod dcgm-exporter named, when the
-    enricher names another one (or none): that pod's own labels and its DRA claim.
-
-    The pod's own labels are known from the pod watch; for a pod it does not know, the names
-    the user gave with --upstream.pod-labels. Device and pod identity labels are never among
-    them, whatever a pod's labels are called.
-    """
-    if named == (owner.namespace, owner.pod) or named == ("", ""):
-        return frozenset()
-    names = plan.pod_labels.get(named, plan.upstream_pod_labels) | plan.upstream_pod_labels
-    return (names - _KEPT_LABELS) | DRA_CLAIM_LABELS
 
 
 @dataclass(slots=True)
@@ -513,7 +252,9 @@ class Rewriter:
     and plan as the previous call (the exporter has not collected since) return the previous
     result. Anything else takes the line-by-line path, which is the reference: the tests
     compare both paths with it and with prometheus_client's parser. ``templates=False``
-    keeps to that path (and no result cache) for comparison.
+    keeps to that path (and no result cache) for comparison. The template earns its code in
+    ``python -m bench --only rewrite``: the line-by-line path alone misses the target of at
+    most 4 limit passes on ``mig56`` (bench/README.md), the template meets it.
     """
 
     def __init__(self, cache_limit: int = 200_000, *, templates: bool = True) -> None:
@@ -542,14 +283,7 @@ class Rewriter:
         if len(self._parsed) >= self._cache_limit:
             self._parsed.clear()
         pairs = parse_label_block(block)
-        result: tuple[list[tuple[str, str]], DeviceKey | None] | None = None
-        if pairs is not None:
-            labels = dict(pairs)
-            uuid = labels.get("UUID", labels.get("uuid"))
-            key = None
-            if uuid is not None:
-                key = (unescape_label_value(uuid), unescape_label_value(labels.get(GPU_I_ID, "")))
-            result = (pairs, key)
+        result = None if pairs is None else (pairs, device_key(pairs))
         self._parsed[block] = result
         return result
 
@@ -563,47 +297,11 @@ class Rewriter:
         out: _Block | None = None
         if parsed is not None:
             pairs, key = parsed
-            identity = tuple((n, unescape_label_value(v)) for n, v in pairs if n in IDENTITY_LABELS)
-            owner = plan.owners.get(key) if key is not None else None
-            names = {n for n, _ in pairs}
-            if owner is None or VGPU_LABEL in names:
-                # Idle or unknown device, or dcgm-exporter's per-pod vGPU copies: keep as is
-                # (re-rendered so escapes are normalised).
-                new_pairs = [(n, unescape_label_value(v)) for n, v in pairs]
-            else:
-                scheme = (
-                    OLD_SCHEME if ("pod_name" in names and "pod" not in names) else (CURRENT_SCHEME)
-                )
-                values = dict(
-                    zip(scheme, (owner.namespace, owner.pod, owner.container), strict=True)
-                )
-                labels = dict(pairs)
-                named = (
-                    unescape_label_value(labels.get(scheme[0], "")),
-                    unescape_label_value(labels.get(scheme[1], "")),
-                )
-                drop = _stale_pod_labels(plan, named, owner)
-                if POD_UID_LABEL in names and (owner.uid or named != (owner.namespace, owner.pod)):
-                    # The owner's UID; empty with the pod (shared) or when the watch does not
-                    # know the owner. The upstream's stays only when it named the same pod
-                    # and the owner's UID is unknown.
-                    values[POD_UID_LABEL] = owner.uid
-                new_pairs = [
-                    (n, values.pop(n) if n in values else unescape_label_value(v))
-                    for n, v in pairs
-                    if n not in drop
-                ]
-                values.pop(POD_UID_LABEL, None)
-                # Labels the upstream lacked are added in dcgm-exporter's order.
-                for name in (scheme[2], scheme[0], scheme[1]):
-                    if name in values:
-                        new_pairs.append((name, values[name]))
-            present = {n for n, _ in new_pairs}
-            new_pairs.extend((n, "") for n in POD_GUARD_LABELS if n not in present)
+            new_pairs = relabel(pairs, key, plan)
             # The output cuts values (render_labels), so the identity is that of the cut ones:
             # two values that agree in their first MAX_LABEL_VALUE_LENGTH characters are one.
             canonical = "\xff".join(f"{n}\xfe{written_value(v)}" for n, v in sorted(new_pairs) if v)
-            out = _Block(key, identity, render_labels(new_pairs), canonical)
+            out = _Block(key, device_identity(pairs), render_labels(new_pairs), canonical)
         self._blocks[block] = out
         return out
 
@@ -668,8 +366,8 @@ class Rewriter:
         for index, line in enumerate(text.split("\n")):
             if not line:
                 continue
-            if line[0] in _BLANK:
-                line = line.lstrip(_BLANK)
+            if line[0] in BLANK:
+                line = line.lstrip(BLANK)
                 if not line:
                     continue
             if line[0] == "#":
@@ -692,8 +390,8 @@ class Rewriter:
                     if fam.help is None:
                         fam.help = rest
                 else:
-                    typ = rest.strip(_BLANK)
-                    if typ not in _VALID_TYPES:
+                    typ = rest.strip(BLANK)
+                    if typ not in VALID_TYPES:
                         invalid += 1
                         continue
                     fam = family_for(name)
@@ -710,11 +408,11 @@ class Rewriter:
                 raw_block = line[brace + 1 : close]
                 value = line[close + 1 :]
             else:
-                cut = _first_blank(line)
+                cut = first_blank(line)
                 name, value = line[:cut], line[cut:]
                 raw_block = ""
             if name != cur_name or cur_fam is None:
-                name = name.rstrip(_BLANK)
+                name = name.rstrip(BLANK)
                 if METRIC_NAME_RE.match(name) is None:
                     invalid += 1
                     continue
@@ -744,7 +442,7 @@ class Rewriter:
                 series = name + blk.new
                 identity_key = name + "\xff" + blk.canonical
             else:
-                series = name + _GUARD_BLOCK
+                series = name + GUARD_BLOCK
                 identity_key = name + "\xff"
             # Dedupe on the series identity Prometheus sees (sorted, empty labels dropped).
             if identity_key in seen:
@@ -788,7 +486,7 @@ class Rewriter:
         fam = families.get(name)
         if fam is not None:
             return fam
-        for typ, suffixes in _FAMILY_SUFFIXES.items():
+        for typ, suffixes in FAMILY_SUFFIXES.items():
             for suffix in suffixes:
                 if name.endswith(suffix):
                     base = families.get(name[: -len(suffix)])
@@ -796,36 +494,3 @@ class Rewriter:
                         return base
         fam = families[name] = _Family(name)
         return fam
-
-
-# --------------------------------------------------------------------------- rendering
-
-
-@dataclass(slots=True)
-class FamilyWriter:
-    """Collects the enricher's own families and renders them as text exposition."""
-
-    _families: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
-
-    def family(self, name: str, help_text: str, typ: str = "gauge") -> None:
-        if name not in self._families:
-            self._families[name] = (help_text, typ, [])
-
-    def sample(
-        self,
-        name: str,
-        labels: Iterable[tuple[str, str]],
-        value: float,
-        sample_name: str | None = None,
-    ) -> None:
-        self._families[name][2].append(
-            f"{sample_name or name}{render_labels(labels)} {format_value(value)}"
-        )
-
-    def render(self, sort_key: Callable[[str], str] | None = None) -> str:
-        out: list[str] = []
-        for name, (help_text, typ, lines) in self._families.items():
-            out.append(f"# HELP {name} {escape_help(help_text)}")
-            out.append(f"# TYPE {name} {typ}")
-            out.extend(sorted(lines, key=sort_key) if sort_key else lines)
-        return "\n".join(out) + "\n" if out else ""

@@ -1,0 +1,210 @@
+"""The package's shape: a pure core that imports no I/O library, and no import cycles."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "enricher"
+
+# The pure core (STYLE point 3): enrichment, the text format, the label policy, the rewrite and
+# the types they share.
+PURE_MODULES = (
+    "enricher.enrich",
+    "enricher.textformat",
+    "enricher.labels",
+    "enricher.rewrite",
+    "enricher.model",
+)
+# The libraries through which the sources do their I/O.
+IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
+
+
+def loaded_after_import(modules: Iterable[str]) -> list[str]:
+    """Every module a fresh interpreter holds after importing ``modules`` (and nothing else)."""
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        f"for name in {list(modules)!r}:\n"
+        "    __import__(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
+def test_pure_core_imports_no_io_library() -> None:
+    loaded = loaded_after_import(PURE_MODULES)
+    assert set(PURE_MODULES) <= set(loaded)
+    found = sorted(
+        name for name in loaded for lib in IO_LIBRARIES if name == lib or name.startswith(lib + ".")
+    )
+    assert found == [], f"the pure core loads I/O libraries: {found}"
+
+
+def test_the_check_sees_an_io_library() -> None:
+    """The check above can fail: a source module that does I/O pulls its library in."""
+    assert "aiohttp" in loaded_after_import(["enricher.docker"])
+
+
+# --------------------------------------------------------------------------- import cycles
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs, at module level or in a function; those under
+    ``if TYPE_CHECKING:`` never run, so they make no cycle."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(
+    sources: Mapping[str, tuple[str, bool]], top: str = "enricher"
+) -> dict[str, set[str]]:
+    """Edges module -> package modules it imports, from ``{module: (source, is_package)}``.
+
+    ``from . import x`` and ``from .m import x`` are read as Python resolves them: ``x`` is the
+    submodule when there is one, otherwise a name in ``m``.
+    """
+    graph: dict[str, set[str]] = {name: set() for name in sources}
+    for name, (source, is_package) in sources.items():
+        package = name if is_package else name.rpartition(".")[0]
+        for node in _imports(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets = [
+                    f"{mod}.{a.name}" if f"{mod}.{a.name}" in sources else mod for a in node.names
+                ]
+            for target in targets:
+                while target and target not in sources:
+                    target = target.rpartition(".")[0]  # import a.b.c names a.b.c's module
+                if not target or target == name or target.split(".")[0] != top:
+                    continue
+                graph[name].add(target)
+                # Importing a.b.c runs a.b first: an edge to each package above the target
+                # that is not already running above the importer.
+                parent = target.rpartition(".")[0]
+                while parent and not (name + ".").startswith(parent + "."):
+                    graph[name].add(parent)
+                    parent = parent.rpartition(".")[0]
+    return graph
+
+
+def find_cycle(graph: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None when the graph has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)) is not None:
+            return cycle
+    return None
+
+
+def package_sources() -> dict[str, tuple[str, bool]]:
+    return {module_name(p): (p.read_text(), p.name == "__init__.py") for p in PACKAGE.rglob("*.py")}
+
+
+def test_package_has_no_import_cycle() -> None:
+    graph = import_graph(package_sources())
+    assert {"enricher.cli", "enricher.commands", "enricher.rewrite"} <= set(graph)
+    assert "enricher.textformat" in graph["enricher.rewrite"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+@pytest.mark.parametrize(
+    ("sources", "cycle"),
+    [
+        pytest.param(
+            {"enricher.a": ("from .b import x", False), "enricher.b": ("import enricher.a", False)},
+            ["enricher.a", "enricher.b", "enricher.a"],
+            id="module-level",
+        ),
+        pytest.param(
+            {
+                "enricher.a": ("def f():\n    from . import b", False),
+                "enricher.b": ("def g():\n    from enricher.c import y", False),
+                "enricher.c": ("from .a import f", False),
+            },
+            ["enricher.a", "enricher.b", "enricher.c", "enricher.a"],
+            id="function-level",
+        ),
+        pytest.param(
+            {
+                "enricher": ("", True),
+                "enricher.p": ("from .. import q", True),
+                "enricher.q": ("from .p.r import z", False),
+                "enricher.p.r": ("", False),
+            },
+            ["enricher.p", "enricher.q", "enricher.p"],
+            id="relative-from-a-package",
+        ),
+        pytest.param(
+            {
+                "enricher.a": (
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import T",
+                    False,
+                ),
+                "enricher.b": ("from .a import f", False),
+            },
+            None,
+            id="type-checking-only",
+        ),
+        pytest.param(
+            {"enricher.a": ("import asyncio\nfrom . import b", False), "enricher.b": ("", False)},
+            None,
+            id="no-cycle",
+        ),
+    ],
+)
+def test_find_cycle(sources: dict[str, tuple[str, bool]], cycle: list[str] | None) -> None:
+    assert find_cycle(import_graph(sources)) == cycle
