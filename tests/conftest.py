@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from .promreleases import PromRelease, releases, require
 
-pytest_plugins = ["tests.nvmlfake"]
+pytest_plugins = ["tests.nvmlfake", "tests.harness"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DCGM = ROOT.parent / "shared" / "fixtures" / "dcgm"

@@ -19,30 +19,25 @@ import asyncio
 import json
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
-from enricher.app import Scraper, make_app
-from enricher.commands import make_podresources_source
 from enricher.config import Config
-from enricher.demo import SimulatedKubelet, list_response
-from enricher.kube import PodCache
+from enricher.demo import list_response
 from enricher.model import DeviceAllocation
-from enricher.procfs import ProcReader
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .kubeapi import KubeApiStandIn, make_api_client, make_pod
-from .nvmlfake import FakeNvml, FakeNvmlState
-from .test_golden import cid, normalise, series
+from .harness import MakeStack, Stack, cid, series
+from .kubeapi import make_pod
+from .nvmlfake import FakeNvmlState
+from .test_golden import normalise
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "allocation.prom"
 NODE = "gpu-node-c"
@@ -232,107 +227,48 @@ def nvml_state() -> FakeNvmlState:
     return s
 
 
-@pytest.fixture
-def pod_cache() -> Iterator[PodCache]:
-    with KubeApiStandIn() as api:
-        for p in PODS:
-            api.add_pod(
-                make_pod(
-                    p.name,
-                    p.namespace,
-                    p.uid,
-                    NODE,
-                    containers=[(p.container, p.container_id, "containerd")],
-                    owner=p.owner,
-                    annotations=({"hub.jupyter.org/username": "bob"} if p is JUPYTER else None),
-                    gpu_request=p.resource is not None,
-                    gpu_resource=p.resource or "nvidia.com/gpu",
-                )
-            )
-        cache = PodCache(
-            make_api_client(api.url),
+def pod_objects() -> list[dict[str, Any]]:
+    return [
+        make_pod(
+            p.name,
+            p.namespace,
+            p.uid,
             NODE,
-            annotation_keys=["hub.jupyter.org/username"],
-            watch_timeout_seconds=5,
-            backoff_max_seconds=0.2,
+            containers=[(p.container, p.container_id, "containerd")],
+            owner=p.owner,
+            annotations=({"hub.jupyter.org/username": "bob"} if p is JUPYTER else None),
+            gpu_request=p.resource is not None,
+            gpu_resource=p.resource or "nvidia.com/gpu",
         )
-        cache.start()
-        assert cache.synced.wait(10)
-        yield cache
-        cache.stop()
-
-
-@dataclass
-class Node:
-    scraper: Scraper
-    client: TestClient[Any, Any]
-    kubelet: SimulatedKubelet | None
+        for p in PODS
+    ]
 
 
 @pytest.fixture
-async def node_factory(
-    tmp_path: Path, fake_nvml: FakeNvml, pod_cache: PodCache
-) -> AsyncIterator[Callable[..., Any]]:
-    write_proc(tmp_path / "proc")
-    fake_nvml.write(nvml_state())
-    socket_path = tmp_path / "pod-resources" / "kubelet.sock"
-    socket_path.parent.mkdir()
-    if len(str(socket_path)) > 100:
-        pytest.skip(f"temporary path too long for a unix socket: {socket_path}")
-
-    async def metrics(_r: web.Request) -> web.Response:
-        return web.Response(text=FIXTURE.read_text(), content_type="text/plain")
-
-    upstream_app = web.Application()
-    upstream_app.router.add_get("/metrics", metrics)
-    upstream = TestServer(upstream_app)
-    await upstream.start_server()
-    made: list[Node] = []
-
-    async def make(respond: Callable[[Any], Any] | None = None, **config: Any) -> Node:
+def node_factory(full_stack: MakeStack) -> Callable[..., Awaitable[Stack]]:
+    def make(respond: Callable[[Any], Any] | None = None, **config: Any) -> Awaitable[Stack]:
         """A node whose kubelet answers with ``respond`` (default: the allocations above);
         ``kubelet=False``: no kubelet socket at all."""
         with_kubelet = config.pop("kubelet", True)
-        kubelet = None
-        if with_kubelet:
-            response = list_response(allocations())
-            kubelet = SimulatedKubelet(str(socket_path), respond or (lambda _ctx: response))
-            kubelet.start()
-        settings: dict[str, Any] = {
-            "upstream_url": f"http://127.0.0.1:{upstream.port}/metrics",
-            "kube_node_name": NODE,
-            "kubelet_pod_resources_socket": str(socket_path),
-            "kubelet_timeout": 1.0,
-        }
-        cfg = replace(Config(), **(settings | config))
-        source = make_podresources_source(cfg)
-        scraper = Scraper(
-            cfg,
-            gpu=fake_nvml.source(),
-            procs=ProcReader(str(tmp_path / "proc")),
-            pods=pod_cache,
-            podresources=source,
+        response = list_response(allocations())
+        return full_stack(
+            upstream=FIXTURE.read_text(),
+            nvml=nvml_state(),
+            proc=write_proc,
+            node=NODE,
+            pods=pod_objects(),
+            kube={"annotation_keys": ["hub.jupyter.org/username"]},
+            podresources=True,
+            kubelet=(respond or (lambda _ctx: response)) if with_kubelet else None,
+            base=Config(),  # the default (following) mode, unlike the other golden files
+            **config,
         )
-        client = TestClient(TestServer(make_app(scraper)))
-        await client.start_server()
-        node = Node(scraper, client, kubelet)
-        made.append(node)
-        return node
 
-    yield make
-    for node in made:
-        await node.client.close()
-        if node.scraper.podresources is not None:
-            node.scraper.podresources.close()
-        if node.kubelet is not None:
-            node.kubelet.stop(grace=None)
-    await upstream.close()
+    return make
 
 
-async def scrape(node: Node) -> str:
-    resp = await node.client.get("/metrics")
-    assert resp.status == 200
-    return await resp.text()
+async def scrape(node: Stack) -> str:
+    return await node.scrape()
 
 
 def by_device(rows: list[dict[str, str]]) -> dict[tuple[str, str], dict[str, str]]:

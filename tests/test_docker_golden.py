@@ -18,36 +18,31 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from enricher import fakeproc
-from enricher.app import Scraper, make_app
+from enricher.app import Scraper
 from enricher.commands import ps, resolve
 from enricher.config import Config
-from enricher.docker import DockerSource
 from enricher.model import short_id
 from enricher.procfs import ProcReader
-from tests.scraping import PER_SCRAPE
 
 from .conftest import ROOT, assert_valid_exposition
 from .dockerapi import DockerAPI, compose_labels, container_id
+from .harness import MakeStack, Stack, docker_engine, series
 from .nvmlfake import FakeNvml, FakeNvmlState
-from .test_golden import check_golden, series
+from .test_golden import check_golden
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "docker-host.prom"
 HOST = "lab-box"
@@ -138,87 +133,30 @@ def nvml_state() -> FakeNvmlState:
     return s
 
 
-class Clock:
-    """The Docker source's cache clock, so tests can age its answers."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def dockerd() -> Iterator[DockerAPI]:
-    # Unix socket paths are limited to 107 bytes: pytest's tmp_path can be longer.
-    directory = tempfile.mkdtemp(prefix="dk-", dir="/tmp")
-    api = DockerAPI(os.path.join(directory, "docker.sock")).start()
-    for box in BOXES:
-        api.add(box.name, image=box.image, labels=box.labels)
-    yield api
-    api.stop()
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@dataclass
-class Host:
-    scraper: Scraper
-    client: TestClient[Any, Any]
-    docker: DockerSource
-    clock: Clock
+    with docker_engine((box.name, box.image, box.labels) for box in BOXES) as api:
+        yield api
 
 
 @pytest.fixture
-async def host_factory(
-    tmp_path: Path, fake_nvml: FakeNvml, dockerd: DockerAPI
-) -> AsyncIterator[Any]:
-    write_proc(tmp_path / "proc")
-    fake_nvml.write(nvml_state())
-
-    async def metrics(_r: web.Request) -> web.Response:
-        return web.Response(text=FIXTURE.read_text(), content_type="text/plain")
-
-    upstream_app = web.Application()
-    upstream_app.router.add_get("/metrics", metrics)
-    upstream = TestServer(upstream_app)
-    await upstream.start_server()
-    made: list[Host] = []
-
-    async def make(docker_host: str | None = None, **config: Any) -> Host:
-        cfg = replace(
-            PER_SCRAPE,
-            upstream_url=f"http://127.0.0.1:{upstream.port}/metrics",
-            upstream_timeout=2.0,
-            kube_node_name="",  # no Kubernetes: Docker mode
+def host_factory(full_stack: MakeStack, dockerd: DockerAPI) -> Callable[..., Awaitable[Stack]]:
+    def make(docker_host: str | None = None, **config: Any) -> Awaitable[Stack]:
+        return full_stack(
+            upstream=FIXTURE.read_text(),
+            nvml=nvml_state(),
+            proc=write_proc,
+            node="",  # no Kubernetes: Docker mode
             docker_host=f"unix://{dockerd.socket_path}" if docker_host is None else docker_host,
+            upstream_timeout=2.0,
             **config,
         )
-        assert cfg.docker_active
-        clock = Clock()
-        docker = DockerSource(cfg.docker_host, timeout=cfg.docker_timeout, clock=clock)
-        scraper = Scraper(
-            cfg,
-            gpu=fake_nvml.source(),
-            procs=ProcReader(str(tmp_path / "proc")),
-            pods=None,
-            docker=docker,
-        )
-        client = TestClient(TestServer(make_app(scraper)))
-        await client.start_server()
-        host = Host(scraper, client, docker, clock)
-        made.append(host)
-        return host
 
-    yield make
-    for host in made:
-        await host.client.close()
-    await upstream.close()
+    return make
 
 
-async def scrape(host: Host) -> str:
-    resp = await host.client.get("/metrics")
-    assert resp.status == 200
-    return await resp.text()
+async def scrape(host: Stack) -> str:
+    return await host.scrape()
 
 
 def who(row: dict[str, str]) -> tuple[str, str, str]:
@@ -359,6 +297,7 @@ async def test_daemon_trouble_keeps_names_and_shows_in_health(
     for box in [*BOXES, LATE]:
         dockerd.fail[box.id] = 500
     dockerd.add(LATE.name, image=LATE.image)
+    assert host.docker is not None
     host.clock.now += host.docker.found_ttl + 1
     fakeproc.write_process(
         tmp_path / "proc",

@@ -8,42 +8,38 @@ Every scrape goes through :meth:`Env.scrape`, which also checks the invariants t
 every case: /metrics answers 200, promtool accepts the output, and no series names a pod that
 does not run a process on that device (:func:`check_no_wrong_pod`).
 
-Real parts, as in test_golden.py: the aiohttp app and an aiohttp upstream over loopback,
-pynvml against the fake libnvidia-ml built from C (no GPU here), the real ProcReader on a
-/proc tree on disk, and the real kubernetes client watching the API-server stand-in (no
-cluster here). :class:`SimNode` describes the node once and writes all three fakes from that
-description, so the test's idea of who runs where (the ground truth) is the fakes' too.
+Real parts, on the full stack of tests/harness.py: the aiohttp app and an aiohttp upstream
+over loopback, pynvml against the fake libnvidia-ml built from C (no GPU here), the real
+ProcReader on a /proc tree on disk, and the real kubernetes client watching the API-server
+stand-in (no cluster here). :class:`SimNode` describes the node once and writes all three
+fakes from that description, so the test's idea of who runs where (the ground truth) is the
+fakes' too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gzip
 import logging
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
-from enricher.app import Scraper, make_app
+from enricher.app import Scraper
 from enricher.kube import PodCache
 from enricher.nvml import NvmlSource
-from enricher.procfs import ProcReader
 from enricher.textformat import FamilyWriter
-from tests.scraping import PER_SCRAPE
 
 from .conftest import assert_valid_exposition
-from .kubeapi import KubeApiStandIn, make_api_client, make_pod
+from .harness import MakeStack, Stack, Upstream
+from .kubeapi import KubeApiStandIn, make_pod
 from .nvmlfake import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_FUNCTION_NOT_FOUND,
@@ -341,120 +337,44 @@ def check_no_wrong_pod(text: str, node: SimNode, blind: Iterable[Key] = ()) -> N
             assert container == "" or containers == {container}, where
 
 
-# --------------------------------------------------------------------------- upstream
-
-
-def _bomb() -> bytes:
-    cached: bytes | None = getattr(_bomb, "cached", None)
-    if cached is None:
-        # 64 MiB of zeros in about 64 KiB: the size limit applies after decompression.
-        cached = gzip.compress(b"0" * (64 << 20), compresslevel=9)
-        _bomb.cached = cached  # type: ignore[attr-defined]
-    return cached
-
-
-class FlakyUpstream:
-    """dcgm-exporter over loopback, serving the node's text, or one fault at a time."""
-
-    def __init__(self, node: SimNode) -> None:
-        self.node = node
-        self.mode = "ok"
-        self.requests = 0
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-        self._release = asyncio.Event()
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        self._release.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    async def set(self, mode: str) -> None:
-        self._release = asyncio.Event()
-        if mode == "refused":
-            await self.stop()
-        self.mode = mode
-
-    async def clear(self) -> None:
-        self._release.set()
-        if self._runner is None:
-            await self.start()  # the same port again
-        self.mode = "ok"
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests += 1
-        text = self.node.upstream_text()
-        mode = self.mode
-        if mode == "http-500":
-            return web.Response(status=500, text="internal error\n")
-        if mode == "html":
-            return web.Response(text="<html>login</html>", content_type="text/html")
-        if mode == "too-large":
-            pad = "# padding " + "x" * 100 + "\n"
-            return web.Response(text=text + pad * (2 * MAX_BYTES // len(pad)))
-        if mode == "gzip-bomb":
-            return web.Response(
-                body=_bomb(), content_type="text/plain", headers={"Content-Encoding": "gzip"}
-            )
-        if mode == "garbage":
-            junk = bytes(range(256)) * 3 + b"\n{{{\nDCGM_FI_DEV_GPU_UTIL{UUID= 1\n...\n"
-            return web.Response(body=junk + text.encode(), content_type="text/plain")
-        if mode in ("stalled", "cut"):
-            body = text.encode()
-            resp = web.StreamResponse(
-                headers={"Content-Type": "text/plain", "Content-Length": str(len(body))}
-            )
-            await resp.prepare(request)
-            await resp.write(body[: len(body) // 2])  # ends in the middle of a line
-            if mode == "cut":
-                assert request.transport is not None
-                request.transport.close()
-                return resp
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._release.wait(), 30)
-            return resp
-        return web.Response(text=text, content_type="text/plain")
-
-
 # --------------------------------------------------------------------------- the environment
 
 
 @dataclass
 class Env:
+    """The node running on the full stack (tests/harness.py), and its description."""
+
     node: SimNode
     nvml: FakeNvml
-    proc_root: Path
-    api: KubeApiStandIn
-    cache: PodCache
-    upstream: FlakyUpstream
-    scraper: Scraper
-    client: TestClient[Any, Any]
+    stack: Stack
     promtool: str
-    gpu: NvmlSource
+
+    @property
+    def api(self) -> KubeApiStandIn:
+        assert self.stack.api is not None
+        return self.stack.api
+
+    @property
+    def cache(self) -> PodCache:
+        assert self.stack.cache is not None
+        return self.stack.cache
+
+    @property
+    def upstream(self) -> Upstream:
+        assert self.stack.upstream is not None
+        return self.stack.upstream
+
+    @property
+    def scraper(self) -> Scraper:
+        return self.stack.scraper
 
     def apply(self) -> None:
         """Write the node's current state to the fake NVML and the /proc tree."""
         self.nvml.write(self.node.nvml_state())
-        self.node.write_proc(self.proc_root)
+        self.node.write_proc(self.stack.proc_root)
 
     async def scrape(self, blind: Iterable[Key] = ()) -> str:
-        resp = await self.client.get("/metrics")
-        assert resp.status == 200
-        text = await resp.text()
+        text = await self.stack.scrape()
         assert "dcgm_enricher_build_info" in text
         assert_valid_exposition(self.promtool, text)
         check_no_wrong_pod(text, self.node, blind)
@@ -479,9 +399,7 @@ MakeEnv = Callable[..., Awaitable[Env]]
 
 
 @pytest.fixture
-async def make_env(tmp_path: Path, fake_nvml: FakeNvml, promtool: str) -> AsyncIterator[MakeEnv]:
-    made: list[Env] = []
-
+def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str) -> MakeEnv:
     async def make(
         *,
         node: SimNode | None = None,
@@ -489,53 +407,23 @@ async def make_env(tmp_path: Path, fake_nvml: FakeNvml, promtool: str) -> AsyncI
         kube_down_at_start: bool = False,
     ) -> Env:
         node = node or SimNode()
-        proc_root = tmp_path / "proc"
-        fake_nvml.write(node.nvml_state())
-        node.write_proc(proc_root)
-        api = KubeApiStandIn()
-        for pod in (TRAIN, INFER, NOTEBOOK, RESERVED):
-            api.add_pod(pod.obj())
-        api.add_pod(make_pod("elsewhere", "default", node="another-node"))
-        if kube_down_at_start:
-            api.set_down(True)
-        cache = PodCache(
-            make_api_client(api.url),
-            NODE,
-            watch_timeout_seconds=5,
-            request_timeout_seconds=1.0,
-            backoff_max_seconds=0.2,
-        )
-        cache.start()
-        if not kube_down_at_start:
-            assert cache.synced.wait(10)
-        upstream = FlakyUpstream(node)
-        await upstream.start()
-        config = replace(
-            PER_SCRAPE,
-            upstream_url=upstream.url,
+        stack = await full_stack(
+            upstream=node.upstream_text,
+            nvml=node.nvml_state(),
+            proc=node.write_proc,
+            node=NODE,
+            pods=[pod.obj() for pod in (TRAIN, INFER, NOTEBOOK, RESERVED)]
+            + [make_pod("elsewhere", "default", node="another-node")],
+            kube={"request_timeout_seconds": 1.0},
+            kube_down_at_start=kube_down_at_start,
+            gpu=gpu or fake_nvml.source(retry_interval=0.0),
+            clk_tck=CLK_TCK,
             upstream_timeout=UPSTREAM_TIMEOUT,
             upstream_max_bytes=MAX_BYTES,
-            kube_node_name=NODE,
         )
-        source = gpu or fake_nvml.source(retry_interval=0.0)
-        scraper = Scraper(
-            config, gpu=source, procs=ProcReader(str(proc_root), clk_tck=CLK_TCK), pods=cache
-        )
-        client = TestClient(TestServer(make_app(scraper)))
-        await client.start_server()
-        env = Env(
-            node, fake_nvml, proc_root, api, cache, upstream, scraper, client, promtool, source
-        )
-        made.append(env)
-        return env
+        return Env(node, fake_nvml, stack, promtool)
 
-    yield make
-    for env in made:
-        await env.client.close()
-        await env.upstream.stop()
-        env.cache.stop()
-        env.api.stop()
-        env.gpu.close()
+    return make
 
 
 def _healthy(text: str) -> None:

@@ -9,26 +9,20 @@ cluster here). ``pytest --update-golden`` rewrites tests/golden/*.out.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
-from enricher.app import Scraper, make_app
 from enricher.config import Config
-from enricher.kube import PodCache
-from enricher.procfs import ProcReader
-from tests.scraping import PER_SCRAPE
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .kubeapi import KubeApiStandIn, make_api_client, make_pod
-from .nvmlfake import FakeNvml, FakeNvmlState
+from .harness import MakeStack, Stack, cid, series
+from .kubeapi import make_pod
+from .nvmlfake import FakeNvmlState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
 NODE = "gpu-node-a"
@@ -39,10 +33,6 @@ U = [
     "GPU-3d3d3d3d-3333-4333-8333-333333333333",
 ]
 STATIC_HASH = "6f1d8c2e9a7b4c3d2e1f0a9b8c7d6e5f"
-
-
-def cid(n: int) -> str:
-    return f"{n:064x}"
 
 
 @dataclass
@@ -153,99 +143,44 @@ def nvml_state() -> FakeNvmlState:
     return s
 
 
-@pytest.fixture
-def kube() -> Iterator[KubeApiStandIn]:
-    with KubeApiStandIn() as api:
-        for p in PODS:
-            api.add_pod(
-                make_pod(
-                    p.name,
-                    p.namespace,
-                    p.uid,
-                    NODE,
-                    containers=[(p.container, p.container_id, p.runtime)],
-                    owner=p.owner,
-                    labels=p.labels,
-                    annotations=p.annotations,
-                    gpu_request=p.gpu,
-                    mirror_of=p.mirror_of,
-                )
-            )
-        api.add_pod(make_pod("elsewhere", "default", node="gpu-node-b"))
-        yield api
+def pod_objects() -> list[dict[str, Any]]:
+    """The node's pods as the API server holds them, and one pod of another node."""
+    return [
+        make_pod(
+            p.name,
+            p.namespace,
+            p.uid,
+            NODE,
+            containers=[(p.container, p.container_id, p.runtime)],
+            owner=p.owner,
+            labels=p.labels,
+            annotations=p.annotations,
+            gpu_request=p.gpu,
+            mirror_of=p.mirror_of,
+        )
+        for p in PODS
+    ] + [make_pod("elsewhere", "default", node="gpu-node-b")]
 
 
 @pytest.fixture
-def pod_cache(kube: KubeApiStandIn) -> Iterator[PodCache]:
-    cache = PodCache(
-        make_api_client(kube.url),
-        NODE,
-        annotation_keys=["hub.jupyter.org/username"],
-        label_keys=["team"],
-        watch_timeout_seconds=5,
-        backoff_max_seconds=0.2,
-    )
-    cache.start()
-    assert cache.synced.wait(10)
-    yield cache
-    cache.stop()
+def node_factory(full_stack: MakeStack) -> Callable[..., Awaitable[Stack]]:
+    """This node on the full stack, with ``upstream_text`` served (None: the exporter is
+    down) and ``config`` on top of the per-scrape config."""
 
-
-async def _serve_text(text: str) -> TestServer:
-    async def metrics(_r: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    server = TestServer(app)
-    await server.start_server()
-    return server
-
-
-@dataclass
-class Node:
-    scraper: Scraper
-    client: TestClient[Any, Any]
-    upstream: TestServer | None
-
-
-@pytest.fixture
-async def node_factory(
-    tmp_path: Path, fake_nvml: FakeNvml, pod_cache: PodCache
-) -> AsyncIterator[Any]:
-    write_proc(tmp_path / "proc")
-    fake_nvml.write(nvml_state())
-    made: list[Node] = []
-
-    async def make(upstream_text: str | None, **config: Any) -> Node:
-        upstream = await _serve_text(upstream_text) if upstream_text is not None else None
-        url = (
-            f"http://127.0.0.1:{upstream.port}/metrics"
-            if upstream
-            else "http://127.0.0.1:9/metrics"
-        )  # discard port: connection refused
-        cfg = replace(
-            PER_SCRAPE,
-            upstream_url=url,
-            kube_node_name=NODE,
+    def make(upstream_text: str | None, **config: Any) -> Awaitable[Stack]:
+        return full_stack(
+            upstream=upstream_text,
+            nvml=nvml_state(),
+            proc=write_proc,
+            node=NODE,
+            pods=pod_objects(),
+            kube={"annotation_keys": ["hub.jupyter.org/username"], "label_keys": ["team"]},
             kube_pod_labels=("team",),
             upstream_timeout=2.0,
             **config,
         )
-        scraper = Scraper(
-            cfg, gpu=fake_nvml.source(), procs=ProcReader(str(tmp_path / "proc")), pods=pod_cache
-        )
-        client = TestClient(TestServer(make_app(scraper)))
-        await client.start_server()
-        n = Node(scraper, client, upstream)
-        made.append(n)
-        return n
 
-    yield make
-    for n in made:
-        await n.client.close()
-        if n.upstream is not None:
-            await n.upstream.close()
+    return make
 
 
 _VOLATILE = re.compile(
@@ -270,18 +205,7 @@ def check_golden(name: str, text: str, update: bool) -> None:
     assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
 
 
-def series(text: str, name: str) -> list[dict[str, str]]:
-    for fam in text_string_to_metric_families(text):
-        if fam.name == name or fam.name + "_total" == name:
-            return [
-                dict(s.labels) | {"__value__": repr(float(s.value))}
-                for s in fam.samples
-                if s.name == name
-            ]
-    return []
-
-
-async def scrape(node: Node) -> str:
+async def scrape(node: Stack) -> str:
     resp = await node.client.get("/metrics")
     assert resp.status == 200
     assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -439,7 +363,7 @@ async def test_identity_survives_upstream_outage(node_factory: Any) -> None:
     node = await node_factory((FIXTURES / "node.prom").read_text())
     first = series(await scrape(node), "gpu_container_memory_used_bytes")
     assert node.upstream is not None
-    await node.upstream.close()
+    await node.upstream.stop()
     second_text = await scrape(node)
     assert {s["source"]: s["__value__"] for s in series(second_text, "dcgm_enricher_source_up")}[
         "upstream"

@@ -1,0 +1,375 @@
+"""The one full-stack harness: the real Scraper and aiohttp app over every stand-in.
+
+A test asks the ``full_stack`` fixture for a node and says what is on it: the text the
+upstream serves, the fake NVML's state, the /proc tree, the pods the API server holds, and,
+when the node has them, the kubelet's PodResources answers and a Docker Engine. The fixture
+starts each stand-in, wires the real sources to it, serves the real app on loopback and
+tears it all down afterwards. The golden, fault, allocation, Docker and discovery suites
+differ in those parameters only; the plumbing is here.
+
+Stand-ins: dcgm-exporter is an aiohttp server on loopback (:class:`Upstream`, which also
+plays its failures), NVML is pynvml over the fake libnvidia-ml built from C
+(tests/nvmlfake.py), /proc is a tree on disk (enricher.fakeproc), the API server is
+tests/kubeapi.py under the real kubernetes client, the kubelet is a real gRPC server on a unix
+socket (enricher.demo.SimulatedKubelet) and the Docker Engine is tests/dockerapi.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher.app import Scraper, make_app
+from enricher.commands import make_podresources_source
+from enricher.config import Config
+from enricher.demo import SimulatedKubelet
+from enricher.docker import DockerSource
+from enricher.kube import PodCache
+from enricher.procfs import ProcReader
+
+from .dockerapi import DockerAPI
+from .kubeapi import KubeApiStandIn, make_api_client
+from .nvmlfake import FakeNvml, FakeNvmlState
+from .scraping import PER_SCRAPE
+
+# A port nothing listens on (discard): the upstream URL of a node whose exporter is down.
+REFUSED_URL = "http://127.0.0.1:9/metrics"
+
+
+def cid(n: int) -> str:
+    """A 64-hex-digit container ID made from ``n``."""
+    return f"{n:064x}"
+
+
+def series(text: str, name: str) -> list[dict[str, str]]:
+    """The samples of family ``name`` in ``text``: labels plus ``__value__`` (repr of float)."""
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name or fam.name + "_total" == name:
+            return [
+                dict(s.labels) | {"__value__": repr(float(s.value))}
+                for s in fam.samples
+                if s.name == name
+            ]
+    return []
+
+
+# --------------------------------------------------------------------------- the upstream
+
+
+def _bomb() -> bytes:
+    cached: bytes | None = getattr(_bomb, "cached", None)
+    if cached is None:
+        # 64 MiB of zeros in about 64 KiB: the size limit applies after decompression.
+        cached = gzip.compress(b"0" * (64 << 20), compresslevel=9)
+        _bomb.cached = cached  # type: ignore[attr-defined]
+    return cached
+
+
+class Upstream:
+    """dcgm-exporter over loopback: serves ``body`` (a text, or a function called on each
+    request), or plays one failure at a time (:meth:`set`: refused, stalled, http-500, cut,
+    garbage, too-large, gzip-bomb, html), until :meth:`clear`.
+
+    ``max_bytes`` sizes the "too-large" answer: twice that much padding."""
+
+    def __init__(self, body: str | Callable[[], str], *, max_bytes: int = 256 * 1024) -> None:
+        self.body = body
+        self.max_bytes = max_bytes
+        self.mode = "ok"
+        self.requests = 0
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._release = asyncio.Event()
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        self._release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    async def set(self, mode: str) -> None:
+        self._release = asyncio.Event()
+        if mode == "refused":
+            await self.stop()
+        self.mode = mode
+
+    async def clear(self) -> None:
+        self._release.set()
+        if self._runner is None:
+            await self.start()  # the same port again
+        self.mode = "ok"
+
+    def text(self) -> str:
+        return self.body() if callable(self.body) else self.body
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        text = self.text()
+        mode = self.mode
+        if mode == "http-500":
+            return web.Response(status=500, text="internal error\n")
+        if mode == "html":
+            return web.Response(text="<html>login</html>", content_type="text/html")
+        if mode == "too-large":
+            pad = "# padding " + "x" * 100 + "\n"
+            return web.Response(text=text + pad * (2 * self.max_bytes // len(pad)))
+        if mode == "gzip-bomb":
+            return web.Response(
+                body=_bomb(), content_type="text/plain", headers={"Content-Encoding": "gzip"}
+            )
+        if mode == "garbage":
+            junk = bytes(range(256)) * 3 + b"\n{{{\nDCGM_FI_DEV_GPU_UTIL{UUID= 1\n...\n"
+            return web.Response(body=junk + text.encode(), content_type="text/plain")
+        if mode in ("stalled", "cut"):
+            body = text.encode()
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/plain", "Content-Length": str(len(body))}
+            )
+            await resp.prepare(request)
+            await resp.write(body[: len(body) // 2])  # ends in the middle of a line
+            if mode == "cut":
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._release.wait(), 30)
+            return resp
+        return web.Response(text=text, content_type="text/plain")
+
+
+# --------------------------------------------------------------------------- the other stand-ins
+
+
+@contextlib.contextmanager
+def short_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp: unix socket paths are limited to 107 bytes, and pytest's
+    tmp_path can be longer."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    try:
+        yield Path(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def docker_engine(containers: Iterable[tuple[str, str, Mapping[str, str]]]) -> Iterator[DockerAPI]:
+    """The Docker Engine API stand-in on a unix socket, holding (name, image, labels)."""
+    with short_dir("dk-") as directory:
+        api = DockerAPI(str(directory / "docker.sock")).start()
+        for name, image, labels in containers:
+            api.add(name, image=image, labels=dict(labels))
+        try:
+            yield api
+        finally:
+            api.stop()
+
+
+class Clock:
+    """A settable clock (the Docker source's cache clock), so tests can age answers."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --------------------------------------------------------------------------- the node
+
+
+@dataclass
+class Stack:
+    """One running node: the real scraper and app, and the stand-ins under them."""
+
+    scraper: Scraper
+    client: TestClient[Any, Any]
+    config: Config
+    proc_root: Path
+    gpu: Any
+    upstream: Upstream | None = None
+    api: KubeApiStandIn | None = None
+    cache: PodCache | None = None
+    kubelet: SimulatedKubelet | None = None
+    docker: DockerSource | None = None
+    clock: Clock = field(default_factory=Clock)
+
+    async def scrape(self) -> str:
+        """GET /metrics: asserts a 200 and returns the body."""
+        resp = await self.client.get("/metrics")
+        assert resp.status == 200
+        return await resp.text()
+
+    async def close(self) -> None:
+        await self.client.close()
+        if self.upstream is not None:
+            await self.upstream.stop()
+        if self.cache is not None:
+            self.cache.stop()
+        if self.api is not None:
+            self.api.stop()
+        if self.scraper.podresources is not None:
+            self.scraper.podresources.close()
+        if self.kubelet is not None:
+            self.kubelet.stop(grace=None)
+        close = getattr(self.gpu, "close", None)
+        if close is not None:
+            close()
+
+
+class MakeStack(Protocol):
+    def __call__(
+        self,
+        *,
+        upstream: str | Callable[[], str] | None,
+        nvml: FakeNvmlState | None = None,
+        proc: Callable[[Path], None] | None = None,
+        node: str = "",
+        pods: Iterable[Mapping[str, Any]] | None = None,
+        kube: Mapping[str, Any] | None = None,
+        kube_down_at_start: bool = False,
+        podresources: bool = False,
+        kubelet: Callable[[Any], Any] | None = None,
+        docker_host: str | None = None,
+        gpu: Any = ...,
+        procs: Any = None,
+        clk_tck: int | None = None,
+        base: Config = PER_SCRAPE,
+        **config: Any,
+    ) -> Awaitable[Stack]: ...
+
+
+@pytest.fixture
+async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeStack]:
+    """Start a node (see :data:`MakeStack`); every node started is torn down afterwards.
+
+    ``upstream``: what the exporter serves (None: nothing listens). ``nvml``/``proc``: the
+    fake NVML state and a writer of the /proc tree (under tmp_path). ``node``/``pods``: the
+    node name and the pod objects the API server holds (None: no Kubernetes); ``kube``: the
+    pod cache's options. ``podresources``: read the kubelet's socket, where ``kubelet``
+    answers (None: no kubelet listens). ``docker_host``: Docker mode with that host ("":
+    cgroup-only). ``gpu``/``procs``: replace the NVML or procfs source. ``base`` and the
+    other keywords: the config.
+    """
+    made: list[Stack] = []
+    dirs = contextlib.ExitStack()
+
+    async def make(
+        *,
+        upstream: str | Callable[[], str] | None,
+        nvml: FakeNvmlState | None = None,
+        proc: Callable[[Path], None] | None = None,
+        node: str = "",
+        pods: Iterable[Mapping[str, Any]] | None = None,
+        kube: Mapping[str, Any] | None = None,
+        kube_down_at_start: bool = False,
+        podresources: bool = False,
+        kubelet: Callable[[Any], Any] | None = None,
+        docker_host: str | None = None,
+        gpu: Any = ...,
+        procs: Any = None,
+        clk_tck: int | None = None,
+        base: Config = PER_SCRAPE,
+        **config: Any,
+    ) -> Stack:
+        proc_root = tmp_path / "proc"
+        if nvml is not None:
+            fake_nvml.write(nvml)
+        if proc is not None:
+            proc(proc_root)
+        server = None
+        if upstream is not None:
+            server = Upstream(upstream, max_bytes=config.get("upstream_max_bytes", 256 * 1024))
+            await server.start()
+        api = cache = None
+        if pods is not None:
+            api = KubeApiStandIn()
+            for obj in pods:
+                api.add_pod(obj)
+            if kube_down_at_start:
+                api.set_down(True)
+            cache = PodCache(
+                make_api_client(api.url),
+                node,
+                **{"watch_timeout_seconds": 5, "backoff_max_seconds": 0.2, **(kube or {})},
+            )
+            cache.start()
+            if not kube_down_at_start:
+                assert cache.synced.wait(10)
+        settings: dict[str, Any] = {
+            "upstream_url": server.url if server is not None else REFUSED_URL,
+            "kube_node_name": node,
+        }
+        sim_kubelet = None
+        if podresources:
+            socket_path = dirs.enter_context(short_dir("pr-")) / "kubelet.sock"
+            settings |= {"kubelet_pod_resources_socket": str(socket_path), "kubelet_timeout": 1.0}
+            if kubelet is not None:
+                sim_kubelet = SimulatedKubelet(str(socket_path), kubelet)
+                sim_kubelet.start()
+        if docker_host is not None:
+            settings["docker_host"] = docker_host
+        cfg = replace(base, **(settings | config))
+        clock = Clock()
+        docker = None
+        if docker_host is not None:
+            assert cfg.docker_active
+            docker = DockerSource(cfg.docker_host, timeout=cfg.docker_timeout, clock=clock)
+        source = fake_nvml.source() if gpu is ... else gpu
+        reader = procs
+        if reader is None:
+            reader = ProcReader(str(proc_root), clk_tck=clk_tck)
+        scraper = Scraper(
+            cfg,
+            gpu=source,
+            procs=reader,
+            pods=cache,
+            podresources=make_podresources_source(cfg) if podresources else None,
+            docker=docker,
+        )
+        client = TestClient(TestServer(make_app(scraper)))
+        await client.start_server()
+        stack = Stack(
+            scraper,
+            client,
+            cfg,
+            proc_root,
+            source,
+            upstream=server,
+            api=api,
+            cache=cache,
+            kubelet=sim_kubelet,
+            docker=docker,
+            clock=clock,
+        )
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        await stack.close()
+    dirs.close()
