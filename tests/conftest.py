@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from .promreleases import PromRelease, releases, require
+from .tools import require_tool
 
 pytest_plugins = ["tests.nvmlfake", "tests.harness"]
 
@@ -88,6 +89,12 @@ def assert_valid_exposition(promtool: str, text: str) -> None:
     for line in out.splitlines():
         if line.startswith(("gpu_", "dcgm_enricher_")):
             assert "should be written in 'snake_case'" in line, line
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> str:
+    """kubectl (kustomize builds of the manifests): fails in CI, skips elsewhere, if missing."""
+    return require_tool("kubectl", "kustomize builds of the manifests (.ci/system-deps)")
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import gzip
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,13 @@ from .scraping import PER_SCRAPE
 
 # A port nothing listens on (discard): the upstream URL of a node whose exporter is down.
 REFUSED_URL = "http://127.0.0.1:9/metrics"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server in a subprocess)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def cid(n: int) -> str:

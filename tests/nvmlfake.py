@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import time
@@ -50,6 +49,8 @@ import pytest
 
 from enricher.model import ProcessKind
 from enricher.nvml import NvmlSource
+
+from .tools import require_tool
 
 SOURCE = Path(__file__).parent / "fakenvml" / "fake_nvml.c"
 SONAME = "libnvidia-ml.so.1"
@@ -105,9 +106,7 @@ def build_fake_nvml(out_dir: Path, defines: Sequence[str] = ()) -> Path:
     cached = _built.get(key)
     if cached is not None and cached.exists():
         return cached
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc not found: cannot build the fake libnvidia-ml.so.1")
+    gcc = require_tool("gcc", "it builds the fake libnvidia-ml.so.1 (.ci/system-deps)")
     variant = "-".join(f.removeprefix("-D").lower() for f in flags) or "default"
     target_dir = out_dir / variant
     target_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -27,6 +26,7 @@ from enricher.procfs import ProcReader
 
 from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
+from .tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,8 +82,8 @@ def test_pod_epochs_relabel_a_tenth_of_the_allocated_devices() -> None:
     assert 0 < len(changed) <= len(allocated) // 10 + 1
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the fake libnvidia-ml")
 def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
+    require_tool("gcc", "it builds the fake libnvidia-ml (.ci/system-deps)")
     out = tmp_path / "quick.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ from enricher.commands import ps, render_ps_table, resolve
 from enricher.config import Config
 
 from .conftest import ROOT
+from .harness import free_port
 from .kubeapi import KubeApiStandIn, make_pod
 from .nvmlfake import FakeNvml, FakeNvmlState
 
 POD_UID = "0c0c0c0c-1111-4222-8333-444444444444"
 CID = "ab" * 32
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(

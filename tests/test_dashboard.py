@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from .harness import free_port
 from .promreleases import PromRelease
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,13 +324,6 @@ OPTIONAL_LEGEND_LABELS = {"GPU_I_ID", "cluster"}
 DEADLINE_SECONDS = 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _get(url: str, timeout: float = 5) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         body: bytes = response.read()
@@ -500,7 +493,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -
         return (tmp / f"{name}.log").read_text(errors="replace")[-3000:]
 
     try:
-        demo_port = _free_port()
+        demo_port = free_port()
         start(
             "demo",
             [
@@ -526,7 +519,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -
             data.mkdir()
             config = _prometheus_config(f"127.0.0.1:{demo_port}", honor=prefix == "")
             (data / "prometheus.yml").write_text(yaml.safe_dump(config))
-            port = _free_port()
+            port = free_port()
             start(
                 mode,
                 [

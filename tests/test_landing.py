@@ -6,11 +6,9 @@ is no GPU here) in Debian's chromium and reads the table from the DOM the browse
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,10 +20,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import enrich
 from enricher.app import ScrapeResult
 from enricher.config import Config
-from enricher.enrich import Attribution
+from enricher.enrich import AllocatedDevice, Attribution
 from enricher.landing import (
     MIB,
     build_view,
@@ -41,6 +38,8 @@ from enricher.model import (
     ProcInfo,
     SourceStatus,
 )
+
+from .harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
@@ -215,11 +214,10 @@ def test_no_scrape_yet() -> None:
     assert "no scrape yet" in page and "no GPU seen yet" in page
 
 
-def _allocation(key: tuple[str, str], pod_name: str, resource: str = "nvidia.com/gpu") -> Any:
-    cls = getattr(enrich, "AllocatedDevice", None)
-    if cls is None or "allocations" not in {f.name for f in dataclasses.fields(ScrapeResult)}:
-        pytest.skip("this tree has no kubelet allocations (issue 4)")
-    return cls(key, "ml", pod_name, "main", resource, "GPU-x")
+def _allocation(
+    key: tuple[str, str], pod_name: str, resource: str = "nvidia.com/gpu"
+) -> AllocatedDevice:
+    return AllocatedDevice(key, "ml", pod_name, "main", resource, "GPU-x")
 
 
 def test_allocated_idle_container_is_shown() -> None:
@@ -330,15 +328,9 @@ def chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
     browser = chromium()
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "demo.log").open("wb")
     demo = subprocess.Popen(
         [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],

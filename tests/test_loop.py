@@ -24,9 +24,9 @@ from enricher.app import REWRITE_INLINE_MAX_CHARS, Scraper, make_app
 from enricher.procfs import ProcReader
 
 from .conftest import ROOT
+from .harness import free_port
 from .nvmlfake import FakeNvml, FakeNvmlState
 from .scraping import PER_SCRAPE
-from .test_cli import free_port
 
 SERIES = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="h"} '
 

@@ -35,13 +35,14 @@ import pytest
 import yaml
 
 from .promreleases import PromRelease
+from .schemas import PROMETHEUS_RULE_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 SCRAPE_CONFIG = MANIFESTS / "prometheus" / "scrape-config.yaml"
 
 KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+needs_kubectl = pytest.mark.usefixtures("kubectl")  # fails in CI, skips elsewhere
 
 Doc = dict[str, Any]
 Docs = tuple[Doc, ...]
@@ -752,14 +753,13 @@ MONITOR_SCHEMAS = {
 def schema_errors(doc: Doc, k8s_version: str) -> list[str]:
     """Schema violations of one object: Kubernetes kinds strictly, monitors by our subset."""
     if doc["kind"] == "PrometheusRule":
-        from .test_rules import PROMETHEUS_RULE_SCHEMA
-
         validator = jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA)
         return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
     if doc["kind"] in MONITOR_SCHEMAS:
         validator = jsonschema.Draft202012Validator(MONITOR_SCHEMAS[doc["kind"]])
         return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    import kubernetes_validate  # a test extra: slow to import, so only when needed
+
     try:
         kubernetes_validate.validate(doc, k8s_version, strict=True)
     except kubernetes_validate.ValidationError as e:

@@ -56,6 +56,8 @@ from enricher.podresources import (
 )
 from enricher.proto import api_pb2
 
+from .harness import short_dir
+
 G0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
 G1 = "GPU-1b1b1b1b-1111-4111-8111-111111111111"
 G2 = "GPU-2c2c2c2c-2222-4222-8222-222222222222"
@@ -551,12 +553,9 @@ def test_render_allocated_counts_replicas() -> None:
 
 
 @pytest.fixture
-def socket_path(tmp_path: Path) -> Path:
-    # Unix socket paths are limited to 107 bytes; pytest's tmp_path can come close.
-    path = tmp_path / "kubelet.sock"
-    if len(str(path)) > 100:
-        pytest.skip(f"temporary path too long for a unix socket: {path}")
-    return path
+def socket_path() -> Iterator[Path]:
+    with short_dir("pr-") as directory:
+        yield directory / "kubelet.sock"
 
 
 @pytest.fixture

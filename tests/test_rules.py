@@ -23,6 +23,8 @@ import jsonschema
 import pytest
 import yaml
 
+from .schemas import PROMETHEUS_RULE_SCHEMA
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = ROOT / "rules"
 RULES = RULES_DIR / "dcgm-enricher.rules.yaml"
@@ -248,66 +250,6 @@ def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -
     assert generate.main(["--check"]) == 0
 
 
-_DURATION = {"type": "string", "pattern": r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"}
-_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
-# The fields of monitoring.coreos.com/v1 PrometheusRule that we use, strict about unknown ones.
-PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                "namespace": {"type": "string"},
-                "labels": _STRINGS,
-                "annotations": _STRINGS,
-            },
-        },
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["groups"],
-            "properties": {
-                "groups": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["name", "rules"],
-                        "properties": {
-                            "name": {"type": "string", "minLength": 1},
-                            "interval": _DURATION,
-                            "rules": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "required": ["expr"],
-                                    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
-                                    "properties": {
-                                        "alert": {"type": "string"},
-                                        "record": {"type": "string"},
-                                        "expr": {"type": "string", "minLength": 1},
-                                        "for": _DURATION,
-                                        "labels": _STRINGS,
-                                        "annotations": _STRINGS,
-                                    },
-                                },
-                            },
-                        },
-                    },
-                }
-            },
-        },
-    },
-}
-
-
 def prometheus_rule_errors(doc: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA)
     return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
@@ -349,7 +291,7 @@ def test_promtool_accepts_the_prometheus_rule_groups(promtool: str, tmp_path: Pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+@pytest.mark.usefixtures("kubectl")  # fails in CI, skips elsewhere
 def test_monitoring_component_builds(tmp_path: Path) -> None:
     """An overlay that adds the component gets the PrometheusRule and the dashboard."""
     assert KUBECTL is not None
