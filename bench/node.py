@@ -3,7 +3,8 @@
 The GPUs and MIG instances are those of a :mod:`bench.payloads` shape, so the upstream
 payload, NVML and the pods all name the same devices. Processes are spread over the devices
 (one per device, the rest on the first devices again); each belongs to a pod that owns
-nothing else. :meth:`SimNode.churn` replaces pods the way a busy node does: the old pods go,
+nothing else (pods are :class:`enricher.demo.SimPod`, as the demo's and the tests' are).
+:meth:`SimNode.churn` replaces pods the way a busy node does: the old pods go,
 new pods with new UIDs and container IDs come, and their processes get the old PIDs back
 (PID reuse, with a later start time).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from enricher import fakeproc
+from enricher.demo import SimPod
 from tests.kubeapi import container_id, make_pod
 from tests.nvmlfake import FakeNvmlState
 
@@ -27,25 +29,18 @@ BTIME = 1_700_000_000
 GIB = 1 << 30
 
 
-@dataclass
-class SimPod:
-    name: str
-    namespace: str
-    uid: str
-    container: str
-    cid: str
-
-    def obj(self) -> dict[str, Any]:
-        return make_pod(
-            self.name,
-            self.namespace,
-            self.uid,
-            NODE,
-            containers=[(self.container, self.cid, "containerd")],
-            owner=("ReplicaSet", self.name.rsplit("-", 1)[0]),
-            labels={"pod-template-hash": self.name.rsplit("-", 2)[-2]},
-            gpu_request=True,
-        )
+def pod_object(pod: SimPod) -> dict[str, Any]:
+    """``pod`` as the API-server stand-in holds it."""
+    return make_pod(
+        pod.name,
+        pod.namespace,
+        pod.uid,
+        NODE,
+        containers=[(pod.container, pod.container_id, "containerd")],
+        owner=pod.owner,
+        labels=dict(pod.labels),
+        gpu_request=pod.gpu_request is not None,
+    )
 
 
 @dataclass
@@ -95,7 +90,16 @@ class SimNode:
         ns = NAMESPACES[i % len(NAMESPACES)]
         name = f"worker-{i:03d}-g{self.generation}-5d8f7c9b6-{i % 7}x{self.generation % 10}q"
         uid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"bench/{ns}/{name}"))
-        return SimPod(name, ns, uid, "main", container_id(f"{ns}/{name}/main"))
+        return SimPod(
+            ns,
+            name,
+            uid,
+            "main",
+            container_id(f"{ns}/{name}/main"),
+            ("ReplicaSet", name.rsplit("-", 1)[0]),
+            "nvidia.com/gpu",
+            labels=(("pod-template-hash", name.rsplit("-", 2)[-2]),),
+        )
 
     def nvml(self) -> FakeNvmlState:
         state = FakeNvmlState(driver=payloads.DRIVER)
@@ -123,13 +127,13 @@ class SimNode:
                 self.proc_root,
                 p.pid,
                 comm="python3",
-                cgroup=fakeproc.cgroup_v2_systemd(pod.uid, pod.cid),
+                cgroup=fakeproc.cgroup_v2_systemd(pod.uid, pod.container_id),
                 start_ticks=p.start_ticks,
             )
         self.nvml().write(self.nvml_state)
 
     def pod_objects(self) -> list[dict[str, Any]]:
-        return [p.obj() for p in self.pods]
+        return [pod_object(p) for p in self.pods]
 
     def churn(self, count: int) -> tuple[list[str], list[SimPod]]:
         """Replace ``count`` pods (round robin); returns (UIDs removed, pods added).

@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 
 from . import payloads
-from .node import NODE, SimNode
+from .node import NODE, SimNode, pod_object
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
@@ -687,7 +687,7 @@ def bench_memory(
                         for uid in removed:
                             kube.delete_pod(uid)
                         for pod in added:
-                            kube.add_pod(pod.obj())
+                            kube.add_pod(pod_object(pod))
                         if upstream.ask(("epoch", sim.generation)) != sim.generation:
                             raise RuntimeError("the upstream did not switch epochs")
 

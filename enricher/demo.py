@@ -50,6 +50,8 @@ EXPORTER_POD = "dcgm-exporter-demo"
 
 @dataclass(frozen=True)
 class SimPod:
+    """A pod of a simulated node: the demo's, and the nodes the tests and the bench build."""
+
     namespace: str
     name: str
     uid: str
@@ -63,6 +65,8 @@ class SimPod:
     # Device IDs the (simulated) device plugin allocated to the container, as the kubelet
     # reports them: GPU-<uuid>, GPU-<uuid>::<replica>, MIG-<uuid>.
     devices: tuple[str, ...] = ()
+    # A static pod's config hash: the API server holds its mirror, under this hash.
+    mirror_of: str = ""
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,12 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
         "labels": dict(pod.labels),
         "annotations": dict(pod.annotations),
     }
+    if pod.mirror_of:
+        meta["annotations"] |= {
+            "kubernetes.io/config.mirror": pod.mirror_of,
+            "kubernetes.io/config.hash": pod.mirror_of,
+            "kubernetes.io/config.source": "file",
+        }
     if pod.owner is not None:
         meta["ownerReferences"] = [
             {
@@ -355,11 +365,11 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
     }
 
 
-def allocations() -> list[DeviceAllocation]:
-    """The SIMULATED kubelet's allocations: every demo pod's device IDs."""
+def allocations(pods: Iterable[SimPod] = PODS) -> list[DeviceAllocation]:
+    """The SIMULATED kubelet's allocations: every pod's device IDs (the demo's by default)."""
     return [
         DeviceAllocation(p.namespace, p.name, p.container, p.gpu_request or "", device)
-        for p in PODS
+        for p in pods
         for device in p.devices
     ]
 

@@ -35,13 +35,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.app import Scraper, make_app
 from enricher.commands import make_podresources_source
 from enricher.config import Config
-from enricher.demo import SimulatedKubelet
+from enricher.demo import SimPod, SimulatedKubelet
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.procfs import ProcReader
 
 from .dockerapi import DockerAPI
-from .kubeapi import KubeApiStandIn, make_api_client
+from .kubeapi import KubeApiStandIn, make_api_client, make_pod
 from .nvmlfake import FakeNvml, FakeNvmlState
 from .scraping import PER_SCRAPE
 
@@ -71,6 +71,29 @@ def series(text: str, name: str) -> list[dict[str, str]]:
                 if s.name == name
             ]
     return []
+
+
+def api_pod(pod: SimPod, node: str) -> dict[str, Any]:
+    """``pod`` as the API-server stand-in holds it, scheduled on ``node``."""
+    runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
+    return make_pod(
+        pod.name,
+        pod.namespace,
+        pod.uid,
+        node,
+        containers=[(pod.container, pod.container_id, runtime)],
+        owner=pod.owner,
+        labels=dict(pod.labels),
+        annotations=dict(pod.annotations),
+        gpu_request=pod.gpu_request is not None,
+        gpu_resource=pod.gpu_request or "nvidia.com/gpu",
+        mirror_of=pod.mirror_of,
+    )
+
+
+def who(pod: SimPod) -> tuple[str, str, str]:
+    """(namespace, pod, container): how a series names ``pod``'s container."""
+    return (pod.namespace, pod.name, pod.container)
 
 
 # --------------------------------------------------------------------------- the upstream

@@ -20,7 +20,6 @@ import json
 import subprocess
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,13 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import fakeproc
+from enricher import demo, fakeproc
 from enricher.config import Config
-from enricher.demo import list_response
+from enricher.demo import SimPod, list_response
 from enricher.model import DeviceAllocation
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .harness import MakeStack, Stack, cid, series
-from .kubeapi import make_pod
+from .harness import MakeStack, Stack, api_pod, cid, series
 from .nvmlfake import FakeNvmlState
 from .test_golden import normalise
 
@@ -55,19 +53,8 @@ MIG_2 = "MIG-b3b3b3b3-0002-4002-8002-0000000000b2"  # GPU 3, GPU_I_ID 2 (2g.20gb
 GIB = 1 << 30
 
 
-@dataclass(frozen=True)
-class Pod:
-    namespace: str
-    name: str
-    uid: str
-    container: str
-    container_id: str
-    owner: tuple[str, str] | None
-    resource: str | None  # what it requested; None: no GPU request
-    devices: tuple[str, ...] = ()  # what the kubelet allocated to its container
-
-
-TRAIN_QUEUED = Pod(
+# This node is not the demo's (enricher.demo): allocation.out pins its own corner cases.
+TRAIN_QUEUED = SimPod(
     "ml",
     "train-queued-0",
     "a0000000-0000-4000-8000-000000000001",
@@ -75,9 +62,9 @@ TRAIN_QUEUED = Pod(
     cid(0xA1),
     ("Job", "train-queued"),
     "nvidia.com/gpu",
-    (U[0],),
+    devices=(U[0],),
 )
-CHAT_A = Pod(
+CHAT_A = SimPod(
     "inference",
     "chat-7c9d8b6f5-abcde",
     "a0000000-0000-4000-8000-000000000002",
@@ -85,9 +72,9 @@ CHAT_A = Pod(
     cid(0xA2),
     ("ReplicaSet", "chat-7c9d8b6f5"),
     "nvidia.com/gpu.shared",
-    (f"{U[1]}::0",),
+    devices=(f"{U[1]}::0",),
 )
-CHAT_B = Pod(
+CHAT_B = SimPod(
     "inference",
     "chat-7c9d8b6f5-fghij",
     "a0000000-0000-4000-8000-000000000003",
@@ -95,9 +82,9 @@ CHAT_B = Pod(
     cid(0xA3),
     ("ReplicaSet", "chat-7c9d8b6f5"),
     "nvidia.com/gpu.shared",
-    (f"{U[1]}::3",),
+    devices=(f"{U[1]}::3",),
 )
-MPS_DAEMON = Pod(
+MPS_DAEMON = SimPod(
     "nvidia-device-plugin",
     "nvidia-device-plugin-mps-control-daemon-x7k2p",
     "a0000000-0000-4000-8000-000000000004",
@@ -106,7 +93,7 @@ MPS_DAEMON = Pod(
     ("DaemonSet", "nvidia-device-plugin-mps-control-daemon"),
     None,
 )
-EMBED_A = Pod(
+EMBED_A = SimPod(
     "search",
     "embed-a-0",
     "a0000000-0000-4000-8000-000000000005",
@@ -114,9 +101,9 @@ EMBED_A = Pod(
     cid(0xA5),
     ("StatefulSet", "embed-a"),
     "nvidia.com/gpu",
-    (f"{U[2]}::0",),
+    devices=(f"{U[2]}::0",),
 )
-EMBED_B = Pod(
+EMBED_B = SimPod(
     "search",
     "embed-b-0",
     "a0000000-0000-4000-8000-000000000006",
@@ -124,9 +111,9 @@ EMBED_B = Pod(
     cid(0xA6),
     ("StatefulSet", "embed-b"),
     "nvidia.com/gpu",
-    (f"{U[2]}::1",),
+    devices=(f"{U[2]}::1",),
 )
-BERT = Pod(
+BERT = SimPod(
     "research",
     "bert-0",
     "a0000000-0000-4000-8000-000000000007",
@@ -134,9 +121,9 @@ BERT = Pod(
     cid(0xA7),
     ("StatefulSet", "bert"),
     "nvidia.com/mig-3g.40gb",
-    (MIG_1,),
+    devices=(MIG_1,),
 )
-EVAL = Pod(
+EVAL = SimPod(
     "research",
     "eval-0",
     "a0000000-0000-4000-8000-000000000008",
@@ -144,9 +131,9 @@ EVAL = Pod(
     cid(0xA8),
     ("StatefulSet", "eval"),
     "nvidia.com/mig-2g.20gb",
-    (MIG_2,),
+    devices=(MIG_2,),
 )
-JUPYTER = Pod(
+JUPYTER = SimPod(
     "jupyterhub",
     "jupyter-bob",
     "a0000000-0000-4000-8000-000000000009",
@@ -154,8 +141,9 @@ JUPYTER = Pod(
     cid(0xA9),
     None,
     None,
+    annotations=(("hub.jupyter.org/username", "bob"),),
 )
-FINISHED = Pod(
+FINISHED = SimPod(
     "ml",
     "finetune-done-0",
     "a0000000-0000-4000-8000-00000000000a",
@@ -163,7 +151,7 @@ FINISHED = Pod(
     cid(0xAA),
     ("Job", "finetune-done"),
     "nvidia.com/gpu",
-    (U[5],),
+    devices=(U[5],),
 )
 PODS = [TRAIN_QUEUED, CHAT_A, CHAT_B, MPS_DAEMON, EMBED_A, EMBED_B, BERT, EVAL, JUPYTER, FINISHED]
 
@@ -182,11 +170,7 @@ OTHER_ALLOCATIONS = [
 
 
 def allocations() -> list[DeviceAllocation]:
-    return [
-        DeviceAllocation(p.namespace, p.name, p.container, p.resource or "", d)
-        for p in PODS
-        for d in p.devices
-    ] + OTHER_ALLOCATIONS
+    return demo.allocations(PODS) + OTHER_ALLOCATIONS
 
 
 def write_proc(root: Path) -> None:
@@ -228,20 +212,7 @@ def nvml_state() -> FakeNvmlState:
 
 
 def pod_objects() -> list[dict[str, Any]]:
-    return [
-        make_pod(
-            p.name,
-            p.namespace,
-            p.uid,
-            NODE,
-            containers=[(p.container, p.container_id, "containerd")],
-            owner=p.owner,
-            annotations=({"hub.jupyter.org/username": "bob"} if p is JUPYTER else None),
-            gpu_request=p.resource is not None,
-            gpu_resource=p.resource or "nvidia.com/gpu",
-        )
-        for p in PODS
-    ]
+    return [api_pod(p, NODE) for p in PODS]
 
 
 @pytest.fixture

@@ -26,19 +26,19 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import Scraper
+from enricher.demo import SimPod
 from enricher.kube import PodCache
 from enricher.nvml import NvmlSource
 from enricher.textformat import FamilyWriter
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, Stack, Upstream
+from .harness import MakeStack, Stack, Upstream, api_pod, who
 from .kubeapi import KubeApiStandIn, make_pod
 from .nvmlfake import (
     ERROR_DRIVER_NOT_LOADED,
@@ -66,39 +66,21 @@ Key = tuple[str, str]  # (GPU UUID, GPU_I_ID or "")
 Who = tuple[str, str, str]  # (namespace, pod, container)
 
 
-@dataclass(frozen=True)
-class Pod:
-    namespace: str
-    name: str
-    uid: str
-    container: str
-    container_id: str
-
-    def obj(self) -> dict[str, Any]:
-        return make_pod(
-            self.name,
-            self.namespace,
-            self.uid,
-            NODE,
-            containers=[(self.container, self.container_id, "containerd")],
-            gpu_request=True,
-        )
-
-    @property
-    def who(self) -> Who:
-        return (self.namespace, self.name, self.container)
+def gpu_pod(namespace: str, name: str, uid: str, container: str, container_id: str) -> SimPod:
+    """A pod of this node: one container, one GPU requested."""
+    return SimPod(namespace, name, uid, container, container_id, None, "nvidia.com/gpu")
 
 
 def _cid(n: int) -> str:
     return f"{n:064x}"
 
 
-TRAIN = Pod("ml", "train-0", "aaaaaaaa-0000-4000-8000-000000000001", "trainer", _cid(0x1))
-INFER = Pod("serving", "infer-0", "bbbbbbbb-0000-4000-8000-000000000002", "server", _cid(0x2))
-NOTEBOOK = Pod(
+TRAIN = gpu_pod("ml", "train-0", "aaaaaaaa-0000-4000-8000-000000000001", "trainer", _cid(0x1))
+INFER = gpu_pod("serving", "infer-0", "bbbbbbbb-0000-4000-8000-000000000002", "server", _cid(0x2))
+NOTEBOOK = gpu_pod(
     "jupyterhub", "jupyter-bob", "cccccccc-0000-4000-8000-000000000003", "notebook", _cid(0x3)
 )
-RESERVED = Pod("ml", "reserved-0", "dddddddd-0000-4000-8000-000000000004", "idle", _cid(0x4))
+RESERVED = gpu_pod("ml", "reserved-0", "dddddddd-0000-4000-8000-000000000004", "idle", _cid(0x4))
 
 
 @dataclass
@@ -108,7 +90,7 @@ class Proc:
 
     pid: int
     gpu: int
-    owner: Pod | None
+    owner: SimPod | None
     memory: int = GIB
     gi: int | None = None
     start_ticks: int = OLD_TICKS
@@ -138,7 +120,7 @@ class SimNode:
     # gpu -> GPU instance ids (with profile) when MIG is on
     mig: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     # what dcgm-exporter's PodResources mapping says for each whole GPU
-    alloc: dict[int, Pod] = field(default_factory=lambda: {0: TRAIN, 1: INFER, 2: RESERVED})
+    alloc: dict[int, SimPod] = field(default_factory=lambda: {0: TRAIN, 1: INFER, 2: RESERVED})
     util_fails: bool = False
     extra_fails: list[tuple[str, int, int | None]] = field(default_factory=list)
     init_fails: bool = False
@@ -240,7 +222,7 @@ class SimNode:
             uuid = UUIDS[p.gpu]
             keys = [(uuid, "")] + ([(uuid, str(p.gi))] if p.gi is not None else [])
             for key in keys:
-                out.setdefault(key, set()).add(p.owner.who if p.owner else ("", "", ""))
+                out.setdefault(key, set()).add(who(p.owner) if p.owner else ("", "", ""))
         return out
 
     def upstream_owner(self, key: Key) -> Who:
@@ -248,7 +230,7 @@ class SimNode:
         pod = self.alloc.get(gpu)
         if pod is None or key[1]:
             return ("", "", "")
-        return pod.who
+        return who(pod)
 
 
 # --------------------------------------------------------------------------- reading output
@@ -412,7 +394,7 @@ def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str) -> MakeE
             nvml=node.nvml_state(),
             proc=node.write_proc,
             node=NODE,
-            pods=[pod.obj() for pod in (TRAIN, INFER, NOTEBOOK, RESERVED)]
+            pods=[api_pod(p, NODE) for p in (TRAIN, INFER, NOTEBOOK, RESERVED)]
             + [make_pod("elsewhere", "default", node="another-node")],
             kube={"request_timeout_seconds": 1.0},
             kube_down_at_start=kube_down_at_start,
@@ -448,7 +430,7 @@ async def test_upstream_fault(make_env: MakeEnv, fault: str) -> None:
     _healthy(before)
     errors = by_source(before, "dcgm_enricher_source_errors_total")["upstream"]
     enriched = named(before, "DCGM_FI_DEV_GPU_UTIL")
-    assert enriched[(UUIDS[0], "")] == {TRAIN.who}
+    assert enriched[(UUIDS[0], "")] == {who(TRAIN)}
     assert enriched[(UUIDS[1], "")] == {("", "", "")}  # two pods share GPU 1
 
     await env.upstream.set(fault)
@@ -457,8 +439,8 @@ async def test_upstream_fault(make_env: MakeEnv, fault: str) -> None:
     assert (up["nvml"], up["procfs"], up["kubernetes"]) == (1, 1, 1)
     # Our own families do not depend on the upstream; they keep its device labels.
     mem = named(text, "gpu_container_memory_used_bytes")
-    assert mem[(UUIDS[0], "")] == {TRAIN.who}
-    assert mem[(UUIDS[1], "")] == {INFER.who, NOTEBOOK.who}
+    assert mem[(UUIDS[0], "")] == {who(TRAIN)}
+    assert mem[(UUIDS[1], "")] == {who(INFER), who(NOTEBOOK)}
     assert value(text, "gpu_container_memory_used_bytes", pod="train-0", modelName=MODEL)
     if fault == "garbage":
         # The junk is dropped line by line; the valid lines still pass.
@@ -499,13 +481,13 @@ async def test_nvml_library_missing_then_installed(
     assert value(text, "dcgm_enricher_gpu_processes", state="attributed") == 0
     assert "gpu_container_memory_used_bytes{" not in text
     # Without NVML the device series keep dcgm-exporter's own labels.
-    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")] == {INFER.who}
+    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")] == {who(INFER)}
 
     lib.parent.mkdir()
     lib.symlink_to(fake_nvml.library)
     after = await env.scrape()
     _healthy(after)
-    assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
 
 
 async def test_nvml_init_failing_waits_for_the_retry_interval(
@@ -531,8 +513,8 @@ async def test_nvml_init_failing_waits_for_the_retry_interval(
     after = await env.scrape()
     _healthy(after)
     assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {
-        INFER.who,
-        NOTEBOOK.who,
+        who(INFER),
+        who(NOTEBOOK),
     }
 
 
@@ -554,17 +536,17 @@ async def test_gpu_lost_mid_scrape(make_env: MakeEnv, symbol: str) -> None:
     up = by_source(text, "dcgm_enricher_source_up")
     assert (up["nvml"], up["upstream"]) == (0, 1)
     mem = named(text, "gpu_container_memory_used_bytes")
-    assert mem == {(UUIDS[0], ""): {TRAIN.who}}  # the other GPUs are still read
+    assert mem == {(UUIDS[0], ""): {who(TRAIN)}}  # the other GPUs are still read
     assert set(pod_infos(text)) == {("ml", "train-0")}
-    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}
 
     env.node.extra_fails = []
     env.apply()
     after = await env.scrape()
     _healthy(after)
     assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {
-        INFER.who,
-        NOTEBOOK.who,
+        who(INFER),
+        who(NOTEBOOK),
     }
 
 
@@ -587,8 +569,8 @@ async def test_old_driver_missing_functions(make_env: MakeEnv, missing: tuple[st
     text = await env.scrape()
     _healthy(text)  # an older driver is not an error
     assert named(text, "gpu_container_memory_used_bytes") == {
-        (UUIDS[0], ""): {TRAIN.who},
-        (UUIDS[1], ""): {INFER.who, NOTEBOOK.who},
+        (UUIDS[0], ""): {who(TRAIN)},
+        (UUIDS[1], ""): {who(INFER), who(NOTEBOOK)},
     }
     assert value(text, "gpu_container_memory_used_bytes", pod="train-0") == 8 * GIB
     assert "gpu_container_utilization_ratio{" not in text  # no data: absent, not 0
@@ -607,7 +589,7 @@ async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
     env = await make_env(node=node)
     text = await env.scrape()
     _healthy(text)
-    assert named(text, "DCGM_FI_DEV_FB_USED")[(UUIDS[2], "")] == {NOTEBOOK.who}
+    assert named(text, "DCGM_FI_DEV_FB_USED")[(UUIDS[2], "")] == {who(NOTEBOOK)}
 
     # GPU 2 is reconfigured into MIG instances: the notebook is gone, two new users.
     node.mig = {2: [(1, "3g.40gb"), (2, "1g.10gb")]}
@@ -617,10 +599,10 @@ async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
     text = await env.scrape()
     _healthy(text)
     fb = named(text, "DCGM_FI_DEV_FB_USED")
-    assert fb[(UUIDS[2], "1")] == {INFER.who}
+    assert fb[(UUIDS[2], "1")] == {who(INFER)}
     assert fb[(UUIDS[2], "2")] == {("", "", "")}  # a host process: nobody is named
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {("", "", "")}
-    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[2], "1")] == {INFER.who}
+    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[2], "1")] == {who(INFER)}
     assert reasons(text)[((UUIDS[2], "2"), "host_process")] == GIB
     assert "jupyter-bob" not in {w[1] for w in named(text, "DCGM_FI_DEV_FB_USED")[(UUIDS[2], "1")]}
 
@@ -630,7 +612,7 @@ async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
     env.apply()
     text = await env.scrape()
     _healthy(text)
-    assert named(text, "DCGM_FI_DEV_FB_USED")[(UUIDS[2], "")] == {NOTEBOOK.who}
+    assert named(text, "DCGM_FI_DEV_FB_USED")[(UUIDS[2], "")] == {who(NOTEBOOK)}
     assert (UUIDS[2], "1") not in named(text, "gpu_container_memory_used_bytes")
 
 
@@ -653,7 +635,7 @@ async def test_process_exits_between_listing_and_cgroup_read(make_env: MakeEnv, 
     text = await env.scrape()
     _healthy(text)  # a process that exits is normal, not a procfs error
     assert reasons(text) == {((UUIDS[1], ""), "process_exited"): GIB}
-    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}
     assert value(text, "dcgm_enricher_gpu_processes", state="unattributed") == 1
 
     # NVML stops listing it on the next read.
@@ -668,8 +650,8 @@ async def test_pid_reused_by_another_container(make_env: MakeEnv) -> None:
     env = await make_env()
     text = await env.scrape()  # PID 201 read (and its cgroup cached) as the inference pod's
     assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {
-        INFER.who,
-        NOTEBOOK.who,
+        who(INFER),
+        who(NOTEBOOK),
     }
     # 201 exits after NVML listed it; the PID goes to a new process of the training pod,
     # which starts an hour "later" than the listing.
@@ -680,7 +662,7 @@ async def test_pid_reused_by_another_container(make_env: MakeEnv) -> None:
     text = await env.scrape()
     _healthy(text)
     assert reasons(text) == {((UUIDS[1], ""), "pid_reused"): 4 * GIB}
-    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {NOTEBOOK.who}
+    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {who(NOTEBOOK)}
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")] == {("", "", "")}
 
     # The new process (started before this listing) really uses GPU 1: it is the trainer's.
@@ -691,8 +673,8 @@ async def test_pid_reused_by_another_container(make_env: MakeEnv) -> None:
     _healthy(after)
     assert reasons(after) == {}
     assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {
-        TRAIN.who,
-        NOTEBOOK.who,
+        who(TRAIN),
+        who(NOTEBOOK),
     }
 
 
@@ -708,7 +690,7 @@ async def test_unreadable_proc_files(make_env: MakeEnv, proc: str) -> None:
     assert by_source(text, "dcgm_enricher_source_errors_total")["procfs"] == errors + 1
     assert reasons(text) == {((UUIDS[0], ""), "proc_unreadable"): GIB}
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {("", "", "")}
-    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
 
     env.node.proc(204).proc = "ok"
     env.apply()
@@ -716,8 +698,8 @@ async def test_unreadable_proc_files(make_env: MakeEnv, proc: str) -> None:
     _healthy(after)
     assert reasons(after) == {}
     assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {
-        TRAIN.who,
-        INFER.who,
+        who(TRAIN),
+        who(INFER),
     }
 
 
@@ -750,13 +732,13 @@ async def test_unexpected_cgroup_files(make_env: MakeEnv, cgroup: str, reason: s
     _healthy(text)  # a file we do not understand is reported per process, not as an outage
     assert reasons(text) == {((UUIDS[0], ""), reason): GIB}
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {("", "", "")}
-    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
 
     env.node.procs = [p for p in env.node.procs if p.pid != 205]
     env.apply()
     after = await env.scrape()
     assert reasons(after) == {}
-    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}
 
 
 # --------------------------------------------------------------------------- Kubernetes faults
@@ -788,7 +770,7 @@ async def test_kubernetes_down_at_start(make_env: MakeEnv) -> None:
     await env.wait_index(lambda: env.has_pod(TRAIN.uid), "the first list")
     after = await env.scrape()
     _healthy(after)
-    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}
 
 
 async def test_watch_dropped_resumes_without_relisting(make_env: MakeEnv) -> None:
@@ -800,14 +782,14 @@ async def test_watch_dropped_resumes_without_relisting(make_env: MakeEnv) -> Non
     text = await env.scrape()  # served from the last good cache
     assert named(text, "DCGM_FI_DEV_GPU_UTIL") == named(before, "DCGM_FI_DEV_GPU_UTIL")
 
-    new = Pod("ml", "train-1", "aaaaaaaa-0000-4000-8000-000000000011", "trainer", _cid(0x11))
-    env.api.add_pod(new.obj())
+    new = gpu_pod("ml", "train-1", "aaaaaaaa-0000-4000-8000-000000000011", "trainer", _cid(0x11))
+    env.api.add_pod(api_pod(new, NODE))
     env.node.procs.append(Proc(501, 2, new, memory=GIB))
     env.apply()
     await env.wait_index(lambda: env.has_container(new.container_id), "the new pod")
     after = await env.scrape()
     _healthy(after)
-    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {new.who}
+    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {who(new)}
     assert env.api.list_requests == lists  # resumed from its resourceVersion
 
 
@@ -816,8 +798,10 @@ async def test_410_gone_relists(make_env: MakeEnv) -> None:
     _healthy(await env.scrape())
     lists = env.api.list_requests
     env.api.set_down(True)  # a restart: watches cut, requests fail
-    new = Pod("serving", "infer-1", "bbbbbbbb-0000-4000-8000-000000000012", "server", _cid(0x12))
-    env.api.add_pod(new.obj())
+    new = gpu_pod(
+        "serving", "infer-1", "bbbbbbbb-0000-4000-8000-000000000012", "server", _cid(0x12)
+    )
+    env.api.add_pod(api_pod(new, NODE))
     env.api.compact()  # and the history the client would resume from is gone
     env.node.procs.append(Proc(502, 2, new, memory=GIB))
     env.apply()
@@ -826,7 +810,7 @@ async def test_410_gone_relists(make_env: MakeEnv) -> None:
     up = by_source(text, "dcgm_enricher_source_up")
     assert (up["kubernetes"], up["nvml"]) == (0, 1)
     assert reasons(text) == {((UUIDS[2], ""), "pod_not_found"): GIB}
-    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}  # last good cache
+    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}  # last good cache
 
     env.api.set_down(False)
     await env.wait_index(lambda: env.has_pod(new.uid), "the relist")
@@ -834,7 +818,7 @@ async def test_410_gone_relists(make_env: MakeEnv) -> None:
     assert env.api.list_requests > lists
     after = await env.scrape()
     _healthy(after)
-    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {new.who}
+    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {who(new)}
 
 
 async def test_slow_api_never_blocks_a_scrape(make_env: MakeEnv) -> None:
@@ -842,14 +826,14 @@ async def test_slow_api_never_blocks_a_scrape(make_env: MakeEnv) -> None:
     before = await env.scrape()
     env.api.set_delay(30.0)  # far over the client's 1 s request timeout
     env.api.drop_watches()
-    new = Pod("ml", "train-2", "aaaaaaaa-0000-4000-8000-000000000013", "trainer", _cid(0x13))
-    env.api.add_pod(new.obj())
+    new = gpu_pod("ml", "train-2", "aaaaaaaa-0000-4000-8000-000000000013", "trainer", _cid(0x13))
+    env.api.add_pod(api_pod(new, NODE))
     env.node.procs.append(Proc(503, 2, new, memory=GIB))
     env.apply()
     # The scrape reads the cache only. The guard is a hang guard, not a speed goal: far above
     # what a scrape takes, half of what waiting for the API would.
     text = await asyncio.wait_for(env.scrape(), 15.0)
-    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}
     assert (
         named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")]
         == named(before, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")]
@@ -860,7 +844,7 @@ async def test_slow_api_never_blocks_a_scrape(make_env: MakeEnv) -> None:
     await env.wait_index(lambda: env.has_container(new.container_id), "the new pod")
     after = await env.scrape()
     _healthy(after)
-    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {new.who}
+    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[2], "")] == {who(new)}
 
 
 async def test_pod_deleted_while_its_process_runs(make_env: MakeEnv) -> None:
@@ -871,13 +855,13 @@ async def test_pod_deleted_while_its_process_runs(make_env: MakeEnv) -> None:
     text = await env.scrape()
     _healthy(text)
     assert reasons(text) == {((UUIDS[1], ""), "pod_not_found"): 4 * GIB}
-    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {NOTEBOOK.who}
+    assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[1], "")] == {who(NOTEBOOK)}
     assert ("serving", "infer-0") not in pod_infos(text)
 
     # The StatefulSet recreates infer-0 (new UID) while the old process still runs: the old
     # process must not be given to the new pod of the same name.
     again = replace(INFER, uid="bbbbbbbb-0000-4000-8000-0000000000ff", container_id=_cid(0xFF))
-    env.api.add_pod(again.obj())
+    env.api.add_pod(api_pod(again, NODE))
     await env.wait_index(lambda: env.has_pod(again.uid), "the new pod")
     text = await env.scrape()
     assert reasons(text) == {((UUIDS[1], ""), "pod_not_found"): 4 * GIB}
@@ -907,13 +891,13 @@ async def test_container_restarted_with_a_new_id(make_env: MakeEnv) -> None:
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {("ml", "train-0", "")}
     assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {("ml", "train-0", "")}
 
-    env.api.update_pod(restarted.obj())
+    env.api.update_pod(api_pod(restarted, NODE))
     await env.wait_index(lambda: env.has_container(restarted.container_id), "the new status")
     assert not env.has_container(TRAIN.container_id)
     after = await env.scrape()
     _healthy(after)
-    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {TRAIN.who}
-    assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {TRAIN.who}
+    assert named(after, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {who(TRAIN)}
+    assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
 
 
 # --------------------------------------------------------------------------- the log
@@ -977,7 +961,7 @@ async def test_procfs_failure_warns_again_after_a_recovery(
 # --------------------------------------------------------------------------- the invariant
 
 
-def _line(name: str, uuid: str, pod: Pod | None, gi: str = "", **extra: str) -> str:
+def _line(name: str, uuid: str, pod: SimPod | None, gi: str = "", **extra: str) -> str:
     labels = [("UUID", uuid)] + ([("GPU_I_ID", gi)] if gi else [])
     if pod is not None:
         labels += [("namespace", pod.namespace), ("pod", pod.name), ("container", pod.container)]

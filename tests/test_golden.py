@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ import pytest
 
 from enricher import fakeproc
 from enricher.config import Config
+from enricher.demo import SimPod
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .harness import MakeStack, Stack, cid, series
+from .harness import MakeStack, Stack, api_pod, cid, series
 from .kubeapi import make_pod
 from .nvmlfake import FakeNvmlState
 
@@ -35,68 +35,59 @@ U = [
 STATIC_HASH = "6f1d8c2e9a7b4c3d2e1f0a9b8c7d6e5f"
 
 
-@dataclass
-class PodSpec:
-    name: str
-    namespace: str
-    uid: str
-    container: str
-    container_id: str
-    owner: tuple[str, str] | None = None
-    gpu: bool = True
-    annotations: dict[str, str] | None = None
-    labels: dict[str, str] | None = None
-    runtime: str = "containerd"
-    mirror_of: str = ""
-
-
-JUPYTER = PodSpec(
-    "jupyter-alice",
+# This node is not the demo's (enricher.demo): its golden files pin its own corner cases.
+GPU = "nvidia.com/gpu"
+JUPYTER = SimPod(
     "jupyterhub",
+    "jupyter-alice",
     "11111111-aaaa-4aaa-8aaa-000000000001",
     "notebook",
     cid(0x1),
     None,
-    gpu=False,
-    annotations={"hub.jupyter.org/username": 'alice "the admin"@example.com'},
-    labels={
-        "hub.jupyter.org/username": "alice-20-22the-20admin-22-40example-2ecom",
-        "team": "data",
-    },
+    None,
+    annotations=(("hub.jupyter.org/username", 'alice "the admin"@example.com'),),
+    labels=(
+        ("hub.jupyter.org/username", "alice-20-22the-20admin-22-40example-2ecom"),
+        ("team", "data"),
+    ),
 )
-VLLM = PodSpec(
-    "vllm-6b7c9d-abcde",
+VLLM = SimPod(
     "inference",
+    "vllm-6b7c9d-abcde",
     "22222222-bbbb-4bbb-8bbb-000000000002",
     "vllm",
     cid(0x2),
     ("ReplicaSet", "vllm-6b7c9d"),
-    labels={"pod-template-hash": "6b7c9d"},
-    runtime="cri-o",
+    GPU,
+    labels=(("pod-template-hash", "6b7c9d"),),
+    cgroup_style="crio",
 )
-TRITON = PodSpec(
-    "triton-0",
+TRITON = SimPod(
     "inference",
+    "triton-0",
     "33333333-cccc-4ccc-8ccc-000000000003",
     "triton",
     cid(0x3),
     ("StatefulSet", "triton"),
+    GPU,
 )
-BERT = PodSpec(
-    "bert-0",
+BERT = SimPod(
     "research",
+    "bert-0",
     "44444444-dddd-4ddd-8ddd-000000000004",
     "trainer",
     cid(0x4),
     ("Job", "bert-finetune"),
+    GPU,
 )
-STATIC = PodSpec(
-    f"gpu-probe-{NODE}",
+STATIC = SimPod(
     "kube-system",
+    f"gpu-probe-{NODE}",
     "55555555-eeee-4eee-8eee-000000000005",
     "probe",
     cid(0x5),
     None,
+    GPU,
     mirror_of=STATIC_HASH,
 )
 PODS = [JUPYTER, VLLM, TRITON, BERT, STATIC]
@@ -145,21 +136,7 @@ def nvml_state() -> FakeNvmlState:
 
 def pod_objects() -> list[dict[str, Any]]:
     """The node's pods as the API server holds them, and one pod of another node."""
-    return [
-        make_pod(
-            p.name,
-            p.namespace,
-            p.uid,
-            NODE,
-            containers=[(p.container, p.container_id, p.runtime)],
-            owner=p.owner,
-            labels=p.labels,
-            annotations=p.annotations,
-            gpu_request=p.gpu,
-            mirror_of=p.mirror_of,
-        )
-        for p in PODS
-    ] + [make_pod("elsewhere", "default", node="gpu-node-b")]
+    return [api_pod(p, NODE) for p in PODS] + [make_pod("elsewhere", "default", node="gpu-node-b")]
 
 
 @pytest.fixture
