@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import re
 import shutil
 import socket
 import tempfile
@@ -40,6 +41,7 @@ from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.procfs import ProcReader
 
+from .conftest import GOLDEN
 from .dockerapi import DockerAPI
 from .kubeapi import KubeApiStandIn, make_api_client, make_pod
 from .nvmlfake import FakeNvml, FakeNvmlState
@@ -94,6 +96,30 @@ def api_pod(pod: SimPod, node: str) -> dict[str, Any]:
 def who(pod: SimPod) -> tuple[str, str, str]:
     """(namespace, pod, container): how a series names ``pod``'s container."""
     return (pod.namespace, pod.name, pod.container)
+
+
+# --------------------------------------------------------------------------- golden files
+
+_VOLATILE = re.compile(
+    r"^((?:dcgm_enricher_source_duration_seconds|dcgm_enricher_scrape_duration_seconds|"
+    r"dcgm_enricher_kubernetes_last_sync_timestamp_seconds)(?:\{[^}]*\})?) \S+$",
+    re.MULTILINE,
+)
+
+
+def normalise(text: str) -> str:
+    """Timings change every run: their values become <volatile>, their presence stays."""
+    return _VOLATILE.sub(r"\1 <volatile>", text)
+
+
+def check_golden(name: str, text: str, update: bool) -> None:
+    path = GOLDEN / f"{name}.out"
+    got = normalise(text)
+    if update or not path.exists():
+        path.write_text(got)
+        if not update:
+            pytest.fail(f"{path} did not exist; written. Review it and run again.")
+    assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
 
 
 # --------------------------------------------------------------------------- the upstream

@@ -33,9 +33,8 @@ from enricher.demo import SimPod, list_response
 from enricher.model import DeviceAllocation
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .harness import MakeStack, Stack, api_pod, cid, series
+from .harness import MakeStack, Stack, api_pod, cid, normalise, series
 from .nvmlfake import FakeNvmlState
-from .test_golden import normalise
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "allocation.prom"
 NODE = "gpu-node-c"

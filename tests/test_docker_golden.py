@@ -40,9 +40,8 @@ from enricher.procfs import ProcReader
 
 from .conftest import ROOT, assert_valid_exposition
 from .dockerapi import DockerAPI, compose_labels, container_id
-from .harness import MakeStack, Stack, docker_engine, series
+from .harness import MakeStack, Stack, check_golden, docker_engine, series
 from .nvmlfake import FakeNvml, FakeNvmlState
-from .test_golden import check_golden
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "docker-host.prom"
 HOST = "lab-box"

@@ -8,7 +8,6 @@ cluster here). ``pytest --update-golden`` rewrites tests/golden/*.out.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ from enricher import fakeproc
 from enricher.config import Config
 from enricher.demo import SimPod
 
-from .conftest import GOLDEN, assert_valid_exposition
-from .harness import MakeStack, Stack, api_pod, cid, series
+from .conftest import assert_valid_exposition
+from .harness import MakeStack, Stack, api_pod, check_golden, cid, series
 from .kubeapi import make_pod
 from .nvmlfake import FakeNvmlState
 
@@ -158,28 +157,6 @@ def node_factory(full_stack: MakeStack) -> Callable[..., Awaitable[Stack]]:
         )
 
     return make
-
-
-_VOLATILE = re.compile(
-    r"^((?:dcgm_enricher_source_duration_seconds|dcgm_enricher_scrape_duration_seconds|"
-    r"dcgm_enricher_kubernetes_last_sync_timestamp_seconds)(?:\{[^}]*\})?) \S+$",
-    re.MULTILINE,
-)
-
-
-def normalise(text: str) -> str:
-    """Timings change every run: their values become <volatile>, their presence stays."""
-    return _VOLATILE.sub(r"\1 <volatile>", text)
-
-
-def check_golden(name: str, text: str, update: bool) -> None:
-    path = GOLDEN / f"{name}.out"
-    got = normalise(text)
-    if update or not path.exists():
-        path.write_text(got)
-        if not update:
-            pytest.fail(f"{path} did not exist; written. Review it and run again.")
-    assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
 
 
 async def scrape(node: Stack) -> str:
