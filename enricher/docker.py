@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from .episodes import EpisodeLog
-from .exposition import FamilyWriter
+from .promclient import MetricWriter
 
 __all__ = [
     "CONTAINER_INFO",
@@ -209,7 +209,7 @@ def render_container_info(containers: Iterable[DockerContainer]) -> str:
     ``honor_labels: true`` no target label lands on them.
     """
     by_id = {c.id: c for c in containers}
-    w = FamilyWriter()
+    w = MetricWriter()
     w.family(
         CONTAINER_INFO,
         "Docker containers with a process on a GPU of this host, for group_left joins; always 1.",

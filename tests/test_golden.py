@@ -255,9 +255,21 @@ _VOLATILE = re.compile(
 )
 
 
+# prometheus_client's families about the enricher's own process and interpreter: CPU, memory,
+# file descriptors, garbage collections, and python_info's version labels.
+_RUNTIME = re.compile(r"^((?:process|python)_\w+)(\{[^}]*\})? \S+$", re.MULTILINE)
+
+
+def _runtime(m: re.Match[str]) -> str:
+    if m.group(1) == "python_info":
+        return "python_info{<volatile>} <volatile>"
+    return f"{m.group(1)}{m.group(2) or ''} <volatile>"
+
+
 def normalise(text: str) -> str:
-    """Timings change every run: their values become <volatile>, their presence stays."""
-    return _VOLATILE.sub(r"\1 <volatile>", text)
+    """Timings and the process's own figures change every run: their values become
+    <volatile>, their presence stays."""
+    return _RUNTIME.sub(_runtime, _VOLATILE.sub(r"\1 <volatile>", text))
 
 
 def check_golden(name: str, text: str, update: bool) -> None:
@@ -308,8 +320,8 @@ async def test_node_golden_in_the_default_following_mode(
     check_golden("node", await scrape(node), update=False)  # waits for the first poll
     prepared = await scrape(node)  # served from what the follower prepared
     counter = "\ndcgm_enricher_scrapes_total "
-    assert counter + "2\n" in prepared
-    check_golden("node", prepared.replace(counter + "2\n", counter + "1\n"), update=False)
+    assert counter + "2.0\n" in prepared
+    check_golden("node", prepared.replace(counter + "2.0\n", counter + "1.0\n"), update=False)
 
 
 async def test_node_attribution(node_factory: Any) -> None:
