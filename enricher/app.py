@@ -25,8 +25,8 @@ from .enrich import (
     fallback_identity,
     plan_devices,
     render_families,
-    render_self_metrics,
     resolve_allocations,
+    self_metrics,
 )
 from .episodes import EpisodeLog
 from .labels import DeviceKey, RewritePlan
@@ -40,6 +40,7 @@ from .model import (
     SourceStatus,
 )
 from .podresources import ListResult
+from .promclient import OWN_PROCFS, LatestMetrics, make_registry, render_registry
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
 from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
@@ -151,9 +152,12 @@ class Scraper:
         podresources: AllocationSource | None = None,
         docker: ContainerSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        own_procfs: str = OWN_PROCFS,
     ) -> None:
         """``docker``: name containers outside pods after Docker containers (Docker mode, for
-        hosts without Kubernetes); None reports the docker source disabled."""
+        hosts without Kubernetes); None reports the docker source disabled. ``own_procfs``:
+        the /proc whose ``self`` the process_* families describe (the enricher's own /proc,
+        not --path.procfs)."""
         self.config = config
         self.gpu = gpu
         self.procs = procs
@@ -161,6 +165,9 @@ class Scraper:
         self.podresources = podresources
         self.docker = docker
         self._clock = clock
+        # The enricher's self-metrics, process_* and python_*: a registry per Scraper.
+        self._latest = LatestMetrics()
+        self.registry = make_registry(self._latest, own_procfs)
         self._rewriter = Rewriter()
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
         self._inflight: asyncio.Future[ScrapeResult] | None = None
@@ -600,11 +607,10 @@ class Scraper:
                 "gauge",
                 node.unmapped + node.listed.skipped,
             )
-        parts.append(
-            render_self_metrics(
-                statuses, node.attributions, version=__version__, extra=extra
-            ).encode("utf-8")
+        self._latest.current = self_metrics(
+            statuses, node.attributions, version=__version__, extra=extra
         )
+        parts.append(render_registry(self.registry))
         body = b"".join(parts)
         self._last_duration = self._clock() - started
         return ScrapeResult(

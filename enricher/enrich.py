@@ -32,7 +32,8 @@ from .model import (
     parse_device_id,
 )
 from .procfs import container_chain
-from .textformat import MAX_LABEL_VALUE_LENGTH, FamilyWriter
+from .promclient import RUNTIME_PREFIXES, MetricWriter
+from .textformat import MAX_LABEL_VALUE_LENGTH
 
 # Why a GPU process was not attributed to a pod: the `reason` label of
 # gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
@@ -51,6 +52,9 @@ REASON_MPS_SERVER = "mps_server"
 MPS_DAEMON_COMM_PREFIX = "nvidia-cuda-mps"
 
 _LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
+# The families the enricher writes, prometheus_client's process_* and python_* among them: an
+# upstream family of such a name is dropped, so no family is written twice.
+_RESERVED_PREFIXES = (*RewritePlan().reserved_prefixes, *RUNTIME_PREFIXES)
 _NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
 
 
@@ -320,7 +324,10 @@ def plan_devices(
         if key not in owners:
             owners[key] = _owner_of(who_set, uids)
     return RewritePlan(
-        owners=owners, pod_labels=pod_labels, upstream_pod_labels=upstream_pod_labels
+        owners=owners,
+        pod_labels=pod_labels,
+        upstream_pod_labels=upstream_pod_labels,
+        reserved_prefixes=_RESERVED_PREFIXES,
     )
 
 
@@ -387,7 +394,7 @@ def render_families(
 ) -> str:
     """Render the per-container, per-process, unattributed, allocation and pod-info families,
     and in Docker mode gpu_container_info."""
-    w = FamilyWriter()
+    w = MetricWriter()
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
     w.family(
         UTIL,
@@ -515,7 +522,7 @@ def render_container_info(containers: Iterable[DockerContainer]) -> str:
     ``honor_labels: true`` no target label lands on them.
     """
     by_id = {c.id: c for c in containers}
-    w = FamilyWriter()
+    w = MetricWriter()
     w.family(
         CONTAINER_INFO,
         "Docker containers with a process on a GPU of this host, for group_left joins; always 1.",
@@ -562,7 +569,18 @@ def render_self_metrics(
 
     ``extra`` maps a metric name to (help, type, value) for single-value gauges and counters.
     """
-    w = FamilyWriter()
+    return self_metrics(statuses, attributions, version=version, extra=extra).render()
+
+
+def self_metrics(
+    statuses: Sequence[SourceStatus],
+    attributions: Sequence[Attribution],
+    *,
+    version: str,
+    extra: Mapping[str, tuple[str, str, float]] | None = None,
+) -> MetricWriter:
+    """The dcgm_enricher_* families of ``render_self_metrics``, for a registry."""
+    w = MetricWriter()
     w.family(
         "dcgm_enricher_source_up",
         "Whether a data source worked on this scrape (1) or failed (0); absent when disabled.",
@@ -604,4 +622,4 @@ def render_self_metrics(
         w.sample(name, (), value)
     w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
     w.sample("dcgm_enricher_build_info", (("version", version),), 1)
-    return w.render()
+    return w

@@ -107,9 +107,21 @@ _VOLATILE = re.compile(
 )
 
 
+# prometheus_client's families about the enricher's own process and interpreter: CPU, memory,
+# file descriptors, garbage collections, and python_info's version labels.
+_RUNTIME = re.compile(r"^((?:process|python)_\w+)(\{[^}]*\})? \S+$", re.MULTILINE)
+
+
+def _runtime(m: re.Match[str]) -> str:
+    if m.group(1) == "python_info":
+        return "python_info{<volatile>} <volatile>"
+    return f"{m.group(1)}{m.group(2) or ''} <volatile>"
+
+
 def normalise(text: str) -> str:
-    """Timings change every run: their values become <volatile>, their presence stays."""
-    return _VOLATILE.sub(r"\1 <volatile>", text)
+    """Timings and the process's own figures change every run: their values become
+    <volatile>, their presence stays."""
+    return _RUNTIME.sub(_runtime, _VOLATILE.sub(r"\1 <volatile>", text))
 
 
 def check_golden(name: str, text: str, update: bool) -> None:

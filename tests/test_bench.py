@@ -23,6 +23,7 @@ from enricher.app import Scraper
 from enricher.kube import build_index, parse_pod
 from enricher.model import PodIndex, PodInfo
 from enricher.procfs import ProcReader
+from enricher.promclient import RUNTIME_PREFIXES
 
 from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
@@ -179,9 +180,14 @@ class StaticPods:
 
 
 def _without_self_metrics(body: bytes) -> str:
-    # Our own health series differ in durations and request counts by design.
+    # Our own health series differ in durations and request counts by design, and the
+    # process's own figures (process_*, python_*) from one moment to the next.
     lines = body.decode().split("\n")
-    return "\n".join(line for line in lines if "dcgm_enricher_" not in line)
+    return "\n".join(
+        line
+        for line in lines
+        if "dcgm_enricher_" not in line and not line.startswith(RUNTIME_PREFIXES)
+    )
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,8 @@ FRONT_COMMANDS = ("make demo", "make test")
 # Our families the golden outputs cannot show: rendered only when a flag switches them on.
 OFF_BY_DEFAULT_FAMILIES = {"gpu_process_memory_used_bytes": "--collector.process"}
 OWN_FAMILY = re.compile(r"^(gpu_|dcgm_enricher_)\w+$")
+# prometheus_client's families about the enricher's own process and interpreter.
+RUNTIME_FAMILY = re.compile(r"^(process_|python_)\w+$")
 # What the docs' prose may not carry: the project's internal issue numbers.
 ISSUE_NUMBER = re.compile(r"(?<![\w/&`#])#\d+\b|\bissues? \d+\b", re.I)
 
@@ -101,25 +103,29 @@ def dashboard_panels() -> tuple[list[str], list[str]]:
     return rows, others
 
 
-def rendered_families() -> set[str]:
-    """The enricher's own families, as the real app writes them into the golden outputs, plus
-    those only a flag switches on."""
-    names = {
+def golden_families(pattern: re.Pattern[str]) -> set[str]:
+    """The families matching ``pattern`` that the real app writes into the golden outputs."""
+    return {
         m
         for f in (ROOT / "tests" / "golden").glob("*.out")
         for m in re.findall(r"^# TYPE (\S+) ", f.read_text(), re.M)
-        if OWN_FAMILY.match(m)
+        if pattern.match(m)
     }
-    return names | set(OFF_BY_DEFAULT_FAMILIES)
 
 
-def documented_families(text: str) -> set[str]:
-    """The families in metrics.md's table of families (a row may name several)."""
-    section = text.split("## Families", 1)[1].split("\n## ", 1)[0]
+def rendered_families() -> set[str]:
+    """The enricher's own families, as the real app writes them into the golden outputs, plus
+    those only a flag switches on."""
+    return golden_families(OWN_FAMILY) | set(OFF_BY_DEFAULT_FAMILIES)
+
+
+def documented_families(text: str, heading: str = "Families") -> set[str]:
+    """The families in the table of metrics.md's section ``heading`` (a row may name several)."""
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
     names: set[str] = set()
     for rows in markdown_tables(section):
         for row in rows:
-            names |= set(re.findall(r"`((?:gpu_|dcgm_enricher_)\w+)`", row[0]))
+            names |= set(re.findall(r"`((?:gpu_|dcgm_enricher_|process_|python_)\w+)`", row[0]))
     return names
 
 
@@ -345,6 +351,13 @@ def test_metrics_doc_lists_every_family() -> None:
     enricher_source = "".join(p.read_text() for p in (ROOT / "enricher").glob("*.py"))
     for family in OFF_BY_DEFAULT_FAMILIES:
         assert f'"{family}"' in enricher_source, f"the enricher no longer renders {family}"
+
+
+def test_metrics_doc_lists_the_process_and_python_families() -> None:
+    documented = documented_families(METRICS_DOC.read_text(), "Process and Python")
+    rendered = golden_families(RUNTIME_FAMILY)
+    assert rendered, "the golden outputs have no process_* or python_* family"
+    assert documented == rendered, (documented - rendered, rendered - documented)
 
 
 def test_dashboard_doc_names_every_row() -> None:

@@ -186,8 +186,8 @@ async def test_node_golden_in_the_default_following_mode(
     check_golden("node", await scrape(node), update=False)  # waits for the first poll
     prepared = await scrape(node)  # served from what the follower prepared
     counter = "\ndcgm_enricher_scrapes_total "
-    assert counter + "2\n" in prepared
-    check_golden("node", prepared.replace(counter + "2\n", counter + "1\n"), update=False)
+    assert counter + "2.0\n" in prepared
+    check_golden("node", prepared.replace(counter + "2.0\n", counter + "1.0\n"), update=False)
 
 
 async def test_node_attribution(node_factory: Any) -> None:

@@ -69,7 +69,15 @@ GPUS = (
 )
 ABSENT_GPU = "GPU-2c2c2c2c-0000-4000-8000-00000000002c"  # in the upstream, not in NVML
 LIMIT = MAX_LABEL_VALUE_LENGTH
-OURS = ("gpu_container_", "gpu_process_", "gpu_unattributed_", "gpu_pod_info", "dcgm_enricher_")
+OURS = (
+    "gpu_container_",
+    "gpu_process_",
+    "gpu_unattributed_",
+    "gpu_pod_info",
+    "dcgm_enricher_",
+    "process_",  # prometheus_client's, about the enricher's own process and interpreter
+    "python_",
+)
 SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created", "_info", "_gsum", "_gcount")
 LABEL_KEY = "team"
 ANNOTATION_KEY = "hub.jupyter.org/username"
@@ -140,7 +148,7 @@ label_names = st.one_of(
 metric_names = (
     st.tuples(st.sampled_from(_FIRST + ":"), st.text(_REST + ":", max_size=16))
     .map("".join)
-    .filter(lambda n: not n.startswith(("gpu_", "dcgm_enricher_")) and not n.endswith(SUFFIXES))
+    .filter(lambda n: not n.startswith(("gpu_", *OURS)) and not n.endswith(SUFFIXES))
 )
 values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),

@@ -542,10 +542,10 @@ def test_render_allocated_counts_replicas() -> None:
     text = render_families([], identities, RenderOptions(), allocated)
     lines = [ln for ln in text.splitlines() if ln.startswith("gpu_container_allocated{")]
     assert lines == [
-        f'gpu_container_allocated{{gpu="1",UUID="{G1}",namespace="ml",pod="a",container="c",'
-        'resource="nvidia.com/gpu"} 2',
-        f'gpu_container_allocated{{UUID="{G2}",GPU_I_ID="2",namespace="ml",pod="b",container="c",'
-        'resource="nvidia.com/mig-2g.20gb"} 1',
+        f'gpu_container_allocated{{UUID="{G1}",container="c",gpu="1",namespace="ml",pod="a",'
+        'resource="nvidia.com/gpu"} 2.0',
+        f'gpu_container_allocated{{GPU_I_ID="2",UUID="{G2}",container="c",namespace="ml",pod="b",'
+        'resource="nvidia.com/mig-2g.20gb"} 1.0',
     ]
 
 

@@ -1,0 +1,97 @@
+"""The enricher's own families through prometheus_client: metric families, the registry each
+Scraper serves its self-metrics from, and prometheus_client's text exposition.
+
+The upstream rewrite stays hand-written (rewrite.Rewriter): it is the hot path, and it
+copies the upstream's values and label order as they came. What the enricher writes itself
+goes through prometheus_client, which also brings the standard ``process_*`` and ``python_*``
+families. prometheus_client writes labels sorted by name and values in Go's float format
+(``1.0``, ``7.516192768e+09``): the same samples for any reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .textformat import written_value
+
+# Where the process_* families come from: the enricher's own process, as the /proc of its own
+# PID namespace shows it. Never --path.procfs: that is the host's /proc (or a fake tree in the
+# demo and tests), read for the GPU processes' PIDs.
+OWN_PROCFS = "/proc"
+# The name prefixes of the families make_registry adds.
+RUNTIME_PREFIXES = ("process_", "python_")
+
+
+class MetricWriter(Collector):
+    """The enricher's own families as prometheus_client metric families, in the order they
+    were declared, samples in the order they were added; a Collector, so that a registry (or
+    ``generate_latest`` directly) can serve it.
+
+    Label values are cut to the enricher's bound and made writable (``written_value``) before
+    prometheus_client sees them: it escapes them but neither cuts them nor can encode a lone
+    surrogate.
+    """
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def family(self, name: str, help_text: str, typ: str = "gauge") -> None:
+        """Declare a family once (later declarations are ignored). A counter's name ends in
+        ``_total``, as its samples' do: prometheus_client keeps the name without it and
+        writes it back on HELP and TYPE."""
+        if name in self._families:
+            return
+        if typ == "counter":
+            if not name.endswith("_total"):
+                raise ValueError(f"counter {name!r}: the name must end in _total")
+            metric = Metric(name[: -len("_total")], help_text, typ)
+        else:
+            metric = Metric(name, help_text, typ)
+        self._families[name] = metric
+
+    def sample(self, name: str, labels: Iterable[tuple[str, str]], value: float) -> None:
+        """Add a sample of the declared family ``name``, labels as (name, value) pairs."""
+        self._families[name].add_sample(
+            name, {k: written_value(v) for k, v in labels}, float(value)
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families.values())
+
+    def render(self) -> str:
+        """The families as text exposition (empty when none was declared)."""
+        return generate_latest(self).decode("utf-8")
+
+
+class LatestMetrics(Collector):
+    """Serves the families of the latest scrape: the Scraper sets ``current`` before it renders
+    its registry."""
+
+    def __init__(self) -> None:
+        self.current: Collector | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self.current.collect()) if self.current is not None else []
+
+
+def make_registry(own: Collector, procfs: str = OWN_PROCFS) -> CollectorRegistry:
+    """A registry of its own (never prometheus_client's global one): ``own`` first, then the
+    process (from ``procfs``/self), platform and garbage collector families."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(own)
+    ProcessCollector(proc=procfs, registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)  # CPython only: registers itself nowhere elsewhere
+    return registry
+
+
+def render_registry(registry: CollectorRegistry) -> bytes:
+    """prometheus_client's text exposition of ``registry``."""
+    return generate_latest(registry)
