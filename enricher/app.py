@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 from aiohttp import web
 
 from . import __version__
@@ -28,7 +27,6 @@ from .enrich import (
     resolve_allocations,
     self_metrics,
 )
-from .episodes import EpisodeLog
 from .labels import DeviceKey, RewritePlan
 from .model import (
     DockerContainer,
@@ -43,7 +41,8 @@ from .podresources import ListResult
 from .promclient import OWN_PROCFS, LatestMetrics, make_registry, render_registry
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
-from .upstream import UpstreamError, fetch_upstream, url_for_pod_ip
+from .sources import Measured, Off, Outcome, Source, close_all
+from .upstream import UpstreamSource, url_for_pod_ip
 from .worker import Worker
 
 log = logging.getLogger("enricher")
@@ -57,54 +56,15 @@ MAX_IDENTITIES = 4096
 REWRITE_INLINE_MAX_CHARS = 1 << 20
 
 
-class GpuSource(Protocol):
-    """NVML or the demo's simulated GPUs."""
+class PodSource(Source, Protocol):
+    """The kubernetes source (kube.PodCache, or a stand-in): besides the index it reads, the
+    pods the upstream may be found in and when the watch last synced."""
 
-    errors_total: int
-
-    def fetch(self) -> GpuSnapshot: ...
-
-
-class ProcSource(Protocol):
-    errors_total: int
-
-    def read_many(
-        self, pids: Sequence[int], listed_at: float | None = None
-    ) -> dict[int, ProcInfo | ProcError]: ...
-
-
-class PodSource(Protocol):
-    """The pod watch (kube.PodCache) or the demo's fixed pod list."""
-
-    up: bool
-    errors_total: int
     last_sync: float
 
     def index(self) -> PodIndex: ...
 
     def upstream_pods(self) -> list[PodInfo]: ...
-
-
-class AllocationSource(Protocol):
-    """The kubelet PodResources source (podresources.PodResourcesSource)."""
-
-    errors_total: int
-
-    def fetch(self) -> ListResult: ...
-
-    def close(self) -> None: ...
-
-
-class ContainerSource(Protocol):
-    """The Docker source (docker.DockerSource): container names by container ID."""
-
-    up: bool
-    enabled: bool
-    errors_total: int
-
-    async def lookup(self, container_ids: Sequence[str]) -> dict[str, DockerContainer | None]: ...
-
-    async def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -120,19 +80,13 @@ class ScrapeResult:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """One read of the node: what the GPUs run and who owns it."""
+    """One read of the node: what the GPUs run and who owns it, and how each source did."""
 
     snapshot: GpuSnapshot
-    nvml_ok: bool
-    nvml_duration: float
-    procfs_ok: bool
-    procfs_duration: float
+    statuses: list[SourceStatus]  # the node side's sources, in Scraper.sources order
     listed: ListResult
-    kubelet_duration: float
-    docker_duration: float
     index: PodIndex
     attributions: list[Attribution]
-    kube_duration: float
     allocated: list[AllocatedDevice]
     unmapped: int
     plan: RewritePlan
@@ -146,18 +100,21 @@ class Scraper:
         self,
         config: Config,
         *,
-        gpu: GpuSource | None,
-        procs: ProcSource,
+        gpu: Source | None,
+        procs: Source,
         pods: PodSource | None,
-        podresources: AllocationSource | None = None,
-        docker: ContainerSource | None = None,
+        podresources: Source | None = None,
+        docker: Source | None = None,
+        sources: Sequence[Source] = (),
         clock: Callable[[], float] = time.monotonic,
         own_procfs: str = OWN_PROCFS,
     ) -> None:
-        """``docker``: name containers outside pods after Docker containers (Docker mode, for
-        hosts without Kubernetes); None reports the docker source disabled. ``own_procfs``:
-        the /proc whose ``self`` the process_* families describe (the enricher's own /proc,
-        not --path.procfs)."""
+        """The node's sources, each an ``enricher.sources.Source``; None switches one off (it
+        is reported with enabled 0). ``docker``: name containers outside pods after Docker
+        containers (Docker mode, for hosts without Kubernetes). ``sources``: more sources,
+        read on every node read and reported like the others; nothing else uses their
+        values. ``own_procfs``: the /proc whose ``self`` the process_* families describe (the
+        enricher's own /proc, not --path.procfs)."""
         self.config = config
         self.gpu = gpu
         self.procs = procs
@@ -171,28 +128,57 @@ class Scraper:
         self._rewriter = Rewriter()
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
         self._inflight: asyncio.Future[ScrapeResult] | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self.upstream = UpstreamSource(
+            self._upstream_url,
+            timeout=config.upstream_timeout,
+            max_bytes=config.upstream_max_bytes,
+        )
         # One worker: NVML and procfs reads never overlap, and a hung NVML call cannot pile up
         # threads (the next scrape reports it busy instead). Daemon threads (enricher.worker):
         # a call that never returns cannot keep the process from exiting.
         self._gpu_worker = Worker("enricher-gpu")
-        # The kubelet call has its own worker, so a slow kubelet never delays NVML; the source
-        # itself refuses to start a call while one is running.
+        # The kubelet call has its own worker, so a slow kubelet never delays NVML. Its call
+        # carries its own deadline; the margin only guards against a stuck thread.
         self._kubelet_worker = Worker("enricher-kubelet")
-        self._kubelet_errors = 0  # calls abandoned here (the source counts its own failures)
+        self._extra_workers = [Worker(f"enricher-{s.name}") for s in sources]
+
+        def measured(source: Source | None, name: str, **kw: Any) -> Measured:
+            return Measured(source if source is not None else Off(name), clock=clock, **kw)
+
+        # Every source, in the order of the dcgm_enricher_source_* series; the node side's
+        # pipeline below says what each one's read depends on.
+        self._upstream = measured(self.upstream, "upstream")
+        self._nvml = measured(gpu, "nvml", worker=self._gpu_worker)
+        self._procfs = measured(procs, "procfs", worker=self._gpu_worker)
+        self._kubernetes = measured(pods, "kubernetes")
+        self._podresources = measured(
+            podresources,
+            "podresources",
+            worker=self._kubelet_worker,
+            timeout=config.kubelet_timeout + 1.0,
+        )
+        self._docker = measured(docker, "docker")
+        self._extra = [
+            measured(s, s.name, worker=w, timeout=config.scrape_timeout)
+            for s, w in zip(sources, self._extra_workers, strict=True)
+        ]
+        self.sources: list[Measured] = [
+            self._upstream,
+            self._nvml,
+            self._procfs,
+            self._kubernetes,
+            self._podresources,
+            self._docker,
+            *self._extra,
+        ]
         # Large rewrites, one at a time: the Rewriter's caches see one caller at a time, since
         # the loop rewrites inline only while this worker is idle.
         self._rewrite_worker = Worker("enricher-rewrite")
-        self.upstream_errors = 0
-        self.upstream_requests = 0
         self.scrapes_total = 0
         self.shared_scrapes_total = 0
         self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
         self.last: ScrapeResult | None = None
         self._last_duration = 0.0
-        self._log_upstream = EpisodeLog("upstream", log)
-        self._log_nvml = EpisodeLog("nvml", log)
-        self._log_kubelet = EpisodeLog("podresources", log)
         # The upstream fetched right after each of its collections (--upstream.follow-step);
         # with 0, on every scrape.
         follow = config.upstream_follow_step > 0
@@ -222,7 +208,7 @@ class Scraper:
                 self._fetch_upstream,
                 step=config.upstream_follow_step,
                 coarse=max(config.upstream_follow_step, 1.0),
-                key=lambda answer: answer[0],
+                key=lambda answer: answer.value,
                 on_change=self._prepare,
                 clock=clock,
                 name="upstream",
@@ -233,25 +219,16 @@ class Scraper:
         self._families_memo: tuple[NodeView, dict[DeviceKey, Any], str] | None = None
 
     async def close(self) -> None:
+        """Stop the background work, then close every source (each bounded: a hung NVML call
+        cannot hold up shutdown) and the workers."""
         if self._follower is not None:
             await self._follower.close()
         if self._node is not None:
             await self._node.close()
-        if self._session is not None:
-            await self._session.close()
-        if self.docker is not None:
-            await self.docker.close()
-        self._gpu_worker.close()
-        self._kubelet_worker.close()
+        await close_all(m.source for m in self.sources)
+        for worker in (self._gpu_worker, self._kubelet_worker, *self._extra_workers):
+            worker.close()
         self._rewrite_worker.close()
-
-    def _session_get(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                auto_decompress=True,
-                connector=aiohttp.TCPConnector(limit=4),
-            )
-        return self._session
 
     def _aligned_max_age(self) -> float:
         """How old the node side may be when it is read after each upstream collection: one
@@ -306,111 +283,14 @@ class Scraper:
                 return url_for_pod_ip(self.config.upstream_url, pod.pod_ip)
         return None
 
-    async def _fetch_upstream(self) -> tuple[str | None, float]:
-        start = self._clock()
-        url = self._upstream_url()
-        try:
-            if url is None:
-                raise UpstreamError("no_upstream_pod", "no matching dcgm-exporter pod on this node")
-            self.upstream_requests += 1
-            text = await fetch_upstream(
-                self._session_get(),
-                url,
-                timeout=self.config.upstream_timeout,
-                max_bytes=self.config.upstream_max_bytes,
-            )
-            self._log_upstream.ok()
-            return text, self._clock() - start
-        except UpstreamError as exc:
-            self.upstream_errors += 1
-            self._log_upstream.fail(f"{url}: {exc}")
-            return None, self._clock() - start
+    async def _fetch_upstream(self) -> Outcome[str | None]:
+        return await self._upstream.read(default=None)
 
-    def _collect_gpu(
-        self,
-    ) -> tuple[GpuSnapshot, bool, float, dict[int, ProcInfo | ProcError], float]:
-        """Blocking: NVML then procfs, in the worker thread."""
-        snapshot = GpuSnapshot()
-        nvml_ok = False
-        t0 = self._clock()
-        if self.gpu is not None:
-            try:
-                snapshot = self.gpu.fetch()
-                nvml_ok = not snapshot.errors
-                if snapshot.errors:
-                    self._log_nvml.fail("; ".join(snapshot.errors))
-                else:
-                    self._log_nvml.ok()
-            except Exception as exc:  # NvmlUnavailable, or anything a driver throws at us
-                reason = getattr(exc, "reason", None)  # NvmlUnavailable's
-                detail = str(exc) or type(exc).__name__
-                self._log_nvml.fail(f"NVML unavailable ({reason}): {detail}" if reason else detail)
-        t1 = self._clock()
-        pids = sorted({p.pid for p in snapshot.processes})
-        procs = self.procs.read_many(pids, listed_at=snapshot.taken_at or None) if pids else {}
-        return snapshot, nvml_ok, t1 - t0, procs, self._clock() - t1
-
-    async def _gpu_side(
-        self,
-    ) -> tuple[GpuSnapshot, bool, float, dict[int, ProcInfo | ProcError], float]:
-        if not self._gpu_worker.idle:
-            self._log_nvml.fail("previous NVML read still running")
-            return GpuSnapshot(), False, 0.0, {}, 0.0
-        try:
-            return await self._gpu_worker.run(self._collect_gpu, self.config.scrape_timeout)
-        except asyncio.TimeoutError:  # not the builtin before Python 3.11
-            self._log_nvml.fail(f"NVML/procfs read took over {self.config.scrape_timeout}s")
-            return GpuSnapshot(), False, self.config.scrape_timeout, {}, 0.0
-
-    async def _fetch_allocations(self) -> tuple[ListResult, float]:
-        """One PodResources List call in the kubelet worker, bounded by --kubelet.timeout."""
-        start = self._clock()
-        source = self.podresources
-        if source is None:
-            return ListResult(enabled=False), 0.0
-        if not self._kubelet_worker.idle:
-            # Never queue a second call behind one that is stuck.
-            self._kubelet_errors += 1
-            result = ListResult(enabled=True, error="busy: the previous List call is still running")
-            self._log_kubelet.fail(result.error)
-            return result, self._clock() - start
-        # The call carries its own deadline; this margin only guards against a stuck thread.
-        limit = self.config.kubelet_timeout + 1.0
-        try:
-            result = await self._kubelet_worker.run(source.fetch, limit)
-        except asyncio.TimeoutError:  # not the builtin before Python 3.11
-            self._kubelet_errors += 1
-            result = ListResult(enabled=True, error=f"timeout: no answer within {limit:g}s")
-        except Exception as exc:  # the source never raises; a bug must not fail the scrape
-            self._kubelet_errors += 1
-            result = ListResult(enabled=True, error=f"{type(exc).__name__}: {exc}")
-        if result.ok:
-            self._log_kubelet.ok()
-        elif result.enabled:
-            self._log_kubelet.fail(result.error)
-        return result, self._clock() - start
-
-    async def _lookup_containers(
-        self, procs: dict[int, ProcInfo | ProcError]
-    ) -> tuple[dict[str, DockerContainer | None] | None, float]:
-        """The Docker source's answers for the containers of GPU processes outside pods (None
-        when there is no Docker source), and the time it took. Asked on every scrape, even
-        with no such process, so the source's health stays current."""
-        if self.docker is None:
-            return None, 0.0
-        start = self._clock()
-        try:
-            answers = await self.docker.lookup(docker_lookup_ids(procs))
-        except Exception as exc:  # the source never raises; a bug must not fail the scrape
-            log.warning("docker: lookup failed: %s: %s", type(exc).__name__, exc)
-            answers = {}
-        return answers, self._clock() - start
-
-    async def _prepare(self, answer: tuple[str | None, float]) -> None:
+    async def _prepare(self, answer: Outcome[str | None]) -> None:
         """A new upstream collection: read the node side now when aligned with the upstream,
         and rewrite the collection, so scrapes get the cached results."""
         node = await (self._node.refresh() if self._aligned and self._node else self._node_view())
-        text = answer[0]
+        text = answer.value
         if text is not None:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
             self._remember(rewritten.identities)
@@ -434,10 +314,10 @@ class Scraper:
     async def _node_view(self) -> NodeView:
         return await (self._node.get() if self._node is not None else self._node_side())
 
-    async def _upstream(self) -> tuple[str | None, float]:
+    async def _upstream_answer(self) -> Outcome[str | None]:
         if self._follower is not None:
             answer, _polled_at = await self._follower.latest()
-            if answer[0] is None:
+            if answer.value is None:
                 # A failure is never served from the cache: while the upstream is down (or not
                 # found yet), every scrape asks again, as without following.
                 await self._follower.poll_once()
@@ -446,28 +326,49 @@ class Scraper:
         return await self._fetch_upstream()
 
     async def _node_side(self) -> NodeView:
-        kubelet_task = asyncio.create_task(self._fetch_allocations())
-        procfs_errors_before = self.procs.errors_total
-        snapshot, nvml_ok, nvml_dur, procs, procfs_dur = await self._gpu_side()
-        containers, docker_dur = await self._lookup_containers(procs)
-        listed, kubelet_dur = await kubelet_task
-        t_kube = self._clock()
-        index = self.pods.index() if self.pods is not None else PodIndex()
-        attributions = attribute(snapshot, procs, index, containers)
-        kube_dur = self._clock() - t_kube
+        """Read the node's sources and attribute: the kubelet at once, in its own worker;
+        NVML, then procfs for NVML's PIDs (both bounded together by --scrape.timeout), then
+        Docker for the containers procfs found outside pods; the pod index last."""
+        kubelet_task = asyncio.create_task(
+            self._podresources.read(default=ListResult(enabled=True))
+        )
+        extra_tasks = [asyncio.create_task(m.read(default=None)) for m in self._extra]
+        limit = self.config.scrape_timeout
+        nvml = await self._nvml.read(default=GpuSnapshot(), timeout=limit)
+        snapshot = nvml.value
+        pids = sorted({p.pid for p in snapshot.processes})
+        no_procs: dict[int, ProcInfo | ProcError] = {}
+        procfs = (
+            await self._procfs.read(
+                pids,
+                snapshot.taken_at or None,
+                default=no_procs,
+                timeout=max(limit - nvml.status.duration_seconds, 0.0),
+            )
+            if pids
+            else self._procfs.skip(no_procs)
+        )
+        # Asked on every read, even with no such process, so the source's health stays
+        # current; None when there is no Docker source.
+        no_answers: dict[str, DockerContainer | None] = {}
+        docker = await self._docker.read(docker_lookup_ids(procfs.value), default=no_answers)
+        containers = docker.value if self.docker is not None else None
+        kubelet = await kubelet_task
+        listed = kubelet.value
+        kube = await self._kubernetes.read(default=PodIndex())
+        index = kube.value
+        attributions = attribute(snapshot, procfs.value, index, containers)
         allocated, unmapped = resolve_allocations(listed.allocations, snapshot)
+        extra = [(await task).status for task in extra_tasks]
         return NodeView(
             snapshot=snapshot,
-            nvml_ok=nvml_ok,
-            nvml_duration=nvml_dur,
-            procfs_ok=self.procs.errors_total == procfs_errors_before,
-            procfs_duration=procfs_dur,
+            statuses=[
+                *(nvml.status, procfs.status, kube.status, kubelet.status, docker.status),
+                *extra,
+            ],
             listed=listed,
-            kubelet_duration=kubelet_dur,
-            docker_duration=docker_dur,
             index=index,
             attributions=attributions,
-            kube_duration=kube_dur,
             allocated=allocated,
             unmapped=len(unmapped),
             plan=plan_devices(
@@ -488,9 +389,10 @@ class Scraper:
 
     async def _scrape_once(self) -> ScrapeResult:
         started = self._clock()
-        upstream_task = asyncio.create_task(self._upstream())
+        upstream_task = asyncio.create_task(self._upstream_answer())
         node = await self._node_view()
-        text, upstream_dur = await upstream_task
+        upstream = await upstream_task
+        text = upstream.value
 
         parts: list[bytes] = []
         invalid_lines = samples = 0
@@ -510,38 +412,7 @@ class Scraper:
         )
         parts.append(self._families(node, identities, options).encode("utf-8"))
 
-        statuses = [
-            SourceStatus("upstream", text is not None, upstream_dur, self.upstream_errors),
-            SourceStatus(
-                "nvml",
-                node.nvml_ok,
-                node.nvml_duration,
-                self.gpu.errors_total if self.gpu else 0,
-                enabled=self.gpu is not None,
-            ),
-            SourceStatus("procfs", node.procfs_ok, node.procfs_duration, self.procs.errors_total),
-            SourceStatus(
-                "kubernetes",
-                bool(self.pods and self.pods.up),
-                node.kube_duration,
-                self.pods.errors_total if self.pods else 0,
-                enabled=self.pods is not None,
-            ),
-            SourceStatus(
-                "podresources",
-                node.listed.ok,
-                node.kubelet_duration,
-                (self.podresources.errors_total if self.podresources else 0) + self._kubelet_errors,
-                enabled=node.listed.enabled,
-            ),
-            SourceStatus(
-                "docker",
-                bool(self.docker and self.docker.up),
-                node.docker_duration,
-                self.docker.errors_total if self.docker else 0,
-                enabled=bool(self.docker and self.docker.enabled),
-            ),
-        ]
+        statuses = [upstream.status, *node.statuses]
         extra: dict[str, tuple[str, str, float]] = {
             "dcgm_enricher_upstream_samples": (
                 "Upstream samples passed through on this scrape.",
@@ -557,7 +428,7 @@ class Scraper:
             "dcgm_enricher_upstream_requests_total": (
                 "Requests sent to the upstream.",
                 "counter",
-                self.upstream_requests,
+                self.upstream.requests_total,
             ),
             "dcgm_enricher_scrapes_total": (
                 "Scrapes of /metrics served.",

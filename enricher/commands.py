@@ -17,13 +17,8 @@ from .enrich import Attribution, attribute, cgroup_containers, choose_docker, do
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
-from .worker import Worker
 
 log = logging.getLogger("enricher")
-
-# How long shutdown waits for NVML: with aiohttp's 2 s for requests in flight, SIGTERM ends
-# the process well within 5 s even while an NVML call hangs.
-NVML_CLOSE_TIMEOUT = 1.0
 
 
 def start_pod_cache(config: Config) -> Any:
@@ -95,16 +90,13 @@ async def run_server(config: Config) -> int:
     except Exception as exc:
         log.error("cannot start the Kubernetes pod watch: %s", exc)
         return 2
-    gpu = make_gpu_source(config)
-    podresources = make_podresources_source(config)
-    docker = make_docker_source(config)
     scraper = Scraper(
         config,
-        gpu=gpu,
+        gpu=make_gpu_source(config),
         procs=ProcReader(config.procfs),
         pods=pods,
-        podresources=podresources,
-        docker=docker,
+        podresources=make_podresources_source(config),
+        docker=make_docker_source(config),
     )
     from .webconfig import WebConfig, WebConfigError, apply, load_web_config, ssl_context
 
@@ -132,29 +124,9 @@ async def run_server(config: Config) -> int:
     try:
         await wait_for_signal()
     finally:
+        # The app's cleanup closes the scraper, which closes every source (Scraper.close).
         await runner.cleanup()
-        if pods is not None:
-            pods.stop()
-        if gpu is not None:
-            await close_nvml(gpu)
-        if podresources is not None:
-            podresources.close()
     return 0
-
-
-async def close_nvml(gpu: Any, timeout: float = NVML_CLOSE_TIMEOUT) -> bool:
-    """Shut NVML down in a daemon thread (after a read in flight, which holds the source's
-    lock), waiting at most ``timeout`` seconds: a hung NVML call must not outlive the
-    kubelet's grace period. False when it did not finish in time."""
-    closer = Worker("enricher-nvml-close")
-    try:
-        await closer.run(gpu.close, timeout)
-    except asyncio.TimeoutError:  # not the builtin before Python 3.11
-        log.warning("nvml: shutdown did not finish within %gs (a call hangs); exiting", timeout)
-        return False
-    finally:
-        closer.close()
-    return True
 
 
 def _docker_mode(config: Config) -> str:
@@ -207,7 +179,7 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO) -> int:
     """``dcgm-enricher resolve PID...``: one JSON line per PID."""
     reader = ProcReader(config.procfs)
     index, kube_note = _pod_index(config)
-    infos = {pid: reader.read(pid) for pid in dict.fromkeys(pids)}
+    infos = {pid: reader.read_pid(pid) for pid in dict.fromkeys(pids)}
     docker, docker_note = _docker_answers(config, infos)
     failures = 0
     for pid in pids:

@@ -41,6 +41,7 @@ from .model import (
 )
 from .podresources import PodResourcesSource, load_grpc
 from .procfs import ProcReader
+from .sources import Reading
 from .textformat import FamilyWriter
 
 GIB = 2**30
@@ -271,6 +272,9 @@ def _wave(t: float, period: float, phase: float) -> float:
 class SimulatedGpus:
     """SIMULATED stand-in for NVML: the demo's GPUs with memory and utilization that move."""
 
+    name = "nvml"
+    enabled = True
+
     def __init__(self, clock: Any = time.time) -> None:
         self._clock = clock
         self.errors_total = 0
@@ -298,6 +302,12 @@ class SimulatedGpus:
             for p in PROCS
         )
         return GpuSnapshot(GPUS, MIGS, procs, driver_version="550.90.07 (simulated)", taken_at=t)
+
+    def read(self) -> Reading[GpuSnapshot]:
+        return Reading(self.fetch())
+
+    def close(self) -> None:
+        pass
 
 
 def write_proc_tree(root: Path, now: float) -> None:
@@ -451,6 +461,9 @@ class SimulatedKubelet:
 class StaticPods:
     """SIMULATED stand-in for the pod watch: the demo node's fixed pods."""
 
+    name = "kubernetes"
+    enabled = True
+
     def __init__(self, pods: Sequence[PodInfo]) -> None:
         self._index = build_index(pods)
         self.up = True
@@ -460,8 +473,14 @@ class StaticPods:
     def index(self) -> PodIndex:
         return self._index
 
+    def read(self) -> Reading[PodIndex]:
+        return Reading(self._index, self.up)
+
     def upstream_pods(self) -> list[PodInfo]:
         return []
+
+    def close(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- fake dcgm-exporter
@@ -656,7 +675,7 @@ async def run_demo(config: Config) -> int:
         socket_path = Path(tmp) / "pod-resources" / "kubelet.sock"
         socket_path.parent.mkdir()
         try:
-            scraper, runners, kubelet = await start_demo(config, proc_root, socket_path)
+            _scraper, runners, kubelet = await start_demo(config, proc_root, socket_path)
         except OSError as exc:
             print(
                 f"dcgm-enricher demo: cannot listen on {config.listen_address}: {exc}",
@@ -685,6 +704,4 @@ async def run_demo(config: Config) -> int:
             for runner in runners:
                 await runner.cleanup()
             kubelet.stop()
-            if scraper.podresources is not None:
-                scraper.podresources.close()
     return 0

@@ -28,6 +28,7 @@ import aiohttp
 
 from .episodes import EpisodeLog
 from .model import DockerContainer, short_id
+from .sources import Reading
 
 __all__ = [
     "DEFAULT_HOST",
@@ -201,6 +202,8 @@ class DockerSource:
     cgroup-only mode. Not thread-safe: use it from one event loop.
     """
 
+    name = "docker"
+
     def __init__(
         self,
         host: str = DEFAULT_HOST,
@@ -312,6 +315,14 @@ class DockerSource:
             entry = self._cache.get(cid)
             out[cid] = entry.container if entry is not None else DockerContainer.from_id(cid)
         return out
+
+    async def read(
+        self, container_ids: Iterable[str]
+    ) -> Reading[dict[str, DockerContainer | None]]:
+        """The Source read: :meth:`lookup`, ok while the daemon answers (episodes are logged
+        here, per exchange). Asked even with no ID, so the health stays current."""
+        answers = await self.lookup(container_ids)
+        return Reading(answers, self.up)
 
     async def ping(self) -> bool:
         """``GET /_ping`` (and agree on the API version); updates ``up``. Never raises."""

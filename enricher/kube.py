@@ -38,6 +38,7 @@ import urllib3
 
 from enricher.episodes import EpisodeLog
 from enricher.model import PodIndex, PodInfo
+from enricher.sources import Reading
 
 __all__ = [
     "KubeConfigError",
@@ -413,6 +414,9 @@ class PodCache:
     that a request fails within ``request_timeout_seconds``.
     """
 
+    name = "kubernetes"
+    enabled = True
+
     def __init__(
         self,
         api_client: kubernetes.client.ApiClient,
@@ -490,6 +494,15 @@ class PodCache:
     def index(self) -> PodIndex:
         """The current index: the last good one while the API server is unreachable."""
         return self._index
+
+    def read(self) -> Reading[PodIndex]:
+        """The Source read (in memory): the index, ok while the watch is up (the watch thread
+        logs its own episodes)."""
+        return Reading(self._index, self.up)
+
+    def close(self) -> None:
+        """:meth:`stop`."""
+        self.stop()
 
     def upstream_pods(self) -> list[PodInfo]:
         """Pods on this node matching ``upstream_selector``: ready ones first, then by name.

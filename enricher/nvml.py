@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 import pynvml
 
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, ProcessKind
+from enricher.sources import Reading
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,15 @@ def _describe(err: BaseException) -> str:
 _BAD_DATA = (ValueError, IndexError, OverflowError, ctypes.ArgumentError)
 
 
+def snapshot_reading(fetch: Callable[[], GpuSnapshot]) -> Reading[GpuSnapshot]:
+    """A snapshot as a Source reading: not ok when NVML reported errors or is unavailable."""
+    try:
+        snapshot = fetch()
+    except NvmlUnavailable as exc:
+        return Reading(GpuSnapshot(), False, f"NVML unavailable ({exc.reason}): {exc}")
+    return Reading(snapshot, not snapshot.errors, "; ".join(snapshot.errors))
+
+
 class NvmlSource:
     """Reads GPUs, MIG devices and their processes from NVML, one snapshot per fetch.
 
@@ -291,6 +301,9 @@ class NvmlSource:
     a failed init, or a read that shows NVML went away, the cached error is raised again
     until ``retry_interval`` seconds (by ``clock``) have passed.
     """
+
+    name = "nvml"
+    enabled = True
 
     def __init__(
         self,
@@ -334,6 +347,10 @@ class NvmlSource:
             # Logged by the caller (the scraper's episode log), not here: once, not twice.
             self.errors_total += len(snapshot.errors)
             return snapshot
+
+    def read(self) -> Reading[GpuSnapshot]:
+        """The Source read (blocking): one snapshot, or why NVML cannot be used."""
+        return snapshot_reading(self.fetch)
 
     def close(self) -> None:
         """Shut NVML down if this source initialised it. A later fetch initialises again."""

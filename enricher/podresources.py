@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .model import MAX_ID_LENGTH, DeviceAllocation
+from .sources import Reading
 
 if TYPE_CHECKING:
     from .proto import api_pb2
@@ -165,6 +166,8 @@ class PodResourcesSource:
     threads or connections.
     """
 
+    name = "podresources"
+
     def __init__(
         self,
         socket_path: str,
@@ -213,6 +216,15 @@ class PodResourcesSource:
         finally:
             self._lock.release()
         return ListResult(enabled=True, ok=True, allocations=allocations, skipped=skipped)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.socket_path)
+
+    def read(self) -> Reading[ListResult]:
+        """The Source read (blocking): one :meth:`fetch`."""
+        result = self.fetch()
+        return Reading(result, result.ok, result.error)
 
     def close(self) -> None:
         """Close the connection; a later fetch opens a new one."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from enricher.episodes import EpisodeLog
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
+from enricher.sources import Reading
 
 __all__ = ["ProcReader", "container_chain", "parse_btime", "parse_cgroup", "parse_stat"]
 
@@ -333,6 +334,9 @@ class ProcReader:
     threads.
     """
 
+    name = "procfs"
+    enabled = True
+
     def __init__(
         self,
         root: str = "/proc",
@@ -368,7 +372,19 @@ class ProcReader:
         self._boot_clock = boot_clock
         self._wall_clock = wall_clock
 
-    def read(self, pid: int, listed_at: float | None = None) -> ProcInfo | ProcError:
+    def read(
+        self, pids: Iterable[int], listed_at: float | None = None
+    ) -> Reading[dict[int, ProcInfo | ProcError]]:
+        """The Source read (blocking): :meth:`read_many`, ok when no file was unreadable (the
+        episodes are logged here, per unreadable file)."""
+        errors_before = self.errors_total
+        found = self.read_many(pids, listed_at)
+        return Reading(found, self.errors_total == errors_before)
+
+    def close(self) -> None:
+        """Nothing to release: every file is closed after its read."""
+
+    def read_pid(self, pid: int, listed_at: float | None = None) -> ProcInfo | ProcError:
         """Return what procfs says about ``pid``, or why it cannot tell.
 
         ``listed_at`` is the wall-clock time NVML listed the PID; a process that started after
@@ -381,7 +397,7 @@ class ProcReader:
     def read_many(
         self, pids: Iterable[int], listed_at: float | None = None
     ) -> dict[int, ProcInfo | ProcError]:
-        """``read`` each distinct PID, all against the same ``listed_at``."""
+        """``read_pid`` each distinct PID, all against the same ``listed_at``."""
         unique = list(dict.fromkeys(pids))
         errors_before = self.errors_total
         results = dict(zip(unique, self._read_batch(unique, listed_at), strict=True))
@@ -394,7 +410,7 @@ class ProcReader:
     def _read_batch(
         self, pids: Sequence[int], listed_at: float | None
     ) -> list[ProcInfo | ProcError]:
-        """What ``read`` returns for each of ``pids``, in order."""
+        """What ``read_pid`` returns for each of ``pids``, in order."""
         results: list[ProcInfo | ProcError] = []
         # Joined once per batch, not per PID; join(root, "") + name is join(root, name).
         prefix = os.path.join(self.root, "")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+
+from .sources import Reading
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _ACCEPTED_TYPES = ("text/plain", "")
@@ -73,3 +76,46 @@ async def fetch_upstream(
         raise UpstreamError("bad_body", str(exc)) from exc
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         raise UpstreamError("connect", str(exc) or type(exc).__name__) from exc
+
+
+class UpstreamSource:
+    """The upstream as a Source: one GET of ``url()`` per read (None: no upstream found yet,
+    a failure), over one connection pool."""
+
+    name = "upstream"
+    enabled = True
+
+    def __init__(self, url: Callable[[], str | None], *, timeout: float, max_bytes: int) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.errors_total = 0
+        self.requests_total = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    async def read(self) -> Reading[str | None]:
+        """The body, or None and why not (logged by the caller's episode log)."""
+        url = self.url()
+        try:
+            if url is None:
+                raise UpstreamError("no_upstream_pod", "no matching dcgm-exporter pod on this node")
+            self.requests_total += 1
+            text = await fetch_upstream(
+                self._session_get(), url, timeout=self.timeout, max_bytes=self.max_bytes
+            )
+        except UpstreamError as exc:
+            self.errors_total += 1
+            return Reading(None, False, f"{url}: {exc}")
+        return Reading(text)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _session_get(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                auto_decompress=True,
+                connector=aiohttp.TCPConnector(limit=4),
+            )
+        return self._session

@@ -297,17 +297,11 @@ class Stack:
         await self.client.close()
         if self.upstream is not None:
             await self.upstream.stop()
-        if self.cache is not None:
-            self.cache.stop()
+        # The app's cleanup closed the scraper's sources (the pod watch, NVML, the kubelet).
         if self.api is not None:
             self.api.stop()
-        if self.scraper.podresources is not None:
-            self.scraper.podresources.close()
         if self.kubelet is not None:
             self.kubelet.stop(grace=None)
-        close = getattr(self.gpu, "close", None)
-        if close is not None:
-            close()
 
 
 class MakeStack(Protocol):

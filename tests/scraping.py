@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from enricher.config import Config
+from enricher.model import ProcError, ProcInfo
+from enricher.sources import Reading
 
 # The product follows the upstream by default (--upstream.follow-step): dcgm-exporter is
 # fetched right after each of its collections and the node side read with it, so a change
@@ -11,3 +15,19 @@ from enricher.config import Config
 # tested in tests/test_follow.py and tests/test_refresh.py, and both modes are checked to
 # serve the same bytes.
 PER_SCRAPE = Config(upstream_follow_step=0.0)
+
+
+class NoProcs:
+    """The procfs source with no GPU process to read (these tests have the GPU side off)."""
+
+    name = "procfs"
+    enabled = True
+    errors_total = 0
+
+    def read(
+        self, pids: Any, listed_at: float | None = None
+    ) -> Reading[dict[int, ProcInfo | ProcError]]:
+        return Reading({})
+
+    def close(self) -> None:
+        pass

@@ -10,24 +10,17 @@ here) names the exporter pod, and the enricher scrapes that pod's IP with the po
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.kube import parse_selector
+from tests.scraping import NoProcs
 
 from .harness import MakeStack
 from .kubeapi import make_pod
 
 NODE = "gpu-node-a"
 EXPORTED = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-x"} 42\n'
-
-
-class NoProcs:
-    errors_total = 0
-
-    def read_many(self, pids: Any, listed_at: float | None = None) -> dict[Any, Any]:
-        return {}
 
 
 def _values(text: str, name: str) -> dict[str, float]:

@@ -57,10 +57,11 @@ from enricher.model import (
 )
 from enricher.procfs import ProcReader
 from enricher.rewrite import Rewriter
+from enricher.sources import Reading
 from enricher.textformat import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH
 from enricher.upstream import UpstreamError, fetch_upstream
 from tests.promcheck import check_metrics_batch
-from tests.scraping import PER_SCRAPE
+from tests.scraping import PER_SCRAPE, NoProcs
 
 NODE = "gpu-node-h"
 GPUS = (
@@ -407,6 +408,8 @@ def nodes(draw: st.DrawFn) -> tuple[list[PodSpec], list[ProcSpec]]:
 class SnapshotSource:
     """Stands in for NVML (no GPU here): the example's processes, listed now."""
 
+    name = "nvml"
+    enabled = True
     errors_total = 0
 
     def __init__(self, snapshot: GpuSnapshot) -> None:
@@ -415,10 +418,18 @@ class SnapshotSource:
     def fetch(self) -> GpuSnapshot:
         return replace(self.snapshot, taken_at=time.time())
 
+    def read(self) -> Reading[GpuSnapshot]:
+        return Reading(self.fetch())
+
+    def close(self) -> None:
+        pass
+
 
 class FixedPods:
     """Stands in for the pod watch (no cluster here); the pods go through kube.parse_pod."""
 
+    name = "kubernetes"
+    enabled = True
     up = True
     errors_total = 0
     last_sync = 0.0
@@ -429,8 +440,14 @@ class FixedPods:
     def index(self) -> PodIndex:
         return self._index
 
+    def read(self) -> Reading[PodIndex]:
+        return Reading(self._index)
+
     def upstream_pods(self) -> list[PodInfo]:
         return []
+
+    def close(self) -> None:
+        pass
 
 
 class Upstream:
@@ -828,15 +845,6 @@ def test_cut_names_collide() -> None:
 
 
 # --------------------------------------------------------------------------- bounds
-
-
-class NoProcs:
-    errors_total = 0
-
-    def read_many(
-        self, pids: Any, listed_at: float | None = None
-    ) -> dict[int, ProcInfo | ProcError]:
-        return {}
 
 
 @pytest.mark.parametrize(

@@ -626,7 +626,7 @@ def cg(pod: str = UID, cid: str = CID) -> str:
 def test_read_complete_process(root: Path) -> None:
     fakeproc.write_process(root, 4242, comm="python (x)", cgroup=cg(), start_ticks=12_345)
     reader = ProcReader(str(root), clk_tck=CLK)
-    got = reader.read(4242)
+    got = reader.read_pid(4242)
     assert isinstance(got, ProcInfo)
     assert (got.pid, got.comm, got.start_time_ticks) == (4242, "python (x)", 12_345)
     assert got.start_time == pytest.approx(BTIME + 123.45)
@@ -638,14 +638,14 @@ def test_read_complete_process(root: Path) -> None:
 def test_read_unknown_cgroup_is_info_not_error(root: Path) -> None:
     fakeproc.write_process(root, 7, comm="w", cgroup="0::/\n", start_ticks=1)
     reader = ProcReader(str(root), clk_tck=CLK)
-    got = reader.read(7)
+    got = reader.read_pid(7)
     assert isinstance(got, ProcInfo) and got.cgroup is None
     assert reader.errors_total == 0
 
 
 def test_read_missing_process_is_exited(root: Path) -> None:
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert reader.read(999) is ProcError.EXITED
+    assert reader.read_pid(999) is ProcError.EXITED
     assert reader.errors_total == 0
 
 
@@ -653,17 +653,17 @@ def test_read_vanished_before_cgroup_read_is_exited(root: Path) -> None:
     fakeproc.write_process(root, 5, comm="w", cgroup=cg(), start_ticks=1)
     os.unlink(root / "5" / "cgroup")
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert reader.read(5) is ProcError.EXITED
+    assert reader.read_pid(5) is ProcError.EXITED
     assert reader.errors_total == 0
 
 
 def test_read_removed_process_is_exited(root: Path) -> None:
     fakeproc.write_process(root, 5, comm="w", cgroup=cg(), start_ticks=1)
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert isinstance(reader.read(5), ProcInfo)
+    assert isinstance(reader.read_pid(5), ProcInfo)
     fakeproc.remove_process(root, 5)
     fakeproc.remove_process(root, 5)  # removing twice is fine
-    assert reader.read(5) is ProcError.EXITED
+    assert reader.read_pid(5) is ProcError.EXITED
 
 
 def _race_after_cgroup_read(monkeypatch: pytest.MonkeyPatch, then: Callable[[], object]) -> None:
@@ -687,14 +687,14 @@ def test_read_pid_reused_between_stat_reads(root: Path, monkeypatch: pytest.Monk
         lambda: fakeproc.write_process(root, 6, comm="new", cgroup=cg(UID2), start_ticks=200),
     )
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert reader.read(6) is ProcError.REUSED
+    assert reader.read_pid(6) is ProcError.REUSED
     assert reader.errors_total == 0
 
 
 def test_read_exited_after_cgroup_read(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fakeproc.write_process(root, 6, comm="old", cgroup=cg(), start_ticks=100)
     _race_after_cgroup_read(monkeypatch, lambda: fakeproc.remove_process(root, 6))
-    assert ProcReader(str(root), clk_tck=CLK).read(6) is ProcError.EXITED
+    assert ProcReader(str(root), clk_tck=CLK).read_pid(6) is ProcError.EXITED
 
 
 @pytest.mark.parametrize(
@@ -714,7 +714,7 @@ def test_read_exited_after_cgroup_read(root: Path, monkeypatch: pytest.MonkeyPat
 def test_read_listed_at(root: Path, offset: float, expected: ProcError | None) -> None:
     fakeproc.write_process(root, 8, comm="w", cgroup=cg(), start_ticks=50_000)
     start = BTIME + 50_000 / CLK
-    got = ProcReader(str(root), clk_tck=CLK).read(8, listed_at=start + offset)
+    got = ProcReader(str(root), clk_tck=CLK).read_pid(8, listed_at=start + offset)
     if expected is None:
         assert isinstance(got, ProcInfo) and got.start_time == pytest.approx(start)
     else:
@@ -743,7 +743,7 @@ def test_listed_at_compared_on_the_boot_clock(
     reader = ProcReader(
         str(root), clk_tck=CLK, boot_clock=lambda: 5000.0, wall_clock=lambda: boot + 5000.0
     )
-    got = reader.read(8, listed_at=boot + 4000.0)  # 400,000 ticks after boot
+    got = reader.read_pid(8, listed_at=boot + 4000.0)  # 400,000 ticks after boot
     if expected is None:
         assert isinstance(got, ProcInfo)
     else:
@@ -792,25 +792,25 @@ def test_read_unreadable(root: Path, breakage: str) -> None:
             (root / "elsewhere").write_text(stat_line("3", "w"))
             os.symlink(root / "elsewhere", stat_path)
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert reader.read(3) is ProcError.UNREADABLE
-    assert reader.read(3) is ProcError.UNREADABLE
+    assert reader.read_pid(3) is ProcError.UNREADABLE
+    assert reader.read_pid(3) is ProcError.UNREADABLE
     assert reader.errors_total == 2
 
 
 @pytest.mark.parametrize("pid", [0, -1, True])
 def test_read_invalid_pid(root: Path, pid: int) -> None:
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert reader.read(pid) is ProcError.UNREADABLE
+    assert reader.read_pid(pid) is ProcError.UNREADABLE
     assert reader.errors_total == 1
 
 
 def test_read_without_btime_is_unreadable(tmp_path: Path) -> None:
     fakeproc.write_process(tmp_path, 3, comm="w", cgroup=cg(), start_ticks=1)
     reader = ProcReader(str(tmp_path), clk_tck=CLK)
-    assert reader.read(3) is ProcError.UNREADABLE
+    assert reader.read_pid(3) is ProcError.UNREADABLE
     assert reader.errors_total == 1
     fakeproc.write_proc_stat(tmp_path, BTIME)  # a failed btime read is retried
-    assert isinstance(reader.read(3), ProcInfo)
+    assert isinstance(reader.read_pid(3), ProcInfo)
 
 
 def test_btime_is_cached_then_refreshed(root: Path) -> None:
@@ -818,24 +818,24 @@ def test_btime_is_cached_then_refreshed(root: Path) -> None:
     cached = ProcReader(str(root), clk_tck=CLK)
     fresh = ProcReader(str(root), clk_tck=CLK, btime_max_age=0.0)
     for reader in (cached, fresh):
-        assert isinstance(got := reader.read(3), ProcInfo) and got.start_time == BTIME + 1
+        assert isinstance(got := reader.read_pid(3), ProcInfo) and got.start_time == BTIME + 1
     fakeproc.write_proc_stat(root, BTIME + 7)
-    assert isinstance(got := cached.read(3), ProcInfo) and got.start_time == BTIME + 1
-    assert isinstance(got := fresh.read(3), ProcInfo) and got.start_time == BTIME + 8
+    assert isinstance(got := cached.read_pid(3), ProcInfo) and got.start_time == BTIME + 1
+    assert isinstance(got := fresh.read_pid(3), ProcInfo) and got.start_time == BTIME + 8
 
 
 def test_cache_keeps_cgroup_until_start_time_changes(root: Path) -> None:
     fakeproc.write_process(root, 20, comm="w", cgroup=cg(UID, CID), start_ticks=100)
     reader = ProcReader(str(root), clk_tck=CLK)
-    first = reader.read(20)
+    first = reader.read_pid(20)
     assert isinstance(first, ProcInfo) and first.cgroup is not None
     # Same process (same start time): the cgroup file is not read again.
     (root / "20" / "cgroup").write_text(cg(UID2, CID2))
-    again = reader.read(20)
+    again = reader.read_pid(20)
     assert isinstance(again, ProcInfo) and again.cgroup == first.cgroup
     # A new process under the same PID: read afresh.
     fakeproc.write_process(root, 20, comm="w2", cgroup=cg(UID2, CID2), start_ticks=101)
-    newer = reader.read(20)
+    newer = reader.read_pid(20)
     assert isinstance(newer, ProcInfo) and newer.comm == "w2"
     assert newer.cgroup is not None and newer.cgroup.pod_uid == UID2
 
@@ -845,12 +845,12 @@ def test_cache_is_bounded_lru(root: Path) -> None:
         fakeproc.write_process(root, pid, comm="w", cgroup=cg(UID, CID), start_ticks=pid)
     reader = ProcReader(str(root), clk_tck=CLK, cache_size=2)
     for pid in (1, 2, 1, 3):  # 2 is now the least recently used
-        reader.read(pid)
+        reader.read_pid(pid)
     for pid in (1, 2, 3):
         (root / str(pid) / "cgroup").write_text(cg(UID2, CID2))
     pods = {}
     for pid in (1, 3, 2):
-        got = reader.read(pid)
+        got = reader.read_pid(pid)
         assert isinstance(got, ProcInfo) and got.cgroup is not None
         pods[pid] = got.cgroup.pod_uid
     assert pods == {1: UID, 3: UID, 2: UID2}
@@ -860,9 +860,9 @@ def test_cache_is_bounded_lru(root: Path) -> None:
 def test_cache_size_zero_always_reads(root: Path) -> None:
     fakeproc.write_process(root, 1, comm="w", cgroup=cg(UID, CID), start_ticks=1)
     reader = ProcReader(str(root), clk_tck=CLK, cache_size=0)
-    reader.read(1)
+    reader.read_pid(1)
     (root / "1" / "cgroup").write_text(cg(UID2, CID2))
-    got = reader.read(1)
+    got = reader.read_pid(1)
     assert isinstance(got, ProcInfo) and got.cgroup is not None and got.cgroup.pod_uid == UID2
 
 
@@ -903,7 +903,7 @@ def test_read_stat_file_content(root: Path, content: bytes, expected: str | Proc
     fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=22)
     (root / "3" / "stat").write_bytes(content)
     reader = ProcReader(str(root), clk_tck=CLK)
-    got = reader.read(3)
+    got = reader.read_pid(3)
     if isinstance(expected, ProcError):
         assert got is expected
         assert reader.errors_total == 1
@@ -946,7 +946,7 @@ def test_read_stat_special_file_is_unreadable(root: Path, node: str | tuple[int,
                 os.write(held[0], b"not a stat line\n")
         reader = ProcReader(str(root), clk_tck=CLK)
         started = time.monotonic()
-        assert reader.read(3) is ProcError.UNREADABLE
+        assert reader.read_pid(3) is ProcError.UNREADABLE
         assert reader.read_many([3, 3]) == {3: ProcError.UNREADABLE}
         assert time.monotonic() - started < 2.0
         assert reader.errors_total == 2
@@ -970,7 +970,7 @@ def test_read_root_forms(root: Path, form: str, monkeypatch: pytest.MonkeyPatch)
     text = {"plain": str(root), "trailing-slash": f"{root}/", "empty-is-cwd": ""}[form]
     reader = ProcReader(text, clk_tck=CLK)
     for _ in range(2):  # a miss, then a cache hit
-        got = reader.read(4242)
+        got = reader.read_pid(4242)
         assert isinstance(got, ProcInfo) and got.start_time == BTIME + 1
         assert got.cgroup == parse_cgroup(cg())
 
@@ -982,7 +982,7 @@ def test_read_and_read_many_agree(root: Path) -> None:
     one_by_one = ProcReader(str(root), clk_tck=CLK)
     batch = ProcReader(str(root), clk_tck=CLK)
     for _ in range(2):  # cold cache, then warm
-        expected = {pid: one_by_one.read(pid, BTIME + 100) for pid in pids}
+        expected = {pid: one_by_one.read_pid(pid, BTIME + 100) for pid in pids}
         assert batch.read_many(pids, BTIME + 100) == expected
     assert one_by_one.errors_total == batch.errors_total == 2  # pid 0, twice each
 
@@ -999,7 +999,7 @@ def test_read_and_read_many_agree(root: Path) -> None:
 def test_read_non_int_pid(root: Path, pid: object) -> None:
     fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=1)
     reader = ProcReader(str(root), clk_tck=CLK)
-    assert reader.read(pid) is ProcError.UNREADABLE  # type: ignore[arg-type]
+    assert reader.read_pid(pid) is ProcError.UNREADABLE  # type: ignore[arg-type]
     assert reader.errors_total == 1
 
 
@@ -1039,15 +1039,15 @@ def test_read_many_without_btime_counts_each_pid(tmp_path: Path) -> None:
 def test_cache_hit_sees_new_comm(root: Path) -> None:
     fakeproc.write_process(root, 20, comm="before", cgroup=cg(UID, CID), start_ticks=100)
     reader = ProcReader(str(root), clk_tck=CLK)
-    first = reader.read(20)
+    first = reader.read_pid(20)
     assert isinstance(first, ProcInfo)
-    assert reader.read(20) is first  # unchanged: the frozen ProcInfo is handed out again
+    assert reader.read_pid(20) is first  # unchanged: the frozen ProcInfo is handed out again
     # prctl(PR_SET_NAME) renames a process without a new start time; the cgroup stays cached.
     fakeproc.write_process(root, 20, comm="after", cgroup=cg(UID2, CID2), start_ticks=100)
-    renamed = reader.read(20)
+    renamed = reader.read_pid(20)
     assert isinstance(renamed, ProcInfo)
     assert (renamed.comm, renamed.cgroup) == ("after", first.cgroup)
-    assert reader.read(20) is renamed
+    assert reader.read_pid(20) is renamed
 
 
 def test_read_many_from_threads(root: Path) -> None:
@@ -1083,7 +1083,7 @@ def test_read_many_from_threads(root: Path) -> None:
 def test_real_proc_own_process() -> None:
     reader = ProcReader()
     before = time.time()
-    got = reader.read(os.getpid(), listed_at=before)
+    got = reader.read_pid(os.getpid(), listed_at=before)
     assert isinstance(got, ProcInfo)
     with open("/proc/self/comm") as f:
         assert got.comm == f.read().rstrip("\n")
@@ -1093,7 +1093,7 @@ def test_real_proc_own_process() -> None:
     with open("/proc/self/cgroup") as f:
         assert got.cgroup == parse_cgroup(f.read())
     # A listing made well before this process started means the PID was reused.
-    assert reader.read(os.getpid(), listed_at=got.start_time - 30) is ProcError.REUSED
+    assert reader.read_pid(os.getpid(), listed_at=got.start_time - 30) is ProcError.REUSED
     assert reader.errors_total == 0
 
 
@@ -1105,16 +1105,16 @@ def test_real_proc_child_exits() -> None:
     child = subprocess.Popen([sleep, "30"])
     try:
         deadline = time.monotonic() + 5
-        got = reader.read(child.pid)
+        got = reader.read_pid(child.pid)
         # Right after fork the child may still carry the parent's name until exec.
         while isinstance(got, ProcInfo) and got.comm != "sleep" and time.monotonic() < deadline:
             time.sleep(0.01)
-            got = reader.read(child.pid)
+            got = reader.read_pid(child.pid)
         assert isinstance(got, ProcInfo) and got.comm == "sleep"
     finally:
         child.kill()
         child.wait()
-    assert reader.read(child.pid) is ProcError.EXITED
+    assert reader.read_pid(child.pid) is ProcError.EXITED
     assert reader.errors_total == 0
 
 

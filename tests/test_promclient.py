@@ -27,11 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.app import Scraper, make_app
 from enricher.enrich import plan_devices
-from enricher.model import ProcError, ProcInfo
 from enricher.promclient import MetricWriter
 from enricher.rewrite import Rewriter
 from enricher.textformat import FamilyWriter, written_value
-from tests.scraping import PER_SCRAPE
+from tests.scraping import PER_SCRAPE, NoProcs
 
 from .conftest import promtool_check_metrics
 
@@ -50,15 +49,6 @@ PYTHON_FAMILIES = (
     "python_gc_collections_total",
 )
 REFUSED = "http://127.0.0.1:9/metrics"  # the discard port: the upstream is down
-
-
-class NoProcs:
-    errors_total = 0
-
-    def read_many(
-        self, pids: Any, listed_at: float | None = None
-    ) -> dict[int, ProcInfo | ProcError]:
-        return {}
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

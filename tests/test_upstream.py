@@ -16,9 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.app import Scraper, make_app
-from enricher.model import ProcError, ProcInfo
 from enricher.upstream import UpstreamError, fetch_upstream, url_for_pod_ip
-from tests.scraping import PER_SCRAPE
+from tests.scraping import PER_SCRAPE, NoProcs
 
 GOOD = '# HELP up_like A gauge.\n# TYPE up_like gauge\nup_like{UUID="GPU-1"} 1\n'
 
@@ -142,17 +141,6 @@ def test_url_for_pod_ip(url: str, ip: str, want: str) -> None:
 
 
 # --------------------------------------------------------------------------- pipeline
-
-
-class NoProcs:
-    """No GPU processes on this node (the GPU side is off in these tests)."""
-
-    errors_total = 0
-
-    def read_many(
-        self, pids: Any, listed_at: float | None = None
-    ) -> dict[int, ProcInfo | ProcError]:
-        return {}
 
 
 async def _client(url: str) -> TestClient[Any, Any]:

@@ -31,7 +31,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from enricher.app import Scraper, make_app
 from enricher.config import Config
-from enricher.model import ProcError, ProcInfo
 from enricher.webconfig import (
     BasicAuthChecker,
     WebConfig,
@@ -43,6 +42,7 @@ from enricher.webconfig import (
     parse_web_config,
     ssl_context,
 )
+from tests.scraping import NoProcs
 
 # --------------------------------------------------------------------------- certificates
 
@@ -161,17 +161,6 @@ def _hash(password: bytes, prefix: str = "2b") -> str:
 
 
 # --------------------------------------------------------------------------- server
-
-
-class NoProcs:
-    """No GPU processes: these tests are about the HTTP layer."""
-
-    errors_total = 0
-
-    def read_many(
-        self, pids: Any, listed_at: float | None = None
-    ) -> dict[int, ProcError | ProcInfo]:
-        return {}
 
 
 Serve = Callable[[WebConfig], Awaitable[int]]
