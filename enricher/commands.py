@@ -17,6 +17,7 @@ from .enrich import Attribution, attribute, cgroup_containers, choose_docker, do
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
+from .sources import Source
 
 log = logging.getLogger("enricher")
 
@@ -66,6 +67,12 @@ def make_docker_source(config: Config) -> DockerSource | None:
     return DockerSource(config.docker_host, timeout=config.docker_timeout)
 
 
+def extra_sources(config: Config) -> list[Source]:
+    """Sources beyond the six the enrichment uses: each is read on every node read and
+    reported with the dcgm_enricher_source_* series. A new one is one line here."""
+    return []
+
+
 def make_gpu_source(config: Config) -> Any:
     if not config.nvml_enabled:
         return None
@@ -97,6 +104,7 @@ async def run_server(config: Config) -> int:
         pods=pods,
         podresources=make_podresources_source(config),
         docker=make_docker_source(config),
+        sources=extra_sources(config),
     )
     from .webconfig import WebConfig, WebConfigError, apply, load_web_config, ssl_context
 

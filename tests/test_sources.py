@@ -197,3 +197,11 @@ async def test_scraper_close_closes_every_source_once(tmp_path: Path) -> None:
         release.set()
     assert time.monotonic() - started < 3.0
     assert (gpu.closed, procs.closed, extra.closed) == (1, 1, 1)
+
+
+def test_docs_list_every_source() -> None:
+    """docs/sources.md has a row for each source the table above checks."""
+    text = (Path(__file__).parent.parent / "docs" / "sources.md").read_text()
+    for param in SOURCES:
+        if not param.id.startswith("demo-"):
+            assert f"| `{param.values[0]}` |" in text, param.id
