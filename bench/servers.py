@@ -249,8 +249,10 @@ class _Timings:
         self.scrape: deque[float] = deque(maxlen=self.KEEP)
 
     def install(self, app_module: Any, scraper: Any) -> None:
+        import enricher.upstream as upstream_module  # UpstreamSource.read calls it from there
+
         timings = self
-        fetch = app_module.fetch_upstream
+        fetch = upstream_module.fetch_upstream
         rewrite = scraper._rewriter.rewrite
         scrape = scraper.scrape
 
@@ -275,7 +277,7 @@ class _Timings:
             finally:
                 timings.scrape.append(time.perf_counter() - t0)
 
-        app_module.fetch_upstream = timed_fetch
+        upstream_module.fetch_upstream = timed_fetch  # type: ignore[assignment]
         scraper._rewriter.rewrite = timed_rewrite
         scraper.scrape = timed_scrape
 

@@ -24,6 +24,7 @@ from enricher.kube import build_index, parse_pod
 from enricher.model import PodIndex, PodInfo
 from enricher.procfs import ProcReader
 from enricher.promclient import RUNTIME_PREFIXES
+from enricher.sources import Reading
 
 from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
@@ -165,6 +166,8 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
 class StaticPods:
     """A node's pods that never change (the pod watch's interface, without a watch)."""
 
+    name = "kubernetes"
+    enabled = True
     up = True
     errors_total = 0
     last_sync = 1_700_000_000.0
@@ -175,8 +178,14 @@ class StaticPods:
     def index(self) -> PodIndex:
         return self._index
 
+    def read(self) -> Reading[PodIndex]:
+        return Reading(self._index)
+
     def upstream_pods(self) -> list[PodInfo]:
         return []
+
+    def close(self) -> None:
+        pass
 
 
 def _without_self_metrics(body: bytes) -> str:
