@@ -77,12 +77,20 @@ async def _serve_enricher(
 
     from enricher.app import Scraper, make_app, serve
     from enricher.config import Config
-    from enricher.demo import NODE, PODS, SimulatedGpus, StaticPods, pod_object, write_proc_tree
+    from enricher.demo import (
+        DEMO,
+        NODE,
+        PODS,
+        SimulatedGpus,
+        StaticPods,
+        pod_object,
+        write_proc_tree,
+    )
     from enricher.kube import parse_pod
     from enricher.procfs import ProcReader
 
     with tempfile.TemporaryDirectory(prefix="bench-load-proc-") as tmp:
-        write_proc_tree(Path(tmp), time.time())
+        write_proc_tree(Path(tmp), DEMO, time.time())
         config = replace(
             Config(),
             upstream_url=upstream_url,

@@ -66,20 +66,45 @@ class SimPod:
     # Device IDs the (simulated) device plugin allocated to the container, as the kubelet
     # reports them: GPU-<uuid>, GPU-<uuid>::<replica>, MIG-<uuid>.
     devices: tuple[str, ...] = ()
-    # A static pod's config hash: the API server holds its mirror, under this hash.
+    # A static pod's config hash: the API server holds its mirror, under this hash, and the
+    # kubelet names the pod's cgroup after it.
     mirror_of: str = ""
+    qos: str = "burstable"  # guaranteed | burstable | besteffort: the cgroup path says which
 
 
 @dataclass(frozen=True)
 class SimProc:
+    """A GPU process of a simulated node: what NVML lists and what /proc holds for it."""
+
     pid: int
     comm: str
     gpu: int
     gi: int | None
-    base_mib: int  # memory swings around this
+    base_mib: int | None  # memory swings around this; None: NVML cannot tell
     util: float  # mean SM utilization 0..1
     pod: SimPod | None  # None: a host process
     kind: ProcessKind = ProcessKind.COMPUTE
+    also: tuple[ProcessKind, ...] = ()  # further NVML lists naming it (a graphics context)
+    # NVML's utilization samples (timestamp, SM percent) for the fake NVML; () derives one
+    # sample from ``util``.
+    samples: tuple[tuple[int, int], ...] = ()
+    exited: bool = False  # NVML still lists it, /proc no longer has it
+    host_cgroup: str = "/system.slice/gpu-benchmark.service"  # a host process's cgroup
+
+
+@dataclass(frozen=True)
+class SimNode:
+    """A simulated node: its GPUs and MIG devices, its GPU processes, and the pods the API
+    server holds for it (a process's pod may be missing from them: deleted since)."""
+
+    name: str
+    gpus: tuple[GpuDevice, ...]
+    migs: tuple[MigDevice, ...]
+    procs: tuple[SimProc, ...]
+    pods: tuple[SimPod, ...]
+    driver: str = "550.90.07"
+    first_ticks: int = 100_000  # the first process's start time, in clock ticks after boot
+    ticks_apart: int = 1000
 
 
 def _cid(n: int) -> str:
@@ -147,7 +172,8 @@ BERT = SimPod(
     "nvidia.com/mig-3g.40gb",
     labels=(("team", "nlp"),),
     cgroup_style="cgroupfs",
-    devices=(MIGS[0].uuid,),  # a MIG device is allocated by its own UUID
+    devices=(MIGS[0].uuid,),
+    qos="guaranteed",  # a MIG device is allocated by its own UUID
 )
 JUPYTER = SimPod(
     "jupyterhub",
@@ -263,6 +289,7 @@ UPSTREAM_PODS: dict[tuple[int, int | None], SimPod] = {
     (1, None): VLLM,
     (2, 1): BERT,
 }
+DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS)
 
 
 def _wave(t: float, period: float, phase: float) -> float:
@@ -279,7 +306,9 @@ class SimulatedGpus:
         self._clock = clock
         self.errors_total = 0
 
-    def proc_memory(self, proc: SimProc, t: float) -> int:
+    def proc_memory(self, proc: SimProc, t: float) -> int | None:
+        if proc.base_mib is None:
+            return None
         return int((proc.base_mib * (0.9 + 0.2 * _wave(t, 120, proc.pid))) * 2**20)
 
     def proc_util(self, proc: SimProc, t: float) -> float | None:
@@ -297,11 +326,13 @@ class SimulatedGpus:
                 p.pid,
                 self.proc_memory(p, t),
                 self.proc_util(p, t),
-                frozenset({p.kind}),
+                frozenset({p.kind, *p.also}),
             )
             for p in PROCS
         )
-        return GpuSnapshot(GPUS, MIGS, procs, driver_version="550.90.07 (simulated)", taken_at=t)
+        return GpuSnapshot(
+            GPUS, MIGS, procs, driver_version=f"{DEMO.driver} (simulated)", taken_at=t
+        )
 
     def read(self) -> Reading[GpuSnapshot]:
         return Reading(self.fetch())
@@ -310,21 +341,27 @@ class SimulatedGpus:
         pass
 
 
-def write_proc_tree(root: Path, now: float) -> None:
-    """Write the SIMULATED /proc tree: one directory per demo process with stat and cgroup."""
+def proc_cgroup(proc: SimProc) -> str:
+    """The cgroup file of ``proc``: its pod's, in the pod's layout, or its host unit's."""
+    pod = proc.pod
+    if pod is None:
+        return fakeproc.cgroup_host(proc.host_cgroup)
+    uid = pod.mirror_of or pod.uid
+    if pod.cgroup_style == "cgroupfs":
+        return fakeproc.cgroup_v1_cgroupfs(uid, pod.container_id, qos=pod.qos)
+    runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
+    return fakeproc.cgroup_v2_systemd(uid, pod.container_id, qos=pod.qos, runtime=runtime)
+
+
+def write_proc_tree(root: Path, node: SimNode, now: float) -> None:
+    """Write ``node``'s SIMULATED /proc tree (booted a day before ``now``): one directory
+    per live process with stat, comm and cgroup, started one after the other."""
     fakeproc.write_proc_stat(root, int(now) - 86_400)
-    for i, proc in enumerate(PROCS):
-        pod = proc.pod
-        if pod is None:
-            cgroup = fakeproc.cgroup_host("/system.slice/gpu-benchmark.service")
-        elif pod.cgroup_style == "cgroupfs":
-            cgroup = fakeproc.cgroup_v1_cgroupfs(pod.uid, pod.container_id, qos="guaranteed")
-        elif pod.cgroup_style == "crio":
-            cgroup = fakeproc.cgroup_v2_systemd(pod.uid, pod.container_id, runtime="cri-o")
-        else:
-            cgroup = fakeproc.cgroup_v2_systemd(pod.uid, pod.container_id)
+    live = [p for p in node.procs if not p.exited]
+    for i, proc in enumerate(live):
+        ticks = node.first_ticks + i * node.ticks_apart
         fakeproc.write_process(
-            root, proc.pid, comm=proc.comm, cgroup=cgroup, start_ticks=100_000 + i * 1000
+            root, proc.pid, comm=proc.comm, cgroup=proc_cgroup(proc), start_ticks=ticks
         )
 
 
@@ -530,7 +567,7 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
     busy: dict[tuple[int, int | None], float] = {}
     for p in PROCS:
         for key in ((p.gpu, p.gi), (p.gpu, None)):
-            used[key] = used.get(key, 0.0) + gpus.proc_memory(p, t) / 2**20
+            used[key] = used.get(key, 0.0) + (gpus.proc_memory(p, t) or 0) / 2**20
             busy[key] = busy.get(key, 0.0) + (gpus.proc_util(p, t) or p.util or 0.3)
     w = FamilyWriter()
     for name, typ, help_text, per_instance in _FIELDS:
@@ -622,7 +659,7 @@ async def start_demo(
 ) -> tuple[Scraper, list[web.AppRunner], SimulatedKubelet]:
     """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them."""
     gpus = SimulatedGpus()
-    write_proc_tree(proc_root, time.time())
+    write_proc_tree(proc_root, DEMO, time.time())
     response = list_response(allocations())
     kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
     kubelet.start()

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.app import Scraper, make_app
 from enricher.commands import make_podresources_source
 from enricher.config import Config
-from enricher.demo import SimPod, SimulatedKubelet
+from enricher.demo import SimNode, SimPod, SimulatedKubelet
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.procfs import ProcReader
@@ -44,7 +44,7 @@ from enricher.procfs import ProcReader
 from .conftest import GOLDEN
 from .dockerapi import DockerAPI
 from .kubeapi import KubeApiStandIn, make_api_client, make_pod
-from .nvmlfake import FakeNvml, FakeNvmlState
+from .nvmlfake import ERROR_NOT_SUPPORTED, FakeNvml, FakeNvmlState
 from .scraping import PER_SCRAPE
 
 # A port nothing listens on (discard): the upstream URL of a node whose exporter is down.
@@ -91,6 +91,30 @@ def api_pod(pod: SimPod, node: str) -> dict[str, Any]:
         gpu_resource=pod.gpu_request or "nvidia.com/gpu",
         mirror_of=pod.mirror_of,
     )
+
+
+def nvml_state_of(node: SimNode) -> FakeNvmlState:
+    """``node``'s GPUs, MIG devices and processes as the fake NVML reports them: memory
+    fixed at each process's ``base_mib``, its ``samples`` (or one made from ``util``), and
+    no per-process utilization on a MIG-enabled GPU, as real NVML answers there."""
+    s = FakeNvmlState(driver=node.driver)
+    for gpu in node.gpus:
+        s.gpu(uuid=gpu.uuid, name=gpu.name, mig=gpu.mig_enabled)
+    for mig in node.migs:
+        s.mig(mig.gpu_index, gi=mig.gi_id, ci=mig.ci_id, profile=mig.profile, uuid=mig.uuid)
+    for p in node.procs:
+        ci = None if p.gi is None else 0
+        memory = None if p.base_mib is None else p.base_mib << 20
+        for kind in (p.kind, *p.also):
+            s.process(p.pid, gpu=p.gpu, gi=p.gi, ci=ci, memory=memory, kind=kind)
+    for p in node.procs:
+        derived = ((1_000, round(100 * p.util)),) if p.util and p.gi is None else ()
+        for timestamp, sm in p.samples or derived:
+            s.util(p.pid, timestamp, sm, gpu=p.gpu)
+    for gpu in node.gpus:
+        if gpu.mig_enabled:
+            s.fail("nvmlDeviceGetProcessUtilization", ERROR_NOT_SUPPORTED, gpu=gpu.index)
+    return s
 
 
 def who(pod: SimPod) -> tuple[str, str, str]:

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from enricher import fakeproc
 from enricher.config import Config
-from enricher.demo import SimPod
+from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
+from enricher.model import GpuDevice, MigDevice, ProcessKind
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, Stack, api_pod, check_golden, cid, series
+from .harness import MakeStack, Stack, api_pod, check_golden, cid, nvml_state_of, series
 from .kubeapi import make_pod
-from .nvmlfake import FakeNvmlState
+from .nvmlfake import default_mig_uuid
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
 NODE = "gpu-node-a"
@@ -69,6 +69,7 @@ TRITON = SimPod(
     cid(0x3),
     ("StatefulSet", "triton"),
     GPU,
+    cgroup_style="cgroupfs",
 )
 BERT = SimPod(
     "research",
@@ -78,6 +79,7 @@ BERT = SimPod(
     cid(0x4),
     ("Job", "bert-finetune"),
     GPU,
+    qos="guaranteed",
 )
 STATIC = SimPod(
     "kube-system",
@@ -88,49 +90,64 @@ STATIC = SimPod(
     None,
     GPU,
     mirror_of=STATIC_HASH,
+    cgroup_style="cgroupfs",
+    qos="besteffort",
 )
 PODS = [JUPYTER, VLLM, TRITON, BERT, STATIC]
-GONE_POD_UID = "99999999-ffff-4fff-8fff-000000000009"
+
+
+GONE = SimPod(
+    "ml", "deleted-0", "99999999-ffff-4fff-8fff-000000000009", "c", cid(0x9), None, GPU
+)  # deleted since: the API server no longer holds it
+GIB_MIB = 1024
+GOLDEN_NODE = SimNode(
+    NODE,
+    tuple(
+        GpuDevice(i, uuid, "NVIDIA A100-SXM4-80GB", mig_enabled=i == 2) for i, uuid in enumerate(U)
+    ),
+    tuple(
+        MigDevice(U[2], 2, gi, 0, default_mig_uuid(2, gi, 0), profile)
+        for gi, profile in ((1, "3g.40gb"), (2, "2g.20gb"), (3, "1g.10gb"))
+    ),
+    (
+        SimProc(1001, "python", 0, None, 6 * GIB_MIB, 0.0, JUPYTER, samples=((100, 40), (200, 60))),
+        SimProc(
+            1002,
+            "python",
+            0,
+            None,
+            1 * GIB_MIB,
+            0.0,
+            JUPYTER,
+            also=(ProcessKind.GRAPHICS,),
+            samples=((150, 10),),
+        ),
+        SimProc(2001, "python3", 1, None, 20 * GIB_MIB, 0.0, VLLM, samples=((100, 70),)),
+        SimProc(2002, "tritonserver", 1, None, 12 * GIB_MIB, 0.0, TRITON, samples=((100, 20),)),
+        SimProc(2003, "python", 1, None, 2 * GIB_MIB, 0.0, GONE),
+        SimProc(2004, "python", 1, None, 3 * GIB_MIB, 0.0, None, exited=True),
+        SimProc(3001, "python", 2, 1, 30 * GIB_MIB, 0.0, BERT),
+        SimProc(
+            3002,
+            "gpu-burn",
+            2,
+            2,
+            9 * GIB_MIB,
+            0.0,
+            None,
+            host_cgroup="/system.slice/gpu-burn.service",
+        ),
+        SimProc(3003, "probe", 2, 3, None, 0.0, STATIC),
+    ),
+    tuple(PODS),
+    first_ticks=1000,
+    ticks_apart=1,
+)
+BOOT = 1_700_000_000
 
 
 def write_proc(root: Path) -> None:
-    """The node's processes: one per GPU user, each with the cgroup layout a real node has."""
-    procs: list[tuple[int, str, str]] = [
-        (1001, "python", fakeproc.cgroup_v2_systemd(JUPYTER.uid, JUPYTER.container_id)),
-        (1002, "python", fakeproc.cgroup_v2_systemd(JUPYTER.uid, JUPYTER.container_id)),
-        (2001, "python3", fakeproc.cgroup_v2_systemd(VLLM.uid, VLLM.container_id, runtime="cri-o")),
-        (2002, "tritonserver", fakeproc.cgroup_v1_cgroupfs(TRITON.uid, TRITON.container_id)),
-        (2003, "python", fakeproc.cgroup_v2_systemd(GONE_POD_UID, cid(0x9))),
-        (3001, "python", fakeproc.cgroup_v2_systemd(BERT.uid, BERT.container_id, qos="guaranteed")),
-        (3002, "gpu-burn", fakeproc.cgroup_host("/system.slice/gpu-burn.service")),
-        (
-            3003,
-            "probe",
-            fakeproc.cgroup_v1_cgroupfs(STATIC_HASH, STATIC.container_id, qos="besteffort"),
-        ),
-    ]
-    fakeproc.write_tree(root, procs)
-
-
-def nvml_state() -> FakeNvmlState:
-    s = FakeNvmlState(driver="550.90.07")
-    for uuid in U:
-        s.gpu(uuid=uuid, mig=(uuid == U[2]))
-    s.mig(2, gi=1, profile="3g.40gb").mig(2, gi=2, profile="2g.20gb").mig(
-        2, gi=3, profile="1g.10gb"
-    )
-    gib = 1 << 30
-    s.process(1001, gpu=0, memory=6 * gib).process(1002, gpu=0, memory=1 * gib)
-    s.process(1002, gpu=0, memory=1 * gib, kind="graphics")
-    s.process(2001, gpu=1, memory=20 * gib).process(2002, gpu=1, memory=12 * gib)
-    s.process(2003, gpu=1, memory=2 * gib).process(2004, gpu=1, memory=3 * gib)  # 2004: gone
-    s.process(3001, gpu=2, gi=1, ci=0, memory=30 * gib)
-    s.process(3002, gpu=2, gi=2, ci=0, memory=9 * gib)
-    s.process(3003, gpu=2, gi=3, ci=0, memory=None)
-    s.util(1001, 100, 40, gpu=0).util(1001, 200, 60, gpu=0).util(1002, 150, 10, gpu=0)
-    s.util(2001, 100, 70, gpu=1).util(2002, 100, 20, gpu=1)
-    s.fail("nvmlDeviceGetProcessUtilization", 3, gpu=2)  # NOT_SUPPORTED, as on MIG
-    return s
+    write_proc_tree(root, GOLDEN_NODE, BOOT + 86_400)
 
 
 def pod_objects() -> list[dict[str, Any]]:
@@ -146,7 +163,7 @@ def node_factory(full_stack: MakeStack) -> Callable[..., Awaitable[Stack]]:
     def make(upstream_text: str | None, **config: Any) -> Awaitable[Stack]:
         return full_stack(
             upstream=upstream_text,
-            nvml=nvml_state(),
+            nvml=nvml_state_of(GOLDEN_NODE),
             proc=write_proc,
             node=NODE,
             pods=pod_objects(),
