@@ -90,6 +90,8 @@ class SimProc:
     samples: tuple[tuple[int, int], ...] = ()
     exited: bool = False  # NVML still lists it, /proc no longer has it
     host_cgroup: str = "/system.slice/gpu-benchmark.service"  # a host process's cgroup
+    cgroup: str | None = None  # the cgroup file as written, where it is not its pod's
+    start_ticks: int | None = None  # when it started; None: after the process before it
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,8 @@ class SimulatedGpus:
 
 def proc_cgroup(proc: SimProc) -> str:
     """The cgroup file of ``proc``: its pod's, in the pod's layout, or its host unit's."""
+    if proc.cgroup is not None:
+        return proc.cgroup
     pod = proc.pod
     if pod is None:
         return fakeproc.cgroup_host(proc.host_cgroup)
@@ -359,7 +363,9 @@ def write_proc_tree(root: Path, node: SimNode, now: float) -> None:
     fakeproc.write_proc_stat(root, int(now) - 86_400)
     live = [p for p in node.procs if not p.exited]
     for i, proc in enumerate(live):
-        ticks = node.first_ticks + i * node.ticks_apart
+        ticks = proc.start_ticks
+        if ticks is None:
+            ticks = node.first_ticks + i * node.ticks_apart
         fakeproc.write_process(
             root, proc.pid, comm=proc.comm, cgroup=proc_cgroup(proc), start_ticks=ticks
         )

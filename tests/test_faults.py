@@ -26,19 +26,22 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import Scraper
-from enricher.demo import SimPod
+from enricher.demo import SimNode as DemoNode
+from enricher.demo import SimPod, SimProc, write_proc_tree
 from enricher.kube import PodCache
+from enricher.model import GpuDevice, MigDevice
 from enricher.nvml import NvmlSource
 from enricher.textformat import FamilyWriter
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, Stack, Upstream, api_pod, who
+from .harness import MakeStack, Stack, Upstream, api_pod, nvml_state_of, who
 from .kubeapi import KubeApiStandIn, make_pod
 from .nvmlfake import (
     ERROR_DRIVER_NOT_LOADED,
@@ -46,6 +49,7 @@ from .nvmlfake import (
     ERROR_GPU_IS_LOST,
     FakeNvml,
     FakeNvmlState,
+    default_mig_uuid,
 )
 
 NODE = "gpu-node-faults"
@@ -83,38 +87,27 @@ NOTEBOOK = gpu_pod(
 RESERVED = gpu_pod("ml", "reserved-0", "dddddddd-0000-4000-8000-000000000004", "idle", _cid(0x4))
 
 
-@dataclass
-class Proc:
-    """A GPU process. ``owner`` is who really runs it on the GPU (None: a host process);
-    ``proc`` says what /proc/<pid> looks like."""
+HOST_UNIT = "/system.slice/gpu-burn.service"
 
-    pid: int
-    gpu: int
-    owner: SimPod | None
-    memory: int = GIB
-    gi: int | None = None
-    start_ticks: int = OLD_TICKS
-    cgroup: str | None = None  # the cgroup file as written; default: the owner's container
-    proc: str = "ok"  # ok | absent | no-cgroup | fifo | symlink | dir | bad-stat
-    listed: bool = True  # NVML lists it
 
-    def cgroup_text(self) -> str:
-        if self.cgroup is not None:
-            return self.cgroup
-        if self.owner is None:
-            return fakeproc.cgroup_host("/system.slice/gpu-burn.service")
-        return fakeproc.cgroup_v2_systemd(self.owner.uid, self.owner.container_id)
+def proc(
+    pid: int, gpu: int, owner: SimPod | None, memory: int = GIB, gi: int | None = None, **kw: Any
+) -> SimProc:
+    """A GPU process of this node (``owner`` None: a host process), started 100 s after boot
+    unless ``start_ticks`` says otherwise."""
+    return SimProc(pid, "python", gpu, gi, memory >> 20, 0.3, owner, host_cgroup=HOST_UNIT, **kw)
 
 
 @dataclass
 class SimNode:
-    """The simulated node: GPUs, MIG layout, processes, and what dcgm-exporter allocates."""
+    """The node as it is now: processes (:class:`enricher.demo.SimProc`), MIG layout, what
+    dcgm-exporter allocates and the faults injected; :meth:`sim` is it as a demo SimNode."""
 
-    procs: list[Proc] = field(
+    procs: list[SimProc] = field(
         default_factory=lambda: [
-            Proc(101, 0, TRAIN, memory=8 * GIB),
-            Proc(201, 1, INFER, memory=4 * GIB),
-            Proc(301, 1, NOTEBOOK, memory=2 * GIB),
+            proc(101, 0, TRAIN, memory=8 * GIB),
+            proc(201, 1, INFER, memory=4 * GIB),
+            proc(301, 1, NOTEBOOK, memory=2 * GIB),
         ]
     )
     # gpu -> GPU instance ids (with profile) when MIG is on
@@ -124,30 +117,42 @@ class SimNode:
     util_fails: bool = False
     extra_fails: list[tuple[str, int, int | None]] = field(default_factory=list)
     init_fails: bool = False
+    # pid -> how /proc/<pid> is damaged: no-cgroup | fifo | symlink | dir | bad-stat
+    damage: dict[int, str] = field(default_factory=dict)
 
-    def proc(self, pid: int) -> Proc:
-        return next(p for p in self.procs if p.pid == pid)
+    def add(self, p: SimProc, damage: str = "") -> None:
+        self.procs.append(p)
+        if damage:
+            self.damage[p.pid] = damage
+
+    def update(self, pid: int, **changes: Any) -> None:
+        self.procs = [replace(p, **changes) if p.pid == pid else p for p in self.procs]
+
+    def remove(self, pid: int) -> None:
+        self.procs = [p for p in self.procs if p.pid != pid]
+        self.damage.pop(pid, None)
+
+    def sim(self) -> DemoNode:
+        # Not the demo's node: H100s, all processes started at once, and it changes between
+        # scrapes (MIG on and off, processes coming and going).
+        return DemoNode(
+            NODE,
+            tuple(GpuDevice(i, u, MODEL, mig_enabled=i in self.mig) for i, u in enumerate(UUIDS)),
+            tuple(
+                MigDevice(UUIDS[gpu], gpu, gi, 0, default_mig_uuid(gpu, gi, 0), profile)
+                for gpu, instances in self.mig.items()
+                for gi, profile in instances
+            ),
+            tuple(self.procs),
+            (TRAIN, INFER, NOTEBOOK, RESERVED),
+            first_ticks=OLD_TICKS,
+            ticks_apart=0,
+        )
 
     # -------------------------------------------------------------- the fakes
 
     def nvml_state(self) -> FakeNvmlState:
-        s = FakeNvmlState(driver="550.90.07")
-        for i, uuid in enumerate(UUIDS):
-            s.gpu(uuid=uuid, name=MODEL, mig=i in self.mig)
-        for gpu, instances in self.mig.items():
-            for gi, profile in instances:
-                s.mig(gpu, gi=gi, profile=profile)
-        ts = 1000
-        for p in self.procs:
-            if not p.listed:
-                continue
-            ci = 0 if p.gi is not None else None
-            s.process(p.pid, gpu=p.gpu, gi=p.gi, ci=ci, memory=p.memory)
-            if p.gi is None:
-                ts += 10
-                s.util(p.pid, ts, 30, gpu=p.gpu)
-        for gpu in self.mig:
-            s.fail("nvmlDeviceGetProcessUtilization", 3, gpu=gpu)  # NOT_SUPPORTED on MIG
+        s = nvml_state_of(self.sim())
         if self.util_fails:
             s.fail("nvmlDeviceGetProcessUtilization", ERROR_FUNCTION_NOT_FOUND)
         for symbol, code, which in self.extra_fails:
@@ -158,30 +163,25 @@ class SimNode:
 
     def write_proc(self, root: Path) -> None:
         shutil.rmtree(root, ignore_errors=True)
-        fakeproc.write_proc_stat(root, BTIME)
-        for p in self.procs:
-            if p.proc == "absent":
-                continue
-            fakeproc.write_process(
-                root, p.pid, comm="python", cgroup=p.cgroup_text(), start_ticks=p.start_ticks
-            )
-            d = root / str(p.pid)
+        write_proc_tree(root, self.sim(), BTIME + 86_400)
+        for pid, damage in self.damage.items():
+            d = root / str(pid)
             cgroup = d / "cgroup"
-            if p.proc == "no-cgroup":
+            if damage == "no-cgroup":
                 cgroup.unlink()
-            elif p.proc == "fifo":
+            elif damage == "fifo":
                 cgroup.unlink()
                 os.mkfifo(cgroup)
-            elif p.proc == "symlink":
+            elif damage == "symlink":
                 # Pointing at a perfectly good file: the reader must not follow it.
                 target = d / "cgroup.real"
                 cgroup.rename(target)
                 cgroup.symlink_to(target)
-            elif p.proc == "dir":
+            elif damage == "dir":
                 cgroup.unlink()
                 cgroup.mkdir()
-            elif p.proc == "bad-stat":
-                (d / "stat").write_text(f"{p.pid} (python) S 1 2 3\n")
+            elif damage == "bad-stat":
+                (d / "stat").write_text(f"{pid} (python) S 1 2 3\n")
 
     def upstream_text(self) -> str:
         """dcgm-exporter's view: its label names and order, pod labels from PodResources."""
@@ -217,12 +217,10 @@ class SimNode:
         """Who really runs a process NVML lists, per device; MIG counts for the whole GPU."""
         out: dict[Key, set[Who]] = {}
         for p in self.procs:
-            if not p.listed:
-                continue
             uuid = UUIDS[p.gpu]
             keys = [(uuid, "")] + ([(uuid, str(p.gi))] if p.gi is not None else [])
             for key in keys:
-                out.setdefault(key, set()).add(who(p.owner) if p.owner else ("", "", ""))
+                out.setdefault(key, set()).add(who(p.pod) if p.pod else ("", "", ""))
         return out
 
     def upstream_owner(self, key: Key) -> Who:
@@ -585,7 +583,7 @@ async def test_old_driver_missing_functions(make_env: MakeEnv, missing: tuple[st
 
 async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
     node = SimNode()
-    node.procs.append(Proc(401, 2, NOTEBOOK, memory=GIB))
+    node.add(proc(401, 2, NOTEBOOK, memory=GIB))
     env = await make_env(node=node)
     text = await env.scrape()
     _healthy(text)
@@ -593,8 +591,8 @@ async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
 
     # GPU 2 is reconfigured into MIG instances: the notebook is gone, two new users.
     node.mig = {2: [(1, "3g.40gb"), (2, "1g.10gb")]}
-    node.procs = [p for p in node.procs if p.pid != 401]
-    node.procs += [Proc(402, 2, INFER, gi=1, memory=3 * GIB), Proc(403, 2, None, gi=2)]
+    node.remove(401)
+    node.procs += [proc(402, 2, INFER, gi=1, memory=3 * GIB), proc(403, 2, None, gi=2)]
     env.apply()
     text = await env.scrape()
     _healthy(text)
@@ -608,7 +606,7 @@ async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
 
     # And back.
     node.mig = {}
-    node.procs = [p for p in node.procs if p.pid < 400] + [Proc(401, 2, NOTEBOOK, memory=GIB)]
+    node.procs = [p for p in node.procs if p.pid < 400] + [proc(401, 2, NOTEBOOK, memory=GIB)]
     env.apply()
     text = await env.scrape()
     _healthy(text)
@@ -620,17 +618,20 @@ async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
 
 
 @pytest.mark.parametrize(
-    "proc",
+    "damage",
     [
         pytest.param("absent", id="gone-before-stat"),
         pytest.param("no-cgroup", id="gone-between-stat-and-cgroup"),
     ],
 )
-async def test_process_exits_between_listing_and_cgroup_read(make_env: MakeEnv, proc: str) -> None:
+async def test_process_exits_between_listing_and_cgroup_read(
+    make_env: MakeEnv, damage: str
+) -> None:
     env = await make_env()
     _healthy(await env.scrape())
     # NVML lists a new process of the inference pod, but it exits before we read /proc.
-    env.node.procs.append(Proc(202, 1, INFER, memory=GIB, proc=proc))
+    exited = damage == "absent"
+    env.node.add(proc(202, 1, INFER, memory=GIB, exited=exited), "" if exited else damage)
     env.apply()
     text = await env.scrape()
     _healthy(text)  # a process that exits is normal, not a procfs error
@@ -639,7 +640,7 @@ async def test_process_exits_between_listing_and_cgroup_read(make_env: MakeEnv, 
     assert value(text, "dcgm_enricher_gpu_processes", state="unattributed") == 1
 
     # NVML stops listing it on the next read.
-    env.node.procs = [p for p in env.node.procs if p.pid != 202]
+    env.node.remove(202)
     env.apply()
     after = await env.scrape()
     assert reasons(after) == {}
@@ -655,9 +656,11 @@ async def test_pid_reused_by_another_container(make_env: MakeEnv) -> None:
     }
     # 201 exits after NVML listed it; the PID goes to a new process of the training pod,
     # which starts an hour "later" than the listing.
-    p = env.node.proc(201)
-    p.cgroup = fakeproc.cgroup_v2_systemd(TRAIN.uid, TRAIN.container_id)
-    p.start_ticks = (10_000 + 3_600) * CLK_TCK
+    env.node.update(
+        201,
+        cgroup=fakeproc.cgroup_v2_systemd(TRAIN.uid, TRAIN.container_id),
+        start_ticks=(10_000 + 3_600) * CLK_TCK,
+    )
     env.apply()
     text = await env.scrape()
     _healthy(text)
@@ -666,8 +669,7 @@ async def test_pid_reused_by_another_container(make_env: MakeEnv) -> None:
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")] == {("", "", "")}
 
     # The new process (started before this listing) really uses GPU 1: it is the trainer's.
-    p.owner = TRAIN
-    p.start_ticks = (10_000 - 5) * CLK_TCK
+    env.node.update(201, pod=TRAIN, start_ticks=(10_000 - 5) * CLK_TCK)
     env.apply()
     after = await env.scrape()
     _healthy(after)
@@ -678,12 +680,12 @@ async def test_pid_reused_by_another_container(make_env: MakeEnv) -> None:
     }
 
 
-@pytest.mark.parametrize("proc", ["fifo", "symlink", "dir", "bad-stat"])
-async def test_unreadable_proc_files(make_env: MakeEnv, proc: str) -> None:
+@pytest.mark.parametrize("damage", ["fifo", "symlink", "dir", "bad-stat"])
+async def test_unreadable_proc_files(make_env: MakeEnv, damage: str) -> None:
     env = await make_env()
     before = await env.scrape()
     errors = by_source(before, "dcgm_enricher_source_errors_total")["procfs"]
-    env.node.procs.append(Proc(204, 0, INFER, memory=GIB, proc=proc))
+    env.node.add(proc(204, 0, INFER, memory=GIB), damage)
     env.apply()
     text = await env.scrape()
     assert by_source(text, "dcgm_enricher_source_up")["procfs"] == 0
@@ -692,7 +694,7 @@ async def test_unreadable_proc_files(make_env: MakeEnv, proc: str) -> None:
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {("", "", "")}
     assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
 
-    env.node.proc(204).proc = "ok"
+    env.node.damage.pop(204)
     env.apply()
     after = await env.scrape()
     _healthy(after)
@@ -726,7 +728,7 @@ async def test_unreadable_proc_files(make_env: MakeEnv, proc: str) -> None:
 async def test_unexpected_cgroup_files(make_env: MakeEnv, cgroup: str, reason: str) -> None:
     env = await make_env()
     _healthy(await env.scrape())
-    env.node.procs.append(Proc(205, 0, None, memory=GIB, cgroup=cgroup))
+    env.node.add(proc(205, 0, None, memory=GIB, cgroup=cgroup))
     env.apply()
     text = await env.scrape()
     _healthy(text)  # a file we do not understand is reported per process, not as an outage
@@ -734,7 +736,7 @@ async def test_unexpected_cgroup_files(make_env: MakeEnv, cgroup: str, reason: s
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {("", "", "")}
     assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
 
-    env.node.procs = [p for p in env.node.procs if p.pid != 205]
+    env.node.remove(205)
     env.apply()
     after = await env.scrape()
     assert reasons(after) == {}
@@ -784,7 +786,7 @@ async def test_watch_dropped_resumes_without_relisting(make_env: MakeEnv) -> Non
 
     new = gpu_pod("ml", "train-1", "aaaaaaaa-0000-4000-8000-000000000011", "trainer", _cid(0x11))
     env.api.add_pod(api_pod(new, NODE))
-    env.node.procs.append(Proc(501, 2, new, memory=GIB))
+    env.node.procs.append(proc(501, 2, new, memory=GIB))
     env.apply()
     await env.wait_index(lambda: env.has_container(new.container_id), "the new pod")
     after = await env.scrape()
@@ -803,7 +805,7 @@ async def test_410_gone_relists(make_env: MakeEnv) -> None:
     )
     env.api.add_pod(api_pod(new, NODE))
     env.api.compact()  # and the history the client would resume from is gone
-    env.node.procs.append(Proc(502, 2, new, memory=GIB))
+    env.node.procs.append(proc(502, 2, new, memory=GIB))
     env.apply()
     await env.wait_index(lambda: not env.cache.up, "the outage")
     text = await env.scrape()
@@ -828,7 +830,7 @@ async def test_slow_api_never_blocks_a_scrape(make_env: MakeEnv) -> None:
     env.api.drop_watches()
     new = gpu_pod("ml", "train-2", "aaaaaaaa-0000-4000-8000-000000000013", "trainer", _cid(0x13))
     env.api.add_pod(api_pod(new, NODE))
-    env.node.procs.append(Proc(503, 2, new, memory=GIB))
+    env.node.procs.append(proc(503, 2, new, memory=GIB))
     env.apply()
     # The scrape reads the cache only. The guard is a hang guard, not a speed goal: far above
     # what a scrape takes, half of what waiting for the API would.
@@ -869,7 +871,7 @@ async def test_pod_deleted_while_its_process_runs(make_env: MakeEnv) -> None:
 
     # The old process exits and the new pod's starts.
     env.node.procs = [p for p in env.node.procs if p.pid != 201]
-    env.node.procs.append(Proc(206, 1, again, memory=GIB))
+    env.node.procs.append(proc(206, 1, again, memory=GIB))
     env.apply()
     after = await env.scrape()
     _healthy(after)
@@ -883,7 +885,7 @@ async def test_container_restarted_with_a_new_id(make_env: MakeEnv) -> None:
     restarted = replace(TRAIN, container_id=_cid(0x21))
     # The new container's process shows up before the kubelet reports the new container ID.
     env.node.procs = [p for p in env.node.procs if p.pid != 101]
-    env.node.procs.append(Proc(102, 0, restarted, memory=8 * GIB))
+    env.node.procs.append(proc(102, 0, restarted, memory=8 * GIB))
     env.apply()
     text = await env.scrape()
     _healthy(text)
@@ -944,14 +946,14 @@ async def test_procfs_failure_warns_again_after_a_recovery(
     caplog.set_level(logging.DEBUG, logger="enricher")
     _healthy(await env.scrape())
     # A malformed stat file: read on every scrape (a cgroup file is cached once read).
-    env.node.procs.append(Proc(204, 0, INFER, memory=GIB, proc="bad-stat"))
+    env.node.add(proc(204, 0, INFER, memory=GIB), "bad-stat")
     ups = []
     for _episode in range(2):
-        env.node.proc(204).proc = "bad-stat"
+        env.node.damage[204] = "bad-stat"
         env.apply()
         for _ in range(2):
             ups.append(by_source(await env.scrape(), "dcgm_enricher_source_up")["procfs"])
-        env.node.proc(204).proc = "ok"
+        env.node.damage.pop(204)
         env.apply()
         ups.append(by_source(await env.scrape(), "dcgm_enricher_source_up")["procfs"])
     assert ups == [0, 0, 1, 0, 0, 1]
