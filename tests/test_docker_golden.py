@@ -35,13 +35,14 @@ from enricher import fakeproc
 from enricher.app import Scraper
 from enricher.commands import ps, resolve
 from enricher.config import Config
-from enricher.model import short_id
+from enricher.demo import SimNode, SimProc, write_proc_tree
+from enricher.model import GpuDevice, MigDevice, short_id
 from enricher.procfs import ProcReader
 
 from .conftest import ROOT, assert_valid_exposition
 from .dockerapi import DockerAPI, compose_labels, container_id
-from .harness import MakeStack, Stack, check_golden, docker_engine, series
-from .nvmlfake import FakeNvml, FakeNvmlState
+from .harness import MakeStack, Stack, check_golden, docker_engine, nvml_state_of, series
+from .nvmlfake import FakeNvml, FakeNvmlState, default_mig_uuid
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "docker-host.prom"
 HOST = "lab-box"
@@ -91,45 +92,67 @@ def cgroup_v2(path: str) -> str:
     return f"0::{path}\n"
 
 
-PROCS: list[tuple[int, str, str]] = [
-    (1001, "python", cgroup_v2(f"/system.slice/docker-{TRAIN.id}.scope")),
-    (1002, "pt_data_worker", cgroup_v2(f"/system.slice/docker-{TRAIN.id}.scope")),
-    (2001, "python", cgroup_v1(f"/docker/{NOTEBOOK.id}")),
-    (
-        2002,
-        "python3",
-        cgroup_v2(
-            f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ROOTLESS.id}.scope"
-        ),
+ROOTLESS_SCOPE = (
+    f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ROOTLESS.id}.scope"
+)
+
+
+def box_proc(
+    pid: int, comm: str, gpu: int, gi: int | None, mib: int, cgroup: str, *samples: tuple[int, int]
+) -> SimProc:
+    """A process of this host: no pod, only its cgroup says which container runs it."""
+    return SimProc(pid, comm, gpu, gi, mib, 0.0, None, samples=samples, cgroup=cgroup)
+
+
+# Not the demo's node: a Docker host, whose containers only their cgroup paths name.
+HOST_NODE = SimNode(
+    HOST,
+    tuple(GpuDevice(i, u, "NVIDIA A100-SXM4-80GB", mig_enabled=i == 2) for i, u in enumerate(U)),
+    tuple(
+        MigDevice(U[2], 2, gi, 0, default_mig_uuid(2, gi, 0), profile)
+        for gi, profile in ((1, "3g.40gb"), (2, "2g.20gb"), (3, "1g.10gb"))
     ),
-    (3001, "python", cgroup_v1(f"/docker/{DIND.id}/docker/{INNER}")),
-    (3002, "ollama", cgroup_v2("/system.slice/ollama.service")),
-    (3003, "python", cgroup_v2(f"/system.slice/docker-{REMOVED}.scope")),
-    (3004, "nvidia-cuda-mps", cgroup_v2("/system.slice/nvidia-mps.service")),
-]
+    (
+        box_proc(
+            1001,
+            "python",
+            0,
+            None,
+            10 * 1024,
+            cgroup_v2(f"/system.slice/docker-{TRAIN.id}.scope"),
+            (100, 80),
+        ),
+        box_proc(
+            1002,
+            "pt_data_worker",
+            0,
+            None,
+            1024,
+            cgroup_v2(f"/system.slice/docker-{TRAIN.id}.scope"),
+            (100, 5),
+        ),
+        box_proc(2001, "python", 1, None, 4 * 1024, cgroup_v1(f"/docker/{NOTEBOOK.id}"), (100, 30)),
+        box_proc(2002, "python3", 1, None, 6 * 1024, cgroup_v2(ROOTLESS_SCOPE), (100, 25)),
+        box_proc(3001, "python", 2, 1, 30 * 1024, cgroup_v1(f"/docker/{DIND.id}/docker/{INNER}")),
+        box_proc(3002, "ollama", 2, 2, 9 * 1024, cgroup_v2("/system.slice/ollama.service")),
+        box_proc(
+            3003, "python", 2, 3, 2 * 1024, cgroup_v2(f"/system.slice/docker-{REMOVED}.scope")
+        ),
+        box_proc(3004, "nvidia-cuda-mps", 2, 3, 256, cgroup_v2("/system.slice/nvidia-mps.service")),
+    ),
+    (),
+    first_ticks=1000,
+    ticks_apart=1,
+)
+BOOT = 1_700_000_000
 
 
 def write_proc(root: Path) -> None:
-    fakeproc.write_tree(root, PROCS)
+    write_proc_tree(root, HOST_NODE, BOOT + 86_400)
 
 
 def nvml_state() -> FakeNvmlState:
-    s = FakeNvmlState(driver="550.90.07")
-    for uuid in U:
-        s.gpu(uuid=uuid, mig=(uuid == U[2]))
-    s.mig(2, gi=1, profile="3g.40gb").mig(2, gi=2, profile="2g.20gb").mig(
-        2, gi=3, profile="1g.10gb"
-    )
-    s.process(1001, gpu=0, memory=10 * GIB).process(1002, gpu=0, memory=1 * GIB)
-    s.process(2001, gpu=1, memory=4 * GIB).process(2002, gpu=1, memory=6 * GIB)
-    s.process(3001, gpu=2, gi=1, ci=0, memory=30 * GIB)
-    s.process(3002, gpu=2, gi=2, ci=0, memory=9 * GIB)
-    s.process(3003, gpu=2, gi=3, ci=0, memory=2 * GIB)
-    s.process(3004, gpu=2, gi=3, ci=0, memory=GIB // 4)
-    s.util(1001, 100, 80, gpu=0).util(1002, 100, 5, gpu=0)
-    s.util(2001, 100, 30, gpu=1).util(2002, 100, 25, gpu=1)
-    s.fail("nvmlDeviceGetProcessUtilization", 3, gpu=2)  # NOT_SUPPORTED, as on MIG
-    return s
+    return nvml_state_of(HOST_NODE)
 
 
 @pytest.fixture
