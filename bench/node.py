@@ -3,7 +3,8 @@
 The GPUs and MIG instances are those of a :mod:`bench.payloads` shape, so the upstream
 payload, NVML and the pods all name the same devices. Processes are spread over the devices
 (one per device, the rest on the first devices again); each belongs to a pod that owns
-nothing else (pods are :class:`enricher.demo.SimPod`, as the demo's and the tests' are).
+nothing else (pods and processes are :class:`enricher.demo.SimPod` and `SimProc`, and
+:meth:`SimNode.sim` the node as an `enricher.demo.SimNode`, as the demo's and the tests' are).
 :meth:`SimNode.churn` replaces pods the way a busy node does: the old pods go,
 new pods with new UIDs and container IDs come, and their processes get the old PIDs back
 (PID reuse, with a later start time).
@@ -12,21 +13,22 @@ new pods with new UIDs and container IDs come, and their processes get the old P
 from __future__ import annotations
 
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enricher import fakeproc
-from enricher.demo import SimPod
+from enricher.demo import SimNode as DemoNode
+from enricher.demo import SimPod, SimProc, write_proc_tree
+from enricher.model import GpuDevice, MigDevice
+from tests.harness import nvml_state_of
 from tests.kubeapi import container_id, make_pod
-from tests.nvmlfake import FakeNvmlState
+from tests.nvmlfake import FakeNvmlState, default_mig_uuid
 
 from . import payloads
 
 NODE = "gpu-node-bench"
 NAMESPACES = ("inference", "training", "jupyterhub", "batch")
 BTIME = 1_700_000_000
-GIB = 1 << 30
 
 
 def pod_object(pod: SimPod) -> dict[str, Any]:
@@ -44,15 +46,6 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
 
 
 @dataclass
-class SimProcess:
-    pid: int
-    device: payloads.Device
-    pod: int  # index into SimNode.pods
-    start_ticks: int
-    memory: int
-
-
-@dataclass
 class SimNode:
     """The node: ``pods`` pods, ``procs`` GPU processes on the devices of ``shape``."""
 
@@ -61,20 +54,24 @@ class SimNode:
     n_pods: int = 110
     n_procs: int = 64
     pods: list[SimPod] = field(default_factory=list)
-    processes: list[SimProcess] = field(default_factory=list)
+    processes: list[SimProc] = field(default_factory=list)
     generation: int = 0
 
     def __post_init__(self) -> None:
         self.pods = [self._new_pod(i) for i in range(self.n_pods)]
         devs = payloads.devices(self.shape)
         for i in range(self.n_procs):
+            d = devs[i % len(devs)]
             self.processes.append(
-                SimProcess(
-                    pid=10_000 + i,
-                    device=devs[i % len(devs)],
-                    pod=i % self.n_pods,
+                SimProc(
+                    10_000 + i,
+                    "python3",
+                    d.gpu,
+                    d.gi_id,
+                    (1 + i % 9) * 1024,
+                    0.0,
+                    self.pods[i % self.n_pods],
                     start_ticks=1_000 + i,
-                    memory=(1 + i % 9) * GIB,
                 )
             )
 
@@ -101,35 +98,32 @@ class SimNode:
             labels=(("pod-template-hash", name.rsplit("-", 2)[-2]),),
         )
 
+    def sim(self) -> DemoNode:
+        """The node now, as the demo's dataclasses describe a node."""
+        # Not the demo's node: a payload shape's GPUs, and sample timestamps that move on
+        # with each churn. On a MIG shape the fake NVML now answers NOT_SUPPORTED for
+        # per-process utilization, as real NVML does there.
+        migs = tuple(
+            MigDevice(d.uuid, d.gpu, d.gi_id, 0, default_mig_uuid(d.gpu, d.gi_id, 0), d.profile)
+            for d in payloads.devices(self.shape)
+            if d.gi_id is not None
+        )
+        gpus = tuple(
+            GpuDevice(g, payloads.gpu_uuid(g), payloads.MODEL, mig_enabled=bool(self.shape.migs))
+            for g in range(self.shape.gpus)
+        )
+        procs = tuple(
+            replace(p, samples=((1_000 + self.generation, 10 + p.pid % 80),)) if p.gi is None else p
+            for p in self.processes
+        )
+        return DemoNode(NODE, gpus, migs, procs, tuple(self.pods), driver=payloads.DRIVER)
+
     def nvml(self) -> FakeNvmlState:
-        state = FakeNvmlState(driver=payloads.DRIVER)
-        for g in range(self.shape.gpus):
-            state.gpu(uuid=payloads.gpu_uuid(g), name=payloads.MODEL, mig=bool(self.shape.migs))
-        if self.shape.migs:
-            for d in payloads.devices(self.shape):
-                assert d.gi_id is not None
-                state.mig(d.gpu, gi=d.gi_id, ci=0, profile=d.profile)
-        for p in self.processes:
-            gi = p.device.gi_id
-            state.process(
-                p.pid, gpu=p.device.gpu, gi=gi, ci=None if gi is None else 0, memory=p.memory
-            )
-            if gi is None:
-                state.util(p.pid, 1_000 + self.generation, 10 + p.pid % 80, gpu=p.device.gpu)
-        return state
+        return nvml_state_of(self.sim())
 
     def write(self) -> None:
         """Write the /proc tree and the NVML state for the current pods and processes."""
-        fakeproc.write_proc_stat(self.proc_root, BTIME)
-        for p in self.processes:
-            pod = self.pods[p.pod]
-            fakeproc.write_process(
-                self.proc_root,
-                p.pid,
-                comm="python3",
-                cgroup=fakeproc.cgroup_v2_systemd(pod.uid, pod.container_id),
-                start_ticks=p.start_ticks,
-            )
+        write_proc_tree(self.proc_root, self.sim(), BTIME + 86_400)
         self.nvml().write(self.nvml_state)
 
     def pod_objects(self) -> list[dict[str, Any]]:
@@ -147,11 +141,16 @@ class SimNode:
         first = (self.generation - 1) * count
         for k in range(count):
             i = (first + k) % self.n_pods
-            removed.append(self.pods[i].uid)
+            old = self.pods[i]
+            removed.append(old.uid)
             self.pods[i] = self._new_pod(i)
             added.append(self.pods[i])
-            for p in self.processes:
-                if p.pod == i:
-                    p.start_ticks += 10_000  # a new process under a reused PID
+            self.processes = [
+                # a new process under a reused PID
+                replace(p, pod=self.pods[i], start_ticks=(p.start_ticks or 0) + 10_000)
+                if p.pod is old
+                else p
+                for p in self.processes
+            ]
         self.write()
         return removed, added
