@@ -21,7 +21,9 @@ import contextlib
 import gzip
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -56,6 +58,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a server started by a test, then SIGKILL if it is still there after 10 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def cid(n: int) -> str:

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import free_port
+from .harness import free_port, stop_process
 from .promreleases import PromRelease
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -459,16 +458,6 @@ class Stack:
             pytest.xfail(NEEDS[need])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -> Iterator[Stack]:
     """The demo and two servers of one Prometheus release (the whole module runs per release)."""
@@ -548,7 +537,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -
         yield built
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc)
         for log in logs:
             log.close()
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +32,7 @@ from typing import IO, Any
 import pytest
 import yaml
 
+from tests.harness import free_port, stop_process
 from tests.promreleases import PromRelease
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,13 +75,6 @@ SEQUENCE = [
     "\n".join(f'dup{{l="{"v" * 1024}{i}"}} {i}' for i in range(3)),
     '{"utf8.name"} 1\n{__name__="q"} 1\nq{__x="1"} 1',
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _body(text: str) -> bytes:
@@ -137,16 +129,6 @@ def _get(url: str, timeout: float = 5) -> bytes:
         return body
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 class Judge:
     def __init__(self, url: str, logs: Path) -> None:
         self.url = url
@@ -182,7 +164,7 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
         procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env))
 
     try:
-        enricher_port = _free_port()
+        enricher_port = free_port()
         start(
             "enricher",
             [
@@ -217,7 +199,7 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
             "scrape_configs": jobs,
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = _free_port()
+        port = free_port()
         start(
             "prometheus",
             [
@@ -250,7 +232,7 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
         yield built
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc)
         for log in logs:
             log.close()
         upstream.close()
