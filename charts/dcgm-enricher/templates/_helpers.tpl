@@ -63,8 +63,9 @@ app.kubernetes.io/part-of: dcgm-enricher
 {{- $value := index $flags $name -}}
 {{- if kindIs "bool" $value -}}
 {{- $args = append $args (ternary (printf "--%s" $name) (printf "--no-%s" $name) $value) -}}
-{{- else if kindIs "float64" $value -}}
-{{- $args = append $args (printf "--%s=%s" $name (toString $value)) -}}
+{{- else if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) -}}
+{{- /* Helm reads every number as float64: 33554432 must not render as 3.3554432e+07. */ -}}
+{{- $args = append $args (printf "--%s=%d" $name (int64 $value)) -}}
 {{- else -}}
 {{- $args = append $args (printf "--%s=%v" $name $value) -}}
 {{- end -}}

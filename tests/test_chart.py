@@ -1,0 +1,290 @@
+"""Checks of the Helm chart charts/dcgm-enricher, with the real Helm 3 and Helm 4.
+
+Every values profile in the chart's ci/ folder is linted (``helm lint --strict``) and rendered
+(``helm template``) with both, each rendered object is validated against the Kubernetes schemas
+and holds the invariants of tests/test_manifests.py, and the sidecar and gpu-operator profiles
+render the same objects as ``kubectl kustomize`` of the matching overlays. What differs, on
+purpose, and is normalised away before the comparison:
+
+- Helm's own labels (helm.sh/chart, app.kubernetes.io/managed-by, app.kubernetes.io/instance,
+  app.kubernetes.io/version). The instance label is also in the chart's selectors, so that two
+  releases in one namespace do not select each other's pods.
+- The sidecar overlay's Namespace object: a chart does not own its release namespace
+  (``helm uninstall`` would delete everything in it); NOTES.txt says how to label it.
+
+No cluster is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from enricher.cli import build_parser
+
+from .helmreleases import HelmRelease, releases, require
+from .test_manifests import (
+    K8S_VERSIONS,
+    MONITOR_KINDS,
+    EntryPoint,
+    all_problems,
+    build,
+    enricher_of,
+    needs_kubectl,
+    of_kind,
+    project_version,
+    schema_errors,
+    uncommented_exceptions,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "dcgm-enricher"
+RELEASE = "dcgm-enricher"
+HELM_LABELS = frozenset(
+    {
+        "helm.sh/chart",
+        "app.kubernetes.io/managed-by",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+    }
+)
+
+Doc = dict[str, Any]
+Docs = tuple[Doc, ...]
+
+# Profile (ci/<profile>-values.yaml) -> the namespace it is rendered into, its mode, and the
+# kustomize overlay it must equal (None: no overlay renders it as shipped).
+PROFILES: dict[str, tuple[str, str, str | None]] = {
+    "sidecar": ("gpu-monitoring", "sidecar", "overlays/sidecar"),
+    "gpu-operator": ("gpu-operator", "gpu-operator", "overlays/gpu-operator"),
+    "podmonitor": ("gpu-monitoring", "sidecar", None),
+    "plain-prometheus": ("gpu-monitoring", "sidecar", None),
+}
+
+
+@pytest.fixture(params=releases(), ids=lambda r: r.id)
+def helm(request: pytest.FixtureRequest) -> HelmRelease:
+    """Each Helm release in turn (tests.helmreleases)."""
+    return require(request.param)
+
+
+def run_helm(release: HelmRelease, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [release.helm, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def values_file(profile: str) -> Path:
+    return CHART / "ci" / f"{profile}-values.yaml"
+
+
+@functools.cache
+def render_text(release: HelmRelease, profile: str, *extra: str) -> str:
+    namespace = PROFILES[profile][0] if profile in PROFILES else "gpu-monitoring"
+    args = ["template", RELEASE, str(CHART), "-n", namespace, "-f", str(values_file(profile))]
+    proc = run_helm(release, *args, *extra)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def render(release: HelmRelease, profile: str, *extra: str) -> Docs:
+    """The chart's objects for one profile, parsed (cached text: safe to mutate)."""
+    return tuple(d for d in yaml.safe_load_all(render_text(release, profile, *extra)) if d)
+
+
+def normalised(docs: Docs) -> list[Doc]:
+    """Objects without Helm's labels, in (kind, namespace, name) order."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in HELM_LABELS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    def key(d: Doc) -> tuple[str, str, str]:
+        meta = d["metadata"]
+        return (d["kind"], meta.get("namespace", ""), meta["name"])
+
+    return sorted((strip(d) for d in docs), key=key)
+
+
+def entry_of(profile: str) -> EntryPoint:
+    namespace, mode, _ = PROFILES[profile]
+    return EntryPoint(f"charts/dcgm-enricher ({profile})", namespace, mode)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["serve"]
+
+
+def serve_flags() -> dict[str, argparse.Action]:
+    """Every flag of `dcgm-enricher serve` but --help, by its name without dashes."""
+    return {
+        a.option_strings[0][2:]: a
+        for a in serve_parser()._actions
+        if not isinstance(a, argparse._HelpAction)
+    }
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_profiles_are_known() -> None:
+    assert sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").iterdir()) == sorted(
+        PROFILES
+    )
+
+
+def test_helm_reports_the_release(helm: HelmRelease) -> None:
+    proc = run_helm(helm, "version", "--template", "{{.Version}}")
+    assert proc.stdout.strip() == f"v{helm.version}", proc.stdout + proc.stderr
+
+
+def test_chart_version_is_the_project_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == project_version()
+
+
+def test_chart_files_are_the_shipped_rules_and_dashboard() -> None:
+    """One source: the chart's files are links to the rules file and the dashboard JSON."""
+    files = CHART / "files"
+    assert (files / "dcgm-enricher.rules.yaml").resolve() == ROOT / "rules/dcgm-enricher.rules.yaml"
+    assert (files / "dcgm-enricher.json").resolve() == ROOT / "grafana/dcgm-enricher.json"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_lint_strict(helm: HelmRelease, profile: str) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(values_file(profile)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_helm3_and_helm4_render_the_same(profile: str) -> None:
+    helm3, helm4 = (require(r) for r in releases())
+    assert render_text(helm3, profile) == render_text(helm4, profile)
+
+
+@pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_objects_match_schemas(helm: HelmRelease, profile: str, k8s_version: str) -> None:
+    errors = [
+        f"{d['kind']}/{d['metadata']['name']}: {err}"
+        for d in render(helm, profile)
+        for err in schema_errors(d, k8s_version)
+    ]
+    assert errors == []
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_invariants(helm: HelmRelease, profile: str) -> None:
+    docs = render(helm, profile)
+    problems = all_problems(entry_of(profile), docs)
+    if profile == "plain-prometheus":
+        # No Prometheus Operator: no monitor at all, and nothing else that needs its CRDs.
+        assert {d["apiVersion"].split("/")[0] for d in docs} <= {
+            "v1",
+            "apps",
+            "rbac.authorization.k8s.io",
+        }
+        problems.remove("expected exactly one ServiceMonitor or PodMonitor, found []")
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("profile", "kinds"),
+    [("sidecar", ["ServiceMonitor"]), ("podmonitor", ["PodMonitor"]), ("plain-prometheus", [])],
+)
+def test_one_monitor_kind(helm: HelmRelease, profile: str, kinds: list[str]) -> None:
+    assert [m["kind"] for m in of_kind(render(helm, profile), *MONITOR_KINDS)] == kinds
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_exceptions_are_commented(helm: HelmRelease, profile: str) -> None:
+    assert uncommented_exceptions(render_text(helm, profile)) == []
+
+
+@needs_kubectl
+@pytest.mark.parametrize("profile", [p for p, (_, _, overlay) in PROFILES.items() if overlay])
+def test_chart_renders_the_kustomize_objects(helm: HelmRelease, profile: str) -> None:
+    overlay = PROFILES[profile][2]
+    assert overlay is not None
+    kustomized = tuple(d for d in build(overlay) if d["kind"] != "Namespace")
+    chart = normalised(render(helm, profile))
+    expected = normalised(kustomized)
+    assert [(d["kind"], d["metadata"]["name"]) for d in chart] == [
+        (d["kind"], d["metadata"]["name"]) for d in expected
+    ]
+    for got, want in zip(chart, expected, strict=True):
+        assert got == want, f"{got['kind']}/{got['metadata']['name']} differs from {overlay}"
+
+
+def test_schema_lists_every_serve_flag() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    flags = schema["properties"]["enricher"]["properties"]["flags"]
+    assert flags["additionalProperties"] is False
+    assert sorted(flags["properties"]) == sorted(serve_flags())
+
+
+def _sample(action: argparse.Action) -> tuple[Any, Any]:
+    """A value for the chart's enricher.flags that is not the flag's default, and what the
+    parser must make of it."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        value = action.default is not True
+        return value, value
+    if action.choices:
+        value = next(c for c in action.choices if c != action.default)
+        return value, value
+    if action.type is int:
+        return 33554433, 33554433
+    if action.type is float:
+        return 2.5, 2.5
+    value = f"sample-{action.dest}"
+    return value, value
+
+
+def test_every_serve_flag_is_reachable_through_values(helm: HelmRelease, tmp_path: Path) -> None:
+    """Each flag set in enricher.flags arrives at the parser as that value."""
+    flags = serve_flags()
+    samples = {name: _sample(action) for name, action in flags.items()}
+    values = tmp_path / "flags.yaml"
+    values.write_text(
+        yaml.safe_dump({"enricher": {"flags": {n: v for n, (v, _) in samples.items()}}})
+    )
+    _, container = enricher_of(render(helm, "sidecar", "-f", str(values)))
+    parsed = build_parser().parse_args(container["args"])
+    assert parsed.command == "serve"
+    assert {n: getattr(parsed, a.dest) for n, a in flags.items()} == {
+        n: want for n, (_, want) in samples.items()
+    }
+
+
+def test_a_null_flag_drops_the_mode_default(helm: HelmRelease, tmp_path: Path) -> None:
+    values = tmp_path / "null.yaml"
+    values.write_text("enricher:\n  flags:\n    upstream.pod-selector: null\n")
+    _, container = enricher_of(render(helm, "gpu-operator", "-f", str(values)))
+    assert not [a for a in container["args"] if a.startswith("--upstream.pod-selector")]
+    assert "--upstream.discover-pod" in container["args"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("mode=daemon", "mode"),
+        ("monitor.kind=Both", "monitor"),
+        ("enricher.flags.web\\.listen=:1", "flags"),
+    ],
+)
+def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", override)
+    assert proc.returncode != 0
+    assert message in proc.stderr
