@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -288,3 +289,21 @@ def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
     proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", override)
     assert proc.returncode != 0
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("profile", ["sidecar", "gpu-operator"])
+def test_notes_say_how_to_verify(profile: str) -> None:
+    """NOTES name the release's DaemonSet and only metrics that exist. Helm 4 renders them
+    offline (``install --dry-run=client``); Helm 3.17 contacts a cluster for that, and its
+    ``lint`` renders NOTES.txt without showing them."""
+    helm4 = require(releases()[1])
+    namespace = PROFILES[profile][0]
+    args = ["install", RELEASE, str(CHART), "-n", namespace, "-f", str(values_file(profile))]
+    proc = run_helm(helm4, *args, "--dry-run=client")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("\nNOTES:\n", 1)[1]
+    assert f"kubectl -n {namespace} rollout status daemonset/{RELEASE}" in notes
+    metrics = (ROOT / "docs" / "metrics.md").read_text()
+    named = re.findall(r"dcgm_enricher_[a-z_]+", notes)
+    assert named and all(name in metrics for name in named), named
+    assert ("pod-security.kubernetes.io/enforce=privileged" in notes) == (profile == "sidecar")
