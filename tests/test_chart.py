@@ -22,6 +22,7 @@ import functools
 import json
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from .test_manifests import (
     EntryPoint,
     all_problems,
     build,
+    edited_overlay,
     enricher_of,
     needs_kubectl,
     of_kind,
@@ -229,6 +231,21 @@ def test_chart_renders_the_kustomize_objects(helm: HelmRelease, profile: str) ->
         assert got == want, f"{got['kind']}/{got['metadata']['name']} differs from {overlay}"
 
 
+@needs_kubectl
+def test_podmonitor_profile_is_the_overlay_with_the_podmonitor_swap(
+    helm: HelmRelease, tmp_path: Path
+) -> None:
+    """The one-line PodMonitor swap of docs/install.md, as monitor.kind=PodMonitor."""
+    swapped = edited_overlay(
+        tmp_path,
+        "overlays/sidecar",
+        "- ../../components/servicemonitor",
+        "- ../../components/podmonitor",
+    )
+    expected = normalised(tuple(d for d in swapped if d["kind"] != "Namespace"))
+    assert normalised(render(helm, "podmonitor")) == expected
+
+
 def test_schema_lists_every_serve_flag() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     flags = schema["properties"]["enricher"]["properties"]["flags"]
@@ -307,3 +324,17 @@ def test_notes_say_how_to_verify(profile: str) -> None:
     named = re.findall(r"dcgm_enricher_[a-z_]+", notes)
     assert named and all(name in metrics for name in named), named
     assert ("pod-security.kubernetes.io/enforce=privileged" in notes) == (profile == "sidecar")
+
+
+def test_package_holds_the_linked_files(helm: HelmRelease, tmp_path: Path) -> None:
+    """``helm package`` copies the contents behind files/ and leaves ci/ out."""
+    proc = run_helm(helm, "package", str(CHART), "-d", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (archive,) = tmp_path.glob("dcgm-enricher-*.tgz")
+    with tarfile.open(archive) as tgz:
+        names = tgz.getnames()
+        rules = tgz.extractfile("dcgm-enricher/files/dcgm-enricher.rules.yaml")
+        assert rules is not None
+        assert rules.read() == (ROOT / "rules" / "dcgm-enricher.rules.yaml").read_bytes()
+    assert "dcgm-enricher/files/dcgm-enricher.json" in names
+    assert not [n for n in names if n.startswith("dcgm-enricher/ci/")]
