@@ -14,7 +14,8 @@ and its dependencies from DIR with ``--no-index``, and runs itself again in it. 
    checks the scrape with prometheus_client's parser (and ``promtool check metrics`` if on PATH);
 5. asks ``python -m enricher resolve PID`` what the CUDA process's cgroup says.
 
-It prints a plain-text report and writes gpu-check.json under ``--out`` (default ``$OUT``).
+It prints a plain-text report and writes it (gpu-check.txt) and gpu-check.json under
+``--out`` (default ``$OUT``).
 Exit status: 0 when no check failed (a check with nothing to look at is "skipped"), 1 when one
 did, 2 when the environment could not be set up. Everything has a timeout; the whole run is
 bounded by ``--budget`` seconds (default 270, under 5 minutes).
@@ -620,7 +621,9 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(
             f"struct {r['struct']}: '{r['format']}' calcsize {r['calcsize']}"
             f" offsets {r['offsets']};"
-            f" pynvml {r['pynvml']} sizeof {r.get('sizeof', '-')}"
+            f" pynvml {r['pynvml']}"
+            + (f" (compared with {r['compared_with']})" if "compared_with" in r else "")
+            + f" sizeof {r.get('sizeof', '-')}"
             f" offsets {r.get('pynvml_offsets', '-')} -> {r['ok']}"
         )
     for name, v in report["checks"].items():
@@ -712,9 +715,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"gpu-check: {exc}; run with --wheels DIR (make gpu-wheels)", file=sys.stderr)
         return 2
-    print(render_text(report))
+    text = render_text(report)
+    print(text)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu-check.txt").write_text(text + "\n")
         (Path(args.out) / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
     return 0 if report["ok"] else 1
 
