@@ -75,10 +75,18 @@ __global__ void spin(float *x, int n) {
 int main() {
     int n = %(mib)d * 1024 * 1024 / 4;
     float *x;
-    if (cudaMalloc(&x, (size_t)n * 4) != cudaSuccess) return 4;
+    cudaError_t err = cudaMalloc(&x, (size_t)n * 4);
+    if (err != cudaSuccess) {
+        fprintf(stderr, "cudaMalloc: %%s\n", cudaGetErrorString(err));
+        return 4;
+    }
     cudaMemset(x, 0, (size_t)n * 4);
     spin<<<(n + 255) / 256, 256>>>(x, n);
-    if (cudaDeviceSynchronize() != cudaSuccess) return 5;
+    err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+        fprintf(stderr, "kernel: %%s\n", cudaGetErrorString(err));
+        return 5;
+    }
     printf("ready\n");
     fflush(stdout);
     time_t end = time(0) + %(duration)d;
@@ -248,8 +256,8 @@ def start_workload(args: argparse.Namespace, tmp: Path, deadline: Deadline) -> W
             w.kind, w.pid, w.proc = kind, proc.pid, proc
             w.ready_s = round(time.monotonic() - started, 1)
             return w
-        reason = {3: "no torch module", 4: "torch sees no CUDA device"}.get(proc.returncode or 0)
-        w.notes.append(f"{kind}: {reason or problem}")
+        reasons = {3: "no torch module", 4: "torch sees no CUDA device"} if kind == "torch" else {}
+        w.notes.append(f"{kind}: {reasons.get(proc.returncode or 0) or problem}")
     w.notes.append("no CUDA workload could be started")
     return w
 

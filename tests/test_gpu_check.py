@@ -102,6 +102,15 @@ def test_check_without_a_workload_still_checks_nvml(fake_nvml_lib: Path, tmp_pat
     assert "no CUDA workload could be started" in report["workload"]["notes"]
 
 
+def test_a_python_without_torch_is_said(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    state = FakeNvmlState().gpu().write(tmp_path / "nvml-state")
+    args = ["--workload", "torch", "--workload-python", sys.executable, "--scrape-wait", "4"]
+    rc, report, output = run_check([*args, "--nvml.library", str(fake_nvml_lib)], tmp_path, state)
+    assert rc == 0, output
+    assert report["workload"]["notes"][0] == "torch: no torch module", output
+    assert report["workload"]["pid"] is None
+
+
 def test_a_missing_process_fails_the_check(
     fake_nvml_lib: Path, sleeper: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
