@@ -194,7 +194,7 @@ class Workload:
                 self.proc.wait(5)
 
 
-def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str | None:
+def _wait_ready(proc: subprocess.Popen[str], err: Path, timeout: float) -> str | None:
     """None when the process printed "ready" in time, else what went wrong."""
     box: list[str] = []
     assert proc.stdout is not None
@@ -206,13 +206,12 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str | None:
         return None
     if proc.poll() is None:
         proc.kill()
-    try:
-        _, err = proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:
-        err = ""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
     if not box:
         return f"not ready after {timeout:.0f} s"
-    return f"exited {proc.returncode}: {(err or '').strip()[-300:]}"
+    said = err.read_text(errors="replace").strip() if err.exists() else ""
+    return f"exited {proc.returncode}: {said[-300:]}"
 
 
 def start_workload(args: argparse.Namespace, tmp: Path, deadline: Deadline) -> Workload:
@@ -248,10 +247,13 @@ def start_workload(args: argparse.Namespace, tmp: Path, deadline: Deadline) -> W
             cmd = [str(tmp / "spin")]
         else:
             continue
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        problem = _wait_ready(proc, deadline.left(120))
+        # stderr to a file: a chatty workload never blocks on a full pipe nobody reads.
+        err = tmp / f"{kind}.stderr"
+        with err.open("w") as err_file:
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, start_new_session=True
+            )
+        problem = _wait_ready(proc, err, deadline.left(120))
         if problem is None:
             w.kind, w.pid, w.proc = kind, proc.pid, proc
             w.ready_s = round(time.monotonic() - started, 1)
