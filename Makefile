@@ -79,7 +79,7 @@ gpu-wheels:
 ## gpu-check: the real-GPU check (docs/gpu-check.md): a CUDA process, real NVML and /proc, the
 ## enricher scraped; installs from .cache/gpu-wheels into a temporary venv; under 5 minutes
 gpu-check:
-	$(PYTHON) bench/gpu_check.py --wheels .cache/gpu-wheels
+	$(PYTHON) bench/gpu_check.py --wheels .cache/gpu-wheels $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-py* .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
