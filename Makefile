@@ -10,7 +10,8 @@ PY_HIGHEST ?= 3.13
 LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
-.PHONY: demo test venv system-deps prometheus3 helm lint typecheck unit bench bench-quick clean
+.PHONY: demo test venv system-deps prometheus3 helm lint typecheck unit bench bench-quick \
+	gpu-wheels gpu-check clean
 
 $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +74,16 @@ bench: system-deps venv
 ## bench-quick: every part of the benchmark, briefly (tests/test_bench.py runs it as a smoke test)
 bench-quick: system-deps venv
 	$(BIN)/python -m bench --quick --out bench/results/quick.json
+
+## gpu-wheels: pip, the project and its runtime dependencies (CPython 3.10 to 3.13) as wheels in
+## .cache/gpu-wheels, for gpu-check on a machine with no network (needs the registry here)
+gpu-wheels:
+	PYTHON=$(PYTHON) ./bench/gpu_wheels.sh .cache/gpu-wheels
+
+## gpu-check: the real-GPU check (docs/gpu-check.md): a CUDA process, real NVML and /proc, the
+## enricher scraped; installs from .cache/gpu-wheels into a temporary venv; under 5 minutes
+gpu-check:
+	$(PYTHON) bench/gpu_check.py --wheels .cache/gpu-wheels $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-py* .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
