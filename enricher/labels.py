@@ -104,7 +104,7 @@ def stale_pod_labels(plan: RewritePlan, named: tuple[str, str], owner: Owner) ->
     """
     if named == (owner.namespace, owner.pod) or named == ("", ""):
         return frozenset()
-    names = plan.pod_labels.get(named, plan.upstream_pod_labels) | plan.upstream_pod_labels
+    names = plan.pod_labels.get(named, frozenset()) | plan.upstream_pod_labels
     return (names - KEPT_LABELS) | DRA_CLAIM_LABELS
 
 

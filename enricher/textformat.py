@@ -56,14 +56,11 @@ _UNWRITABLE = re.compile("[\ud800-\udfff]")
 def escape_label_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
     """Escape a label value for the text format (backslash, double quote, newline).
 
-    Values are cut to ``limit`` characters first so a hostile annotation cannot blow up a scrape.
+    Values are cut to ``limit`` characters first so a hostile annotation cannot blow up a scrape,
+    and a lone surrogate (from a JSON escape in pod metadata: not UTF-8, no escape exists)
+    becomes U+FFFD (``written_value``).
     """
-    if len(value) > limit:
-        value = value[:limit]
-    if _UNWRITABLE.search(value) is not None:
-        # A lone surrogate (from a JSON escape in pod metadata) is not UTF-8 and has no
-        # escape: U+FFFD stands in for it.
-        value = _UNWRITABLE.sub("\ufffd", value)
+    value = written_value(value, limit)
     if "\\" in value or '"' in value or "\n" in value:
         value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return value

@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -341,26 +341,9 @@ class Stack:
             self.kubelet.stop(grace=None)
 
 
-class MakeStack(Protocol):
-    def __call__(
-        self,
-        *,
-        upstream: str | Callable[[], str] | None,
-        nvml: FakeNvmlState | None = None,
-        proc: Callable[[Path], None] | None = None,
-        node: str = "",
-        pods: Iterable[Mapping[str, Any]] | None = None,
-        kube: Mapping[str, Any] | None = None,
-        kube_down_at_start: bool = False,
-        podresources: bool = False,
-        kubelet: Callable[[Any], Any] | None = None,
-        docker_host: str | None = None,
-        gpu: Any = ...,
-        procs: Any = None,
-        clk_tck: int | None = None,
-        base: Config = PER_SCRAPE,
-        **config: Any,
-    ) -> Awaitable[Stack]: ...
+# What ``full_stack`` yields: ``await make(upstream=..., **options)`` starts one node (its
+# keywords are those of ``make`` below).
+MakeStack = Callable[..., Awaitable["Stack"]]
 
 
 @pytest.fixture
