@@ -88,6 +88,20 @@ def series(text: str, name: str) -> list[dict[str, str]]:
     return []
 
 
+def ps_rows(text: str) -> dict[str, dict[str, str]]:
+    """``ps`` table rows by PID, each cell under its header's column."""
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    head = lines[0]
+    names = head.split()
+    starts = [head.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    rows = {}
+    for line in lines[1:]:
+        row = {n: line[a:b].strip() for n, (a, b) in zip(names, bounds, strict=True)}
+        rows[row["PID"]] = row
+    return rows
+
+
 def api_pod(pod: SimPod, node: str) -> dict[str, Any]:
     """``pod`` as the API-server stand-in holds it, scheduled on ``node``."""
     runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
