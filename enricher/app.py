@@ -38,6 +38,18 @@ from .model import (
     SourceStatus,
 )
 from .podresources import ListResult
+from .power import (
+    DeviceDraw,
+    EnergyLedger,
+    Part,
+    UpstreamPower,
+    Who,
+    choose_readings,
+    parse_upstream_power,
+    power_families,
+    render_power,
+    split_power,
+)
 from .promclient import OWN_PROCFS, LatestMetrics, make_registry, render_registry
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
@@ -76,6 +88,17 @@ class ScrapeResult:
     finished_at: float
     identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     allocations: list[AllocatedDevice] = field(default_factory=list)
+    power: PowerView | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PowerView:
+    """The power split of one scrape, for the node page: watts per GPU, per container on a
+    device key, and unattributed per (device key, reason)."""
+
+    device_watts: dict[str, float]
+    container_watts: dict[tuple[DeviceKey, Who], float]
+    unattributed_watts: dict[tuple[DeviceKey, str], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +240,9 @@ class Scraper:
             else None
         )
         self._families_memo: tuple[NodeView, dict[DeviceKey, Any], str] | None = None
+        # Energy per container, from each GPU's energy counter: advanced on every upstream
+        # collection (when following) and every scrape; a repeated reading adds nothing.
+        self._energy = EnergyLedger()
 
     async def close(self) -> None:
         """Stop the background work, then close every source (each bounded: a hung NVML call
@@ -294,6 +320,7 @@ class Scraper:
         if text is not None:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
             self._remember(rewritten.identities)
+        self._account_power(text, node)
 
     async def _rewrite(
         self, text: str, plan: RewritePlan, *, encode: bool
@@ -377,6 +404,17 @@ class Scraper:
             fallback=fallback_identity(snapshot, self.config.kube_node_name),
         )
 
+    def _account_power(
+        self, text: str | None, node: NodeView
+    ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
+        """Split each GPU's power for this collection and add its energy-counter increase to
+        the containers (enricher.power); returns the draws and the parts."""
+        upstream = parse_upstream_power(text) if text is not None else UpstreamPower()
+        draws = choose_readings(upstream, node.snapshot)
+        parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
+        self._energy.advance(draws, parts)
+        return draws, parts
+
     def _families(
         self, node: NodeView, identities: dict[DeviceKey, Any], options: RenderOptions
     ) -> str:
@@ -411,6 +449,16 @@ class Scraper:
             docker=self.docker is not None,
         )
         parts.append(self._families(node, identities, options).encode("utf-8"))
+        draws, power_parts = self._account_power(text, node)
+        parts.append(
+            render_power(draws, power_parts, self._energy.totals, identities).encode("utf-8")
+        )
+        container_watts, unattributed_watts = power_families(draws, power_parts)
+        power = PowerView(
+            {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
+            container_watts,
+            unattributed_watts,
+        )
 
         statuses = [upstream.status, *node.statuses]
         extra: dict[str, tuple[str, str, float]] = {
@@ -492,6 +540,7 @@ class Scraper:
             time.time(),
             identities,
             node.allocated,
+            power,
         )
 
     def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:
