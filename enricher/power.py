@@ -334,7 +334,8 @@ class EnergyLedger:
     container that has no part on its GPU any more leaves the ledger (a later return starts
     again from 0, which Prometheus reads as a counter reset); while it stays, its total never
     decreases. A GPU NVML does not list on a read keeps its containers and baseline, so a
-    brief NVML failure neither resets nor double-counts.
+    brief NVML failure neither resets nor double-counts; a GPU whose energy counter was never
+    read has no entries.
     """
 
     def __init__(self) -> None:
@@ -352,6 +353,8 @@ class EnergyLedger:
             present = {(p.key, *p.who) for p in gpu_parts if p.who is not None}
             for k in [k for k in self.totals if k[0][0] == uuid and k not in present]:
                 del self.totals[k]
+            if draw.energy_millijoules is None and uuid not in self._baseline:
+                continue  # no energy counter: nothing to count, no series
             for k in present:
                 self.totals.setdefault(k, 0.0)
             delta_j = self._increase(uuid, draw)
