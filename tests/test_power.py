@@ -319,7 +319,9 @@ REASONS = (REASON_HOST, "pod_not_found", "process_exited", REASON_MPS_SERVER)
 def nodes(draw: st.DrawFn) -> tuple[GpuSnapshot, list[Attribution], list[AllocatedDevice], Any]:
     """A random node: GPUs (some in MIG mode with random instances), processes owned by random
     containers or unattributed, allocations, activity and power readings (some missing)."""
-    devices, migs, keys = [], [], []
+    devices: list[GpuDevice] = []
+    migs: list[MigDevice] = []
+    keys: list[tuple[str, str, int, int | None]] = []
     for i in range(draw(st.integers(1, 4))):
         uuid = f"GPU-{i:08d}-0000-4000-8000-000000000000"
         mig = draw(st.booleans())
@@ -336,10 +338,10 @@ def nodes(draw: st.DrawFn) -> tuple[GpuSnapshot, list[Attribution], list[Allocat
     allocs: list[AllocatedDevice] = []
     if keys:
         for pid in range(draw(st.integers(0, 10))):
-            uuid, _, index, gi = draw(st.sampled_from(keys))
-            sm = None if gi is not None else draw(st.none() | st.floats(0, 1))
+            uuid, _, index, on_gi = draw(st.sampled_from(keys))
+            sm = None if on_gi is not None else draw(st.none() | st.floats(0, 1))
             mem = draw(st.none() | st.integers(0, 80 * GIB))
-            proc = GpuProcess(uuid, index, gi, pid + 1, mem, sm)
+            proc = GpuProcess(uuid, index, on_gi, pid + 1, mem, sm)
             owner = draw(st.none() | st.sampled_from(PODS))
             if owner is None:
                 atts.append(Attribution(proc, None, None, "", draw(st.sampled_from(REASONS))))
@@ -498,7 +500,7 @@ POWER_NODE = SimNode(
 )
 
 
-def upstream_text(watts: float, millijoules: int) -> str:
+def upstream_text(watts: float, millijoules: float) -> str:
     """A dcgm-exporter body with the two GPUs' power fields (the idle one at 60 W)."""
     lines = [
         "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
@@ -557,7 +559,7 @@ async def test_shared_gpu_power_and_energy_from_the_upstream(
     per-process utilization, 60% and 20%: 3 to 1), the idle GPU's to ``idle``; energy counts
     the upstream counter's increase from the second collection on, by the same shares, and a
     counter reset adds nothing."""
-    reading = {"w": 400.0, "mj": 1_000_000}
+    reading: dict[str, Any] = {"w": 400.0, "mj": 1_000_000}
     node = await start(
         full_stack, lambda: upstream_text(reading["w"], reading["mj"]), nvml_at(2_000)
     )
