@@ -197,7 +197,7 @@ def _with_power(key: DeviceKey, owners: tuple[OwnerRow, ...], power: Any) -> tup
         rows.append(replace(o, power_watts=watts))
     idle = power.unattributed_watts.get((key, REASON_IDLE))
     if idle is not None:
-        rows.append(OwnerRow("", "", "", "", None, None, (), REASON_IDLE, "", idle))
+        rows.append(OwnerRow("", "", "", "", 0, None, (), REASON_IDLE, "", idle))
     return tuple(rows)
 
 
