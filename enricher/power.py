@@ -103,17 +103,27 @@ def parse_upstream_power(text: str) -> UpstreamPower:
 
     Only lines that start with one of the three names are looked at (found with ``str.find``,
     so the rest of the body costs nothing); a line that is not valid exposition, or names no
-    GPU, is skipped. Power and energy are device fields: a sample with ``GPU_I_ID`` is not the
-    GPU's and is left out. Non-finite and negative values are left out too.
+    GPU, is skipped, and so are non-finite and negative values. Power and energy are device
+    fields: the GPU's sample without ``GPU_I_ID`` is its reading; where the upstream writes a
+    MIG GPU's device fields only per ``GPU_I_ID`` (copies of the device's value), the first
+    copy is. A series repeated (vGPU copies) counts once: the first.
     """
     power: dict[str, float] = {}
     energy: dict[str, float] = {}
     activity: dict[DeviceKey, float] = {}
     for name, device_level in ((UPSTREAM_POWER, power), (UPSTREAM_ENERGY, energy)):
+        copies: dict[str, float] = {}
         for line in _lines_of(text, name):
             parsed = _parse_sample(line, len(name))
-            if parsed is not None and not parsed[0][1] and len(device_level) < MAX_UPSTREAM_DEVICES:
-                device_level[parsed[0][0]] = parsed[1]
+            if parsed is None:
+                continue
+            (uuid, gi), value = parsed
+            seen = copies if gi else device_level
+            if uuid in seen or len(seen) < MAX_UPSTREAM_DEVICES:
+                seen.setdefault(uuid, value)
+        for uuid, value in copies.items():
+            if uuid not in device_level and len(device_level) < MAX_UPSTREAM_DEVICES:
+                device_level[uuid] = value
     for line in _lines_of(text, UPSTREAM_GR_ACTIVE):
         parsed = _parse_sample(line, len(UPSTREAM_GR_ACTIVE))
         if parsed is not None and len(activity) < MAX_UPSTREAM_DEVICES:

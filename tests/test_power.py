@@ -109,7 +109,6 @@ A, B = pod("a"), pod("b")
         ),
         pytest.param(
             f'DCGM_FI_DEV_POWER_USAGE_INSTANT{{UUID="{U0}"}} 99\n'
-            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",GPU_I_ID="1"}} 50\n'
             'DCGM_FI_DEV_POWER_USAGE{gpu="1"} 50\n'
             "DCGM_FI_DEV_POWER_USAGE 50\n"
             f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} NaN\n'
@@ -120,7 +119,18 @@ A, B = pod("a"), pod("b")
             {},
             {},
             {},
-            id="longer-name-instance-no-uuid-nan-negative-hex-duplicate-inf-skipped",
+            id="longer-name-no-uuid-nan-negative-hex-duplicate-label-inf-skipped",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",GPU_I_ID="1"}} 50\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",GPU_I_ID="2"}} 51\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",GPU_I_ID="1"}} 70\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} 80\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",vgpu="1"}} 81\n',
+            {U0: 50.0, U1: 80.0},
+            {},
+            {},
+            id="device-sample-first-else-first-instance-copy",
         ),
         pytest.param(
             f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U0}",GPU_I_ID="1"}} 0.25\n'
