@@ -38,6 +38,18 @@ from .model import (
     SourceStatus,
 )
 from .podresources import ListResult
+from .power import (
+    DeviceDraw,
+    EnergyLedger,
+    Part,
+    UpstreamPower,
+    Who,
+    choose_readings,
+    parse_upstream_power,
+    power_families,
+    render_power,
+    split_power,
+)
 from .promclient import OWN_PROCFS, LatestMetrics, make_registry, render_registry
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
@@ -76,6 +88,21 @@ class ScrapeResult:
     finished_at: float
     identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     allocations: list[AllocatedDevice] = field(default_factory=list)
+    power: PowerView | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PowerView:
+    """The power split of one scrape, for the node page: watts per GPU, per container on a
+    device key, and unattributed per (device key, reason)."""
+
+    device_watts: dict[str, float]
+    container_watts: dict[tuple[DeviceKey, Who], float]
+    unattributed_watts: dict[tuple[DeviceKey, str], float]
+
+
+# The power families as written for (draws, identities): the body and the node page's view.
+_PowerOut = tuple[list[DeviceDraw], dict[DeviceKey, Any], bytes, PowerView]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +244,13 @@ class Scraper:
             else None
         )
         self._families_memo: tuple[NodeView, dict[DeviceKey, Any], str] | None = None
+        # Energy per container, from each GPU's energy counter: advanced on every upstream
+        # collection (when following) and every scrape; a repeated reading adds nothing.
+        self._energy = EnergyLedger()
+        # The last collection accounted and the last power families written: a scrape of the
+        # same collection (the same upstream text and node view) reuses them.
+        self._power_memo: tuple[str | None, NodeView, list[DeviceDraw], Any] | None = None
+        self._power_out_memo: _PowerOut | None = None
 
     async def close(self) -> None:
         """Stop the background work, then close every source (each bounded: a hung NVML call
@@ -294,6 +328,7 @@ class Scraper:
         if text is not None:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
             self._remember(rewritten.identities)
+        self._account_power(text, node)
 
     async def _rewrite(
         self, text: str, plan: RewritePlan, *, encode: bool
@@ -377,6 +412,40 @@ class Scraper:
             fallback=fallback_identity(snapshot, self.config.kube_node_name),
         )
 
+    def _account_power(
+        self, text: str | None, node: NodeView
+    ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
+        """Split each GPU's power for this collection and add its energy-counter increase to
+        the containers (enricher.power); returns the draws and the parts. The same collection
+        again is not accounted twice (it would add nothing: its energy reading is the same)."""
+        memo = self._power_memo
+        if memo is not None and memo[0] is text and memo[1] is node:
+            return memo[2], memo[3]
+        upstream = parse_upstream_power(text) if text is not None else UpstreamPower()
+        draws = choose_readings(upstream, node.snapshot)
+        parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
+        self._energy.advance(draws, parts)
+        self._power_memo = (text, node, draws, parts)
+        return draws, parts
+
+    def _power(
+        self, text: str | None, node: NodeView, identities: dict[DeviceKey, Any]
+    ) -> tuple[bytes, PowerView]:
+        """The power families of this scrape and their values for the node page."""
+        draws, parts = self._account_power(text, node)
+        memo = self._power_out_memo
+        if memo is not None and memo[0] is draws and memo[1] == identities:
+            return memo[2], memo[3]
+        body = render_power(draws, parts, self._energy.totals, identities).encode("utf-8")
+        container_watts, unattributed_watts = power_families(draws, parts)
+        view = PowerView(
+            {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
+            container_watts,
+            unattributed_watts,
+        )
+        self._power_out_memo = (draws, identities, body, view)
+        return body, view
+
     def _families(
         self, node: NodeView, identities: dict[DeviceKey, Any], options: RenderOptions
     ) -> str:
@@ -411,6 +480,8 @@ class Scraper:
             docker=self.docker is not None,
         )
         parts.append(self._families(node, identities, options).encode("utf-8"))
+        power_body, power = self._power(text, node, identities)
+        parts.append(power_body)
 
         statuses = [upstream.status, *node.statuses]
         extra: dict[str, tuple[str, str, float]] = {
@@ -492,6 +563,7 @@ class Scraper:
             time.time(),
             identities,
             node.allocated,
+            power,
         )
 
     def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:

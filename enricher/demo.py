@@ -37,6 +37,7 @@ from .model import (
     MigDevice,
     PodIndex,
     PodInfo,
+    PowerReading,
     ProcessKind,
 )
 from .podresources import PodResourcesSource, load_grpc
@@ -298,6 +299,36 @@ def _wave(t: float, period: float, phase: float) -> float:
     return 0.5 + 0.5 * math.sin(2 * math.pi * (t / period) + phase)
 
 
+# SIMULATED power: each GPU draws 60 W idle plus up to 300 W with its mean load, swinging
+# slowly. The form has a closed integral, so the simulated energy counter is exactly the
+# energy the simulated power draws (as a real GPU's counter is), whatever times are asked.
+IDLE_WATTS = 60.0
+LOAD_WATTS = 300.0
+POWER_PERIOD_SECONDS = 300.0
+
+
+def _mean_load(gpu: int) -> float:
+    # A MIG instance's processes show no per-process utilization: their mean counts 0.3.
+    return min(1.0, sum((p.util if p.gi is None else 0.3) for p in PROCS if p.gpu == gpu))
+
+
+def gpu_power_watts(gpu: int, t: float) -> float:
+    """The SIMULATED draw of GPU ``gpu`` at ``t``, in watts."""
+    load = _mean_load(gpu)
+    return IDLE_WATTS + LOAD_WATTS * load * (0.7 + 0.6 * _wave(t, POWER_PERIOD_SECONDS, gpu))
+
+
+def gpu_energy_millijoules(gpu: int, t: float) -> float:
+    """The SIMULATED energy counter of GPU ``gpu`` at ``t``: the integral of
+    ``gpu_power_watts`` from 0 to ``t``, in millijoules."""
+    load = _mean_load(gpu)
+    omega = 2 * math.pi / POWER_PERIOD_SECONDS
+    # The integral of _wave: 0.5 t - 0.5 cos(omega t + phase) / omega, from 0.
+    wave = 0.5 * t - 0.5 * (math.cos(omega * t + gpu) - math.cos(gpu)) / omega
+    joules = IDLE_WATTS * t + LOAD_WATTS * load * (0.7 * t + 0.6 * wave)
+    return joules * 1000.0
+
+
 class SimulatedGpus:
     """SIMULATED stand-in for NVML: the demo's GPUs with memory and utilization that move."""
 
@@ -332,8 +363,17 @@ class SimulatedGpus:
             )
             for p in PROCS
         )
+        power = tuple(
+            PowerReading(g.uuid, gpu_power_watts(g.index, t), gpu_energy_millijoules(g.index, t))
+            for g in GPUS
+        )
         return GpuSnapshot(
-            GPUS, MIGS, procs, driver_version=f"{DEMO.driver} (simulated)", taken_at=t
+            GPUS,
+            MIGS,
+            procs,
+            power=power,
+            driver_version=f"{DEMO.driver} (simulated)",
+            taken_at=t,
         )
 
     def read(self) -> Reading[GpuSnapshot]:
@@ -616,8 +656,10 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                     "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
                     "DCGM_FI_DEV_MEM_CLOCK": 1593,
                     "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * _wave(t, 300, gpu.index)),
-                    "DCGM_FI_DEV_POWER_USAGE": round(60 + 300 * load, 3),
-                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(t * 1000 * (60 + 300 * load)),
+                    "DCGM_FI_DEV_POWER_USAGE": round(gpu_power_watts(gpu.index, t), 3),
+                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(
+                        gpu_energy_millijoules(gpu.index, t)
+                    ),
                     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
                     "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
                     "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),

@@ -59,12 +59,26 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerReading:
+    """One GPU's power draw and its own energy counter, from NVML or from dcgm-exporter.
+
+    Both are of the whole GPU (NVML answers neither for a MIG device); None where the source
+    has no reading (a board without a power sensor, a field the upstream does not collect).
+    """
+
+    gpu_uuid: str
+    power_watts: float | None
+    energy_millijoules: float | None  # total since the driver was loaded
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     """What NVML said on one scrape."""
 
     devices: tuple[GpuDevice, ...] = ()
     migs: tuple[MigDevice, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
+    power: tuple[PowerReading, ...] = ()  # one per GPU that answered either reading
     driver_version: str = ""
     taken_at: float = 0.0  # wall clock (time.time()) when the process lists were read
     # Per-device problems on this read (a GPU lost, a call failing): the snapshot still holds
