@@ -55,7 +55,7 @@ test: system-deps prometheus3 helm $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dc
 	$(MAKE) --no-print-directory unit BIN=$(HIGHEST_BIN) || status=1; \
 	exit $$status
 
-LINT_PATHS := enricher tests $(wildcard bench)
+LINT_PATHS := enricher tests $(wildcard bench) deploy/dcgm-enricher-post-renderer
 
 lint:
 	$(BIN)/ruff check $(LINT_PATHS)
