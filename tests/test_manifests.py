@@ -86,6 +86,9 @@ ENTRY_POINTS = (
 )
 # Builds on its own but is only ever applied through an overlay (no namespace, no workload).
 LIBRARIES = ("base",)
+# Applied beside a Helm release that runs the enricher (no workload of its own): checked
+# together with that release in tests/test_dcgm_exporter_chart.py.
+COMPANIONS = ("patches/dcgm-exporter-native-sidecar",)
 
 
 # --------------------------------------------------------------------------- building
@@ -773,7 +776,7 @@ def schema_errors(doc: Doc, k8s_version: str) -> list[str]:
 def test_every_kustomization_is_known() -> None:
     """A new entry point or component must be added to this file's lists to be checked."""
     found = kustomization_dirs()
-    entries = {e.path for e in ENTRY_POINTS} | set(LIBRARIES)
+    entries = {e.path for e in ENTRY_POINTS} | set(LIBRARIES) | set(COMPANIONS)
     assert {p for p, kind in found.items() if kind == "Kustomization"} == entries
     components = {p for p, kind in found.items() if kind == "Component"}
     assert components == {
@@ -786,7 +789,7 @@ def test_every_kustomization_is_known() -> None:
 
 
 @needs_kubectl
-@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + list(LIBRARIES))
+@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + [*LIBRARIES, *COMPANIONS])
 def test_entry_point_builds(path: str) -> None:
     docs = build(path)
     assert docs, f"{path} built to nothing"
@@ -795,7 +798,7 @@ def test_entry_point_builds(path: str) -> None:
 
 @needs_kubectl
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
-@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + list(LIBRARIES))
+@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + [*LIBRARIES, *COMPANIONS])
 def test_objects_match_schemas(path: str, k8s_version: str) -> None:
     errors = [
         f"{d['kind']}/{d['metadata']['name']}: {err}"
@@ -1633,5 +1636,5 @@ def test_documented_kustomize_paths_exist() -> None:
         for m in re.finditer(r"kubectl (?:apply|delete) -k (manifests/[^\s`]+)", text)
     }
     assert paths, "the docs show no kubectl apply -k command"
-    entries = {"manifests/" + e.path for e in ENTRY_POINTS}
+    entries = {"manifests/" + p for p in [e.path for e in ENTRY_POINTS] + list(COMPANIONS)}
     assert paths <= entries, paths - entries

@@ -1,4 +1,9 @@
-"""The Helm post-renderer deploy/dcgm-enricher-post-renderer on NVIDIA's real dcgm-exporter chart.
+"""The enricher beside a release of NVIDIA's real dcgm-exporter Helm chart, two ways.
+
+- deploy/dcgm-enricher-post-renderer, the Helm post-renderer;
+- deploy/dcgm-exporter-native-sidecar-values.yaml, the chart's own initContainers value carrying
+  the enricher as a native sidecar, with manifests/patches/dcgm-exporter-native-sidecar for the
+  objects the chart has no value for.
 
 NVIDIA's chart (../shared/fixtures/charts/dcgm-exporter-4.8.2, not ours: read, never copied) is
 rendered by the real Helm 3 (``--post-renderer PATH``) and Helm 4 (the same folder installed as
@@ -30,20 +35,22 @@ from .test_manifests import (
     ENRICHER_PORT,
     K8S_VERSIONS,
     MANIFESTS,
-    EntryPoint,
     binding_problems,
+    build,
     enricher_of,
     enricher_problems,
     enricher_setting,
     image_problems,
     monitor_problems,
     namespace_problems,
+    needs_kubectl,
     of_kind,
     other_container_problems,
     patch_problems,
     pod_spec,
     rbac_problems,
     schema_errors,
+    uncommented_exceptions,
     wiring_problems,
 )
 
@@ -54,7 +61,9 @@ PLUGIN = "dcgm-enricher-post-renderer"
 NVIDIA_CHART = ROOT.parent / "shared" / "fixtures" / "charts" / "dcgm-exporter-4.8.2"
 RELEASE = "dcgm-exporter"
 NAMESPACE = "gpu-monitoring"
-ENTRY = EntryPoint("deploy/dcgm-enricher-post-renderer", NAMESPACE, "patch")
+NATIVE_VALUES = ROOT / "deploy" / "dcgm-exporter-native-sidecar-values.yaml"
+COMPANION = "patches/dcgm-exporter-native-sidecar"
+COMPONENT_PATCH = MANIFESTS / "components/add-to-dcgm-exporter/enricher-sidecar.yaml"
 # What docs/install.md tells users to set on NVIDIA's chart: its defaults schedule on every node
 # (no GPU node selector, no nvidia.com/gpu toleration), which the post-renderer leaves alone.
 GPU_NODES = (
@@ -170,9 +179,7 @@ def added_and_kept(chart: Docs, out: Docs) -> tuple[list[Doc], dict[tuple[str, s
 
 def undo(kept: dict[tuple[str, str, str], Doc]) -> dict[tuple[str, str, str], Doc]:
     """The chart's objects with exactly the documented changes reverted."""
-    patch = yaml.safe_load(
-        (MANIFESTS / "components/add-to-dcgm-exporter/enricher-sidecar.yaml").read_text()
-    )
+    patch = yaml.safe_load(COMPONENT_PATCH.read_text())
     reverted = copy.deepcopy(kept)
     for doc in reverted.values():
         if doc["kind"] == "DaemonSet":
@@ -476,3 +483,119 @@ def test_main_reports_bad_input(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(f"{PLUGIN}: error: ") and message in captured.err
+
+
+# --------------------------------------------------------------------------- native sidecar
+
+
+def native(helm: HelmRelease, base: str, *values: str) -> Docs:
+    """NVIDIA's chart with the native-sidecar values file (and the GPU node scheduling)."""
+    return render(helm, base, None, "-f", str(NATIVE_VALUES), *GPU_NODES, *values)
+
+
+def as_regular_container(docs: Docs) -> Docs:
+    """The objects with the enricher's native sidecar moved among the pod's containers, where
+    the checks of tests/test_manifests.py look for it (they see the same container spec)."""
+    moved = copy.deepcopy(docs)
+    for workload in of_kind(moved, "DaemonSet"):
+        spec = pod_spec(workload)
+        sidecars = [c for c in spec.get("initContainers", []) if c["name"] == ENRICHER_CONTAINER]
+        for sidecar in sidecars:
+            assert sidecar.pop("restartPolicy") == "Always"
+            spec["initContainers"].remove(sidecar)
+            spec["containers"].append(sidecar)
+        if "initContainers" in spec and not spec["initContainers"]:
+            del spec["initContainers"]
+    return moved
+
+
+def test_native_sidecar_values_comment_their_exceptions() -> None:
+    assert uncommented_exceptions(NATIVE_VALUES.read_text()) == []
+
+
+def test_native_sidecar_is_the_components_container() -> None:
+    """One container spec: the values file's init container is the component's container with
+    restartPolicy: Always, and its token volume is the component's."""
+    values = yaml.safe_load(NATIVE_VALUES.read_text())
+    patch = yaml.safe_load(COMPONENT_PATCH.read_text())["spec"]["template"]["spec"]
+    (sidecar,) = values["initContainers"]
+    assert sidecar.pop("restartPolicy") == "Always"
+    assert [sidecar] == patch["containers"]
+    assert values["hostPID"] is patch["hostPID"] is True
+    chart_default = yaml.safe_load((NVIDIA_CHART / "values.yaml").read_text())
+    assert values["extraConfigMapVolumes"] == [
+        *chart_default["extraConfigMapVolumes"],
+        *patch["volumes"],
+    ]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
+def test_native_sidecar_objects_match_schemas(
+    helm: HelmRelease, base: str, k8s_version: str
+) -> None:
+    docs = native(helm, base) + build(COMPANION)
+    errors = [
+        f"{d['kind']}/{d['metadata']['name']}: {err}"
+        for d in docs
+        for err in schema_errors(d, k8s_version)
+    ]
+    assert errors == []
+
+
+@needs_kubectl
+def test_native_sidecar_invariants(helm: HelmRelease, base: str) -> None:
+    """The chart's release plus the companion entry point hold every invariant; the chart's
+    own RBAC is NVIDIA's Role for its metrics ConfigMap, nothing that reads pods."""
+    chart = native(helm, base)
+    (workload,) = of_kind(chart, "DaemonSet")
+    spec = pod_spec(workload)
+    assert [c["name"] for c in spec["initContainers"]] == [ENRICHER_CONTAINER]
+    assert spec["initContainers"][0]["restartPolicy"] == "Always"
+    companion = build(COMPANION)
+    docs = as_regular_container(chart + companion)
+    workload, container = enricher_of(docs)
+    problems = (
+        image_problems(docs)
+        + rbac_problems(companion)
+        + binding_problems((*companion, workload), NAMESPACE)
+        + monitor_problems(docs)
+        + wiring_problems(docs)
+        + enricher_problems(workload, container)
+        + other_container_problems(docs)
+        + namespace_problems(docs, NAMESPACE)
+        + patch_problems(docs)
+    )
+    assert problems == []
+    chart_rbac = of_kind(chart, "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+    assert [(d["kind"], d["metadata"]["name"]) for d in chart_rbac] == [
+        ("Role", "dcgm-exporter-read-cm"),
+        ("RoleBinding", "dcgm-exporter"),
+    ]
+    assert [r["resources"] for r in chart_rbac[0]["rules"]] == [["configmaps"]]
+    # The chart's RoleBinding follows serviceAccount.name to the companion's ServiceAccount.
+    assert chart_rbac[1]["subjects"][0]["name"] == "dcgm-enricher"
+    assert not of_kind(chart, "ServiceAccount") and not of_kind(chart, "ServiceMonitor")
+
+
+def test_the_charts_only_pod_grant_is_too_wide(helm: HelmRelease, base: str) -> None:
+    """Finding: the chart's values cannot carry the enricher's RBAC. Its one pod-reading grant
+    (kubernetes.enablePodLabels) also reads DRA resourceslices and hands the exporter a token."""
+    docs = native(helm, base, "--set=kubernetes.enablePodLabels=true")
+    problems = rbac_problems(tuple(d for d in docs if d["kind"].startswith("Cluster")))
+    assert "resources ['pods', 'resourceslices'], expected [pods]" in problems
+    assert pod_spec(of_kind(docs, "DaemonSet")[0])["automountServiceAccountToken"] is True
+
+
+def test_the_charts_service_port_is_the_exporters(helm: HelmRelease, base: str) -> None:
+    """Finding: the chart's values cannot point its Service at the enricher. service.port is
+    the Service's port and targetPort, and also the exporter's containerPort and probe port:
+    moving it to 9401 would send the exporter's /health probes to the enricher."""
+    docs = native(helm, base, "--set=service.port=9401")
+    (service,) = of_kind(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == 9401
+    exporter = next(c for c in pod_spec(of_kind(docs, "DaemonSet")[0])["containers"])
+    assert exporter["name"] == "exporter"
+    assert exporter["ports"] == [{"name": "metrics", "containerPort": 9401}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert exporter[probe]["httpGet"] == {"path": "/health", "port": 9401, "scheme": "HTTP"}
