@@ -77,6 +77,7 @@ class EntryPoint:
     path: str  # relative to manifests/
     namespace: str
     mode: str  # "sidecar", "gpu-operator" or "patch"
+    uid: int = ENRICHER_UID  # the enricher's runAsUser (non-root: without PodResources)
 
 
 ENTRY_POINTS = (
@@ -397,8 +398,9 @@ def has_api_token(spec: Doc, container: Doc) -> bool:
     return mounted or spec.get("automountServiceAccountToken", True) is not False
 
 
-def enricher_problems(workload: Doc, container: Doc) -> list[str]:
-    """The enricher container and its pod as docs/install.md describes them."""
+def enricher_problems(workload: Doc, container: Doc, uid: int = ENRICHER_UID) -> list[str]:
+    """The enricher container and its pod as docs/install.md describes them (as root, or as
+    the non-root ``uid`` without the PodResources source)."""
     problems = []
     spec = pod_spec(workload)
     if spec.get("hostPID") is not True:
@@ -426,14 +428,17 @@ def enricher_problems(workload: Doc, container: Doc) -> list[str]:
 
     security = effective_security(spec, container)
     expected = {
-        "runAsNonRoot": False,
-        "runAsUser": ENRICHER_UID,
+        "runAsNonRoot": uid != 0,
+        "runAsUser": uid,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
     }
     for key, value in expected.items():
         if security.get(key) != value:
             problems.append(f"securityContext.{key} is {security.get(key)!r}, not {value!r}")
+    if uid != 0 and bool_flag(container.get("args", []), "--kubelet.enabled") is not False:
+        # The kubelet's socket is root-only: the source would only ever report itself down.
+        problems.append(f"UID {uid} without --no-kubelet.enabled")
     if security.get("capabilities", {}).get("drop") != ["ALL"]:
         problems.append("capabilities do not drop ALL")
     if security.get("capabilities", {}).get("add"):
@@ -618,7 +623,7 @@ def all_problems(entry: EntryPoint, docs: Docs) -> list[str]:
         + binding_problems(docs, entry.namespace)
         + monitor_problems(docs)
         + wiring_problems(docs)
-        + enricher_problems(workload, container)
+        + enricher_problems(workload, container, entry.uid)
         + other_container_problems(docs)
         + namespace_problems(docs, entry.namespace)
     )
