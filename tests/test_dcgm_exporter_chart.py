@@ -599,3 +599,15 @@ def test_the_charts_service_port_is_the_exporters(helm: HelmRelease, base: str) 
     assert exporter["ports"] == [{"name": "metrics", "containerPort": 9401}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert exporter[probe]["httpGet"] == {"path": "/health", "port": 9401, "scheme": "HTTP"}
+
+
+def test_install_docs_use_the_shipped_paths_and_names() -> None:
+    """docs/install.md's commands name the script, the plugin folder, the plugin and the
+    values file as shipped."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text.split("\n## Existing dcgm-exporter Helm install\n", 1)[1].split("\n## ", 1)[0]
+    assert f"--post-renderer ./{SCRIPT.relative_to(ROOT)}" in section
+    assert f"helm plugin install ./{RENDERER.relative_to(ROOT)}" in section
+    assert f"--post-renderer {PLUGIN} --post-renderer-args --monitoring" in section
+    assert f"-f {NATIVE_VALUES.relative_to(ROOT)}" in section
+    assert f"kubectl apply -k manifests/{COMPANION}" in section
