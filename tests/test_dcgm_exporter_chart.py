@@ -127,7 +127,7 @@ def run_helm(
 def post_renderer_args(release: HelmRelease, *args: str) -> list[str]:
     """How docs/install.md passes the post-renderer to this Helm release."""
     target = str(SCRIPT) if release.id == "helm3" else PLUGIN
-    return ["--post-renderer", target, *(f"--post-renderer-args={a}" for a in args)]
+    return ["--post-renderer", target, *(x for a in args for x in ("--post-renderer-args", a))]
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,8 @@ def operator_one(kind: str) -> Doc:
 
 
 def operator_exporter() -> Doc:
-    (container,) = pod_spec(operator_one("DaemonSet"))["containers"]
+    containers: list[Doc] = pod_spec(operator_one("DaemonSet"))["containers"]
+    (container,) = containers
     return container
 
 
