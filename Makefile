@@ -62,7 +62,7 @@ test: system-deps prometheus3 helm image-base $(LOWEST_BIN)/dcgm-enricher $(HIGH
 	$(MAKE) --no-print-directory unit BIN=$(HIGHEST_BIN) || status=1; \
 	exit $$status
 
-LINT_PATHS := enricher tests $(wildcard bench)
+LINT_PATHS := enricher tests $(wildcard bench) deploy/dcgm-enricher-post-renderer
 
 lint:
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -77,6 +77,7 @@ class EntryPoint:
     path: str  # relative to manifests/
     namespace: str
     mode: str  # "sidecar", "gpu-operator" or "patch"
+    uid: int = ENRICHER_UID  # the enricher's runAsUser (non-root: without PodResources)
 
 
 ENTRY_POINTS = (
@@ -86,6 +87,9 @@ ENTRY_POINTS = (
 )
 # Builds on its own but is only ever applied through an overlay (no namespace, no workload).
 LIBRARIES = ("base",)
+# Applied beside a Helm release that runs the enricher (no workload of its own): checked
+# together with that release in tests/test_dcgm_exporter_chart.py.
+COMPANIONS = ("patches/dcgm-exporter-native-sidecar",)
 
 
 # --------------------------------------------------------------------------- building
@@ -394,8 +398,9 @@ def has_api_token(spec: Doc, container: Doc) -> bool:
     return mounted or spec.get("automountServiceAccountToken", True) is not False
 
 
-def enricher_problems(workload: Doc, container: Doc) -> list[str]:
-    """The enricher container and its pod as docs/install.md describes them."""
+def enricher_problems(workload: Doc, container: Doc, uid: int = ENRICHER_UID) -> list[str]:
+    """The enricher container and its pod as docs/install.md describes them (as root, or as
+    the non-root ``uid`` without the PodResources source)."""
     problems = []
     spec = pod_spec(workload)
     if spec.get("hostPID") is not True:
@@ -423,14 +428,17 @@ def enricher_problems(workload: Doc, container: Doc) -> list[str]:
 
     security = effective_security(spec, container)
     expected = {
-        "runAsNonRoot": False,
-        "runAsUser": ENRICHER_UID,
+        "runAsNonRoot": uid != 0,
+        "runAsUser": uid,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
     }
     for key, value in expected.items():
         if security.get(key) != value:
             problems.append(f"securityContext.{key} is {security.get(key)!r}, not {value!r}")
+    if uid != 0 and bool_flag(container.get("args", []), "--kubelet.enabled") is not False:
+        # The kubelet's socket is root-only: the source would only ever report itself down.
+        problems.append(f"UID {uid} without --no-kubelet.enabled")
     if security.get("capabilities", {}).get("drop") != ["ALL"]:
         problems.append("capabilities do not drop ALL")
     if security.get("capabilities", {}).get("add"):
@@ -615,7 +623,7 @@ def all_problems(entry: EntryPoint, docs: Docs) -> list[str]:
         + binding_problems(docs, entry.namespace)
         + monitor_problems(docs)
         + wiring_problems(docs)
-        + enricher_problems(workload, container)
+        + enricher_problems(workload, container, entry.uid)
         + other_container_problems(docs)
         + namespace_problems(docs, entry.namespace)
     )
@@ -773,7 +781,7 @@ def schema_errors(doc: Doc, k8s_version: str) -> list[str]:
 def test_every_kustomization_is_known() -> None:
     """A new entry point or component must be added to this file's lists to be checked."""
     found = kustomization_dirs()
-    entries = {e.path for e in ENTRY_POINTS} | set(LIBRARIES)
+    entries = {e.path for e in ENTRY_POINTS} | set(LIBRARIES) | set(COMPANIONS)
     assert {p for p, kind in found.items() if kind == "Kustomization"} == entries
     components = {p for p, kind in found.items() if kind == "Component"}
     assert components == {
@@ -786,7 +794,7 @@ def test_every_kustomization_is_known() -> None:
 
 
 @needs_kubectl
-@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + list(LIBRARIES))
+@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + [*LIBRARIES, *COMPANIONS])
 def test_entry_point_builds(path: str) -> None:
     docs = build(path)
     assert docs, f"{path} built to nothing"
@@ -795,7 +803,7 @@ def test_entry_point_builds(path: str) -> None:
 
 @needs_kubectl
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
-@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + list(LIBRARIES))
+@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + [*LIBRARIES, *COMPANIONS])
 def test_objects_match_schemas(path: str, k8s_version: str) -> None:
     errors = [
         f"{d['kind']}/{d['metadata']['name']}: {err}"
@@ -1633,5 +1641,5 @@ def test_documented_kustomize_paths_exist() -> None:
         for m in re.finditer(r"kubectl (?:apply|delete) -k (manifests/[^\s`]+)", text)
     }
     assert paths, "the docs show no kubectl apply -k command"
-    entries = {"manifests/" + e.path for e in ENTRY_POINTS}
+    entries = {"manifests/" + p for p in [e.path for e in ENTRY_POINTS] + list(COMPANIONS)}
     assert paths <= entries, paths - entries
