@@ -69,7 +69,7 @@ def alloc(device: str, pod: str = "train-0", **kw: str) -> DeviceAllocation:
 
 
 def slice_obj(
-    devices: list[dict[str, Any]],
+    devices: list[Any],
     *,
     driver: str = DRIVER,
     pool: str = NODE,
@@ -98,7 +98,7 @@ def dev(name: str, uuid: Any, attr: str = "uuid", basic: bool = False) -> dict[s
     )
 
 
-def body(*items: dict[str, Any]) -> bytes:
+def body(*items: Any) -> bytes:
     return json.dumps({"kind": "ResourceSliceList", "items": list(items)}).encode()
 
 
@@ -134,9 +134,10 @@ def test_removed_class_name_stays_reserved() -> None:
 
 def _response(*claims: api_pb2.DynamicResource, ns: str = "ml", pod: str = "p") -> bytes:
     container = api_pb2.ContainerResources(name="c", dynamic_resources=list(claims))
-    return api_pb2.ListPodResourcesResponse(
+    response = api_pb2.ListPodResourcesResponse(
         pod_resources=[api_pb2.PodResources(namespace=ns, name=pod, containers=[container])]
-    ).SerializeToString()
+    )
+    return bytes(response.SerializeToString())
 
 
 def _claim(name: str, *devices: tuple[str, str, str], ns: str = "ml") -> api_pb2.DynamicResource:
