@@ -21,6 +21,7 @@ from .enrich import (
     RenderOptions,
     attribute,
     docker_lookup_ids,
+    dra_slice_keys,
     fallback_identity,
     plan_devices,
     render_families,
@@ -52,6 +53,7 @@ from .power import (
 )
 from .promclient import OWN_PROCFS, LatestMetrics, make_registry, render_registry
 from .refresh import Follower, Refresher
+from .resourceslices import SliceIndex
 from .rewrite import Rewriter, RewriteResult
 from .sources import Measured, Off, Outcome, Source, close_all
 from .upstream import UpstreamSource, url_for_pod_ip
@@ -132,6 +134,7 @@ class Scraper:
         pods: PodSource | None,
         podresources: Source | None = None,
         docker: Source | None = None,
+        resource_slices: Source | None = None,
         sources: Sequence[Source] = (),
         clock: Callable[[], float] = time.monotonic,
         own_procfs: str = OWN_PROCFS,
@@ -147,6 +150,7 @@ class Scraper:
         self.procs = procs
         self.pods = pods
         self.podresources = podresources
+        self.resource_slices = resource_slices
         self.docker = docker
         self._clock = clock
         # The enricher's self-metrics, process_* and python_*: a registry per Scraper.
@@ -185,6 +189,11 @@ class Scraper:
             timeout=config.kubelet_timeout + 1.0,
         )
         self._docker = measured(docker, "docker")
+        # After the kubelet's answer: asked only about the DRA devices it reported. It shares
+        # the kubelet's worker, so a slow API server never delays NVML either.
+        self._resource_slices = measured(
+            resource_slices, "resourceslices", worker=self._kubelet_worker, timeout=10.0
+        )
         self._extra = [
             measured(s, s.name, worker=w, timeout=config.scrape_timeout)
             for s, w in zip(sources, self._extra_workers, strict=True)
@@ -195,6 +204,7 @@ class Scraper:
             self._procfs,
             self._kubernetes,
             self._podresources,
+            self._resource_slices,
             self._docker,
             *self._extra,
         ]
@@ -390,15 +400,20 @@ class Scraper:
         containers = docker.value if self.docker is not None else None
         kubelet = await kubelet_task
         listed = kubelet.value
+        slices = await self._resource_slices.read(
+            dra_slice_keys(listed.allocations), default=SliceIndex()
+        )
         kube = await self._kubernetes.read(default=PodIndex())
         index = kube.value
         attributions = attribute(snapshot, procfs.value, index, containers)
-        allocated, unmapped = resolve_allocations(listed.allocations, snapshot)
+        slice_index = slices.value if isinstance(slices.value, SliceIndex) else SliceIndex()
+        allocated, unmapped = resolve_allocations(listed.allocations, snapshot, slice_index.uuids)
         extra = [(await task).status for task in extra_tasks]
         return NodeView(
             snapshot=snapshot,
             statuses=[
-                *(nvml.status, procfs.status, kube.status, kubelet.status, docker.status),
+                *(nvml.status, procfs.status, kube.status, kubelet.status),
+                *(slices.status, docker.status),
                 *extra,
             ],
             listed=listed,
@@ -544,8 +559,9 @@ class Scraper:
             )
             extra["dcgm_enricher_podresources_unmapped_devices"] = (
                 "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
-                "or MIG device NVML reported (unknown ID scheme, or NVML down), or that were "
-                "skipped as malformed; their containers get no gpu_container_allocated series.",
+                "or MIG device NVML reported (unknown ID scheme, or NVML down), DRA devices no "
+                "ResourceSlice gives such a UUID, or entries skipped as malformed; their "
+                "containers get no gpu_container_allocated series.",
                 "gauge",
                 node.unmapped + node.listed.skipped,
             )

@@ -22,7 +22,7 @@ from . import __version__
 from .config import Config
 from .enrich import Attribution
 from .labels import DeviceKey
-from .model import DockerContainer, GpuSnapshot, SourceStatus
+from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
 from .power import REASON_IDLE
 from .textformat import parse_label_block, unescape_label_value
 
@@ -52,6 +52,16 @@ class Allocation(Protocol):
     def container(self) -> str: ...
     @property
     def resource(self) -> str: ...
+    @property
+    def dra(self) -> DraDevice | None: ...
+
+
+def allocation_label(al: Allocation) -> str:
+    """What the allocated column says: the resource name, or a DRA device's driver, claim
+    and device name."""
+    if al.dra is None:
+        return al.resource
+    return f"{al.dra.driver} (DRA claim {al.dra.claim_name}, {al.dra.device})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +154,7 @@ def _owner_rows(
             groups[("", "", "", a.reason or "unknown")].append(a)
     given: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     for al in allocations:
-        given[(al.namespace, al.pod, al.container)].add(al.resource)
+        given[(al.namespace, al.pod, al.container)].add(allocation_label(al))
     rows = []
     for (ns, pod, container, reason), members in groups.items():
         info = members[0].pod

@@ -269,7 +269,12 @@ def image_problems(docs: Docs) -> list[str]:
 
 
 def rbac_problems(docs: Docs) -> list[str]:
-    """Exactly one ClusterRole: get/list/watch on core pods, and nothing else anywhere."""
+    """Exactly one ClusterRole: get/list/watch on core pods, list on resource.k8s.io
+    resourceslices (the DRA lookup), and nothing else anywhere."""
+    expected = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
+    ]
     problems = []
     roles = of_kind(docs, "Role", "ClusterRole")
     if [r["kind"] for r in roles] != ["ClusterRole"]:
@@ -278,18 +283,18 @@ def rbac_problems(docs: Docs) -> list[str]:
         if "aggregationRule" in role:
             problems.append(f"{role['metadata']['name']}: aggregationRule grants unknown rules")
         rules = role.get("rules", [])
-        if len(rules) != 1:
-            problems.append(f"{role['metadata']['name']}: {len(rules)} rules, expected 1")
-        for rule in rules:
+        if len(rules) != len(expected):
+            problems.append(f"{role['metadata']['name']}: {len(rules)} rules, expected 2")
+        for rule, want in zip(rules, expected, strict=False):
             if set(rule) != {"apiGroups", "resources", "verbs"}:
                 problems.append(f"unexpected rule fields {sorted(rule)}")
-            if rule.get("apiGroups") != [""]:
-                problems.append(f"apiGroups {rule.get('apiGroups')}, expected the core group")
-            if rule.get("resources") != ["pods"]:
-                problems.append(f"resources {rule.get('resources')}, expected [pods]")
+            if rule.get("apiGroups") != want["apiGroups"]:
+                problems.append(f"apiGroups {rule.get('apiGroups')}, expected {want['apiGroups']}")
+            if rule.get("resources") != want["resources"]:
+                problems.append(f"resources {rule.get('resources')}, expected {want['resources']}")
             verbs = rule.get("verbs", [])
-            if sorted(verbs) != ["get", "list", "watch"]:
-                problems.append(f"verbs {verbs}, expected get/list/watch")
+            if sorted(verbs) != want["verbs"]:
+                problems.append(f"verbs {verbs}, expected {'/'.join(want['verbs'])}")
     names = {r["metadata"]["name"] for r in roles}
     for binding in of_kind(docs, "RoleBinding", "ClusterRoleBinding"):
         ref = binding["roleRef"]
