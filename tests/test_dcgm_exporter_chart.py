@@ -580,10 +580,20 @@ def test_native_sidecar_invariants(helm: HelmRelease, base: str) -> None:
 
 def test_the_charts_only_pod_grant_is_too_wide(helm: HelmRelease, base: str) -> None:
     """Finding: the chart's values cannot carry the enricher's RBAC. Its one pod-reading grant
-    (kubernetes.enablePodLabels) also reads DRA resourceslices and hands the exporter a token."""
+    (kubernetes.enablePodLabels) is a single rule across both API groups and both resources
+    (get/list/watch on resourceslices too, where the enricher lists only) and hands the
+    exporter a token."""
     docs = native(helm, base, "--set=kubernetes.enablePodLabels=true")
+    (role,) = of_kind(docs, "ClusterRole")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["", "resource.k8s.io"],
+            "resources": ["pods", "resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
     problems = rbac_problems(tuple(d for d in docs if d["kind"].startswith("Cluster")))
-    assert "resources ['pods', 'resourceslices'], expected [pods]" in problems
+    assert "apiGroups ['', 'resource.k8s.io'], expected ['']" in problems
     assert pod_spec(of_kind(docs, "DaemonSet")[0])["automountServiceAccountToken"] is True
 
 
