@@ -105,27 +105,6 @@ def body(*items: Any) -> bytes:
 # --------------------------------------------------------------------------- the wire format
 
 
-@pytest.mark.parametrize(
-    ("message", "field", "number"),
-    [
-        pytest.param("ContainerResources", "dynamic_resources", 5, id="container-dra"),
-        pytest.param("DynamicResource", "claim_name", 2, id="claim-name"),
-        pytest.param("DynamicResource", "claim_namespace", 3, id="claim-namespace"),
-        pytest.param("DynamicResource", "claim_resources", 4, id="claim-resources"),
-        pytest.param("ClaimResource", "cdi_devices", 1, id="cdi-devices"),
-        pytest.param("ClaimResource", "driver_name", 2, id="driver"),
-        pytest.param("ClaimResource", "pool_name", 3, id="pool"),
-        pytest.param("ClaimResource", "device_name", 4, id="device"),
-        pytest.param("CDIDevice", "name", 1, id="cdi-name"),
-    ],
-)
-def test_proto_matches_the_kubelet_api(message: str, field: str, number: int) -> None:
-    """The kubelet's numbers (k8s.io/kubelet/pkg/apis/podresources/v1/api.proto)."""
-    descriptor = getattr(api_pb2, message).DESCRIPTOR
-    assert descriptor.full_name == f"v1.{message}"
-    assert descriptor.fields_by_name[field].number == number
-
-
 def test_removed_class_name_stays_reserved() -> None:
     """Field 1 of DynamicResource (class_name, removed in Kubernetes 1.31) is never reused."""
     descriptor = api_pb2.DynamicResource.DESCRIPTOR

@@ -24,13 +24,11 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ import yaml
 
 from .conftest import ROOT
 from .dockerengine import COMPOSE, SLEEP, Engine, upstream_body
-from .harness import free_port
+from .harness import TextServer, free_port
 from .nvmlfake import FakeNvmlState, default_gpu_uuid
 from .test_compose import load_compose
 from .tools import require_tool
@@ -145,34 +143,6 @@ def test_image_defaults(real_docker: Engine, built_image: Built) -> None:
 
 
 # --------------------------------------------------------------------------- running it
-
-
-class StaticUpstream:
-    """dcgm-exporter's text on 127.0.0.1 (the containers share the host's network)."""
-
-    def __init__(self, body: str) -> None:
-        data = body.encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                with contextlib.suppress(ConnectionError):
-                    self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def compose_service(path: Path) -> dict[str, Any]:
@@ -309,7 +279,8 @@ def test_image_attributes_a_real_container(
     for path, mode in ((nvml_dir, 0o755), (nvml_dir / "state", 0o644)):
         path.chmod(mode)
     (nvml_dir / "libnvidia-ml.so.1").chmod(0o644)
-    upstream = StaticUpstream(upstream_body(2))
+    body = upstream_body(2).encode()
+    upstream = TextServer(lambda path: body)  # on loopback: the containers share the host's
     port = free_port()
     args = [
         "serve",
