@@ -6,7 +6,8 @@ Helm gives it the rendered chart on stdin; it prints the same objects with the e
 - the DaemonSet: the enricher container, ``hostPID: true``, a ServiceAccount token volume for the
   enricher container only, and the pod label ``app.kubernetes.io/part-of: dcgm-enricher``
   (the patch of manifests/components/add-to-dcgm-exporter, read from enricher-sidecar.yaml);
-- a ClusterRole (pods: get, list, watch) bound to the ServiceAccount the DaemonSet runs as;
+- the enricher's ClusterRole (manifests/base/rbac.yaml: pods get/list/watch, resourceslices list)
+  bound to the ServiceAccount the DaemonSet runs as;
 - the chart's Service: each port that reached the exporter now reaches the enricher (port name
   ``enricher``, 9401), so the chart's ServiceMonitor scrapes the enricher; that ServiceMonitor's
   endpoint gets ``honorLabels: true``;
