@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 
-GZIP_LEVEL = 6  # zlib's default: ~2.5 ms for 800 KiB here, once per collection
+GZIP_LEVEL = 1  # ~1.3 ms for 800 KiB here (6: ~2.5 ms, 27 KiB instead of 39), once per collection
 _GZIP_WBITS = 31  # 16 + 15: a gzip header and trailer, a 32 KiB window
 
 
