@@ -20,7 +20,7 @@ from prometheus_client.openmetrics.exposition import escape_label_name, escape_m
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _float_to_go_string
 
 from .textformat import written_value
 
@@ -104,6 +104,12 @@ def render_registry(registry: CollectorRegistry) -> bytes:
 # samples) goes through generate_latest itself.
 _TYPES = {"counter": "counter", "gauge": "gauge", "untyped": "untyped", "unknown": "untyped"}
 _SUFFIX = {"counter": "_total"}
+
+
+def floatToGoString(value: float) -> str:
+    """prometheus_client's Go float format (its function is untyped)."""
+    text: str = _float_to_go_string(value)  # type: ignore[no-untyped-call]
+    return text
 
 
 @functools.lru_cache(maxsize=4096)

@@ -65,7 +65,7 @@ def test_finish_leaves_the_head_reusable() -> None:
 
 async def node(full_stack: MakeStack, **config: Any) -> tuple[Stack, TestClient[Any, Any]]:
     stack = await full_stack(upstream=payloads.generate("node8"), **config)
-    raw = TestClient(stack.client.server, auto_decompress=False)
+    raw: TestClient[Any, Any] = TestClient(stack.client.server, auto_decompress=False)
     await raw.start_server()
     return stack, raw
 
