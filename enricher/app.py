@@ -8,7 +8,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -90,17 +90,51 @@ class Head:
     gzip: GzipHead | None = None
 
 
-@dataclass(slots=True)
 class ScrapeResult:
-    body: bytes
-    attributions: list[Attribution]
-    snapshot: GpuSnapshot
-    statuses: list[SourceStatus]
-    finished_at: float
-    identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    allocations: list[AllocatedDevice] = field(default_factory=list)
-    head: Head | None = None  # body is head.body + tail when the Scraper made it
-    tail: bytes = b""
+    """One scrape: what was served and what the node looked like. ``body`` (the identity
+    body) is joined from ``head`` and ``tail`` when first asked for: a scrape served with
+    gzip never copies the whole body."""
+
+    __slots__ = (
+        "_body",
+        "allocations",
+        "attributions",
+        "finished_at",
+        "head",
+        "identities",
+        "snapshot",
+        "statuses",
+        "tail",
+    )
+
+    def __init__(
+        self,
+        body: bytes | None,
+        attributions: list[Attribution],
+        snapshot: GpuSnapshot,
+        statuses: list[SourceStatus],
+        finished_at: float,
+        identities: dict[DeviceKey, tuple[tuple[str, str], ...]] | None = None,
+        allocations: list[AllocatedDevice] | None = None,
+        head: Head | None = None,
+        tail: bytes = b"",
+    ) -> None:
+        """``body`` None: ``head.body`` followed by ``tail``."""
+        self._body = body
+        self.attributions = attributions
+        self.snapshot = snapshot
+        self.statuses = statuses
+        self.finished_at = finished_at
+        self.identities = identities if identities is not None else {}
+        self.allocations = allocations if allocations is not None else []
+        self.head = head
+        self.tail = tail
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            self._body = (self.head.body if self.head is not None else b"") + self.tail
+        return self._body
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,7 +615,7 @@ class Scraper:
         tail = render_registry(self.registry)
         self._last_duration = self._clock() - started
         return ScrapeResult(
-            head.body + tail,
+            None,
             node.attributions,
             node.snapshot,
             statuses,
