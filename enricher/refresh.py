@@ -426,7 +426,7 @@ class Follower(Generic[T]):
         the change before it (that one known to a step), fits the learnt interval: a whole
         number of collections in between."""
         interval = self.interval
-        if interval is None:
+        if interval is None or interval <= 0:
             return True
         lo, hi = earliest - self.step, latest + self.step
         return math.floor(hi / interval) >= max(1, math.ceil(lo / interval))
