@@ -10,7 +10,7 @@ PY_HIGHEST ?= 3.13
 LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
-.PHONY: demo test venv system-deps prometheus3 helm lint typecheck unit bench bench-quick \
+.PHONY: demo test venv system-deps prometheus3 helm image-base lint typecheck unit bench bench-quick \
 	gpu-wheels gpu-check clean
 
 $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
@@ -43,19 +43,26 @@ prometheus3:
 helm:
 	PYTHON=$(PYTHON) ./.ci/helm
 
+## image-base: the stand-in for the Dockerfile's PYTHON_IMAGE (Debian bookworm by debootstrap,
+## as a tarball in .cache) that the image test builds on; needs root
+image-base:
+	./.ci/image-base
+
 ## test: lint and type-check, then the whole suite on the lowest and the highest Python (and on
-## Prometheus 2.42 and 3.5; the chart on Helm 3 and Helm 4)
+## Prometheus 2.42 and 3.5; the chart on Helm 3 and Helm 4; a real Docker Engine). The image
+## test (mark `image`: builds the Dockerfile, minutes) runs once, in the highest Python's suite:
+## the image brings its own Python.
 # Both suites run with the same Hypothesis profile (CI=true: the ci profile): on this project's
 # 2-core CI machine each takes about 4 minutes, and all of .ci/run under 10. The second suite
 # runs even when the first fails, so that a failure says which Pythons it concerns.
-test: system-deps prometheus3 helm $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
+test: system-deps prometheus3 helm image-base $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
 	$(MAKE) --no-print-directory lint typecheck BIN=$(LOWEST_BIN)
 	status=0; \
-	$(MAKE) --no-print-directory unit BIN=$(LOWEST_BIN) || status=1; \
+	$(MAKE) --no-print-directory unit BIN=$(LOWEST_BIN) PYTEST_ARGS='-m "not image"' || status=1; \
 	$(MAKE) --no-print-directory unit BIN=$(HIGHEST_BIN) || status=1; \
 	exit $$status
 
-LINT_PATHS := enricher tests $(wildcard bench)
+LINT_PATHS := enricher tests $(wildcard bench) deploy/dcgm-enricher-post-renderer
 
 lint:
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -65,7 +72,7 @@ typecheck:
 	$(BIN)/mypy
 
 unit:
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 ## bench: the scrape-path benchmark (a few minutes): prints the table, writes bench/results/latest.json
 bench: system-deps venv

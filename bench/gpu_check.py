@@ -320,6 +320,7 @@ def read_nvml(library: str | None, pid: int | None) -> dict[str, Any]:
             mem = _nvml_call(errors, f"gpu {i} memory", pynvml.nvmlDeviceGetMemoryInfo, h)
             if mem is not None:
                 dev["memory_used_bytes"], dev["memory_total_bytes"] = mem.used, mem.total
+            dev.update(_read_power(pynvml, h))
             procs = _nvml_call(
                 errors, f"gpu {i} processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h
             )
@@ -337,6 +338,9 @@ def read_nvml(library: str | None, pid: int | None) -> dict[str, Any]:
             except Exception as exc:
                 errors.append(f"gpu {dev['index']} utilization: {exc}")
                 samples = []
+            later = _read_power(pynvml, h)
+            if "energy_mj" in later:
+                dev["energy_mj_after_2s"] = later["energy_mj"]
             dev["utilization_samples"] = [
                 {"pid": s.pid, "timestamp": s.timeStamp, "sm_util": s.smUtil, "mem_util": s.memUtil}
                 for s in samples
@@ -396,6 +400,23 @@ def struct_layouts() -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- upstream
+
+
+def _read_power(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """The board's power draw (mW) and total-energy counter (mJ), as the enricher reads them;
+    "not supported" where the board has no sensor (NVML's NOT_SUPPORTED)."""
+    out: dict[str, Any] = {}
+    for key, fn in (
+        ("power_mw", pynvml.nvmlDeviceGetPowerUsage),
+        ("energy_mj", pynvml.nvmlDeviceGetTotalEnergyConsumption),
+    ):
+        try:
+            out[key] = int(fn(handle))
+        except pynvml.NVMLError_NotSupported:
+            out[key + "_error"] = "not supported"
+        except Exception as exc:
+            out[key + "_error"] = str(exc)
+    return out
 
 
 def render_upstream(devices: list[dict[str, Any]]) -> str:
@@ -521,6 +542,16 @@ def check_scrape(text: str, pid: int | None, deadline: Deadline) -> dict[str, An
         for s in samples
         if s.name == "gpu_container_utilization_ratio"
     ]
+    out["power"] = [
+        {"name": s.name, "labels": s.labels, "value": s.value}
+        for s in samples
+        if s.name in ("gpu_container_power_watts", "gpu_unattributed_power_watts")
+    ]
+    out["energy"] = [
+        {"labels": s.labels, "value": s.value}
+        for s in samples
+        if s.name == "gpu_container_energy_joules_total"
+    ]
     out["sources_up"] = {
         s.labels.get("source", "?"): s.value for s in samples if s.name == "dcgm_enricher_source_up"
     }
@@ -593,6 +624,7 @@ def verdicts(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     )
     missing = "no sample for the pid in NVML's window, none from the enricher"
     put("utilization_sample", *about_pid(bool(samples or util), text, missing))
+    put("power_split", *power_verdict(devices, sc, pid))
     bad = [r["struct"] for r in report["structs"] if r["ok"] is False]
     sizes = ", ".join(f"{r['struct']} {r['calcsize']}" for r in report["structs"])
     put("struct_layouts", not bad, "mismatch: " + ", ".join(bad) if bad else sizes)
@@ -611,6 +643,37 @@ def verdicts(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
         f"promtool {promtool}, sources up {sc['sources_up']}",
     )
     return out
+
+
+def power_verdict(
+    devices: list[dict[str, Any]], scrape: dict[str, Any], pid: int | None
+) -> tuple[bool | None, str]:
+    """Each GPU with a power reading has parts in the scrape (container and unattributed watts)
+    that add up to a draw like NVML's (the enricher reads it at its own moment, so within a
+    factor of two), and its energy counter did not go down over the check's 2 s. Skipped
+    where no board reports power."""
+    metered = [d for d in devices if "power_mw" in d]
+    if not metered:
+        reasons = {str(d.get("power_mw_error")) for d in devices}
+        return None, f"no power reading: {', '.join(sorted(reasons)) or 'no GPU'}"
+    ok = True
+    parts: list[str] = []
+    for d in metered:
+        watts = d["power_mw"] / 1000
+        mine = [p for p in scrape.get("power", []) if p["labels"].get("UUID") == d["uuid"]]
+        total = sum(p["value"] for p in mine)
+        pods = ", ".join(
+            f"{p['labels'].get('pod') or p['labels'].get('reason') or p['labels'].get('container')}"
+            f" {p['value']:.1f} W"
+            for p in mine
+        )
+        close = bool(mine) and (watts == total == 0 or 0.5 * watts <= total <= 2 * watts + 1)
+        energy_ok = d.get("energy_mj_after_2s", d.get("energy_mj", 0)) >= d.get("energy_mj", 0)
+        ok = ok and close and energy_ok
+        said = f"GPU {d['index']}: NVML {watts:.1f} W, enricher's parts {total:.1f} W"
+        said += f" ({pods or 'none'})" + ("" if energy_ok else ", energy counter went down")
+        parts.append(said)
+    return ok, "; ".join(parts)
 
 
 def render_text(report: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from .enrich import (
     RenderOptions,
     attribute,
     docker_lookup_ids,
+    dra_slice_keys,
     fallback_identity,
     plan_devices,
     render_families,
@@ -39,8 +40,21 @@ from .model import (
     SourceStatus,
 )
 from .podresources import ListResult
+from .power import (
+    DeviceDraw,
+    EnergyLedger,
+    Part,
+    UpstreamPower,
+    Who,
+    choose_readings,
+    parse_upstream_power,
+    power_families,
+    render_power,
+    split_power,
+)
 from .promclient import OWN_PROCFS, LatestMetrics, make_registry, render_registry
 from .refresh import Follower, Refresher
+from .resourceslices import SliceIndex
 from .rewrite import Rewriter, RewriteResult
 from .sources import Measured, Off, Outcome, Source, close_all
 from .upstream import UpstreamSource, url_for_pod_ip
@@ -87,6 +101,8 @@ class Head:
     invalid_lines: int
     rewritten: str | None  # the rewritten upstream body (the Rewriter's, compared by identity)
     families: str
+    power_body: bytes  # the power families, as written
+    power: PowerView | None  # the power split they were written from
     gzip: GzipHead | None = None
 
 
@@ -102,6 +118,7 @@ class ScrapeResult:
         "finished_at",
         "head",
         "identities",
+        "power",
         "snapshot",
         "statuses",
         "tail",
@@ -116,6 +133,7 @@ class ScrapeResult:
         finished_at: float,
         identities: dict[DeviceKey, tuple[tuple[str, str], ...]] | None = None,
         allocations: list[AllocatedDevice] | None = None,
+        power: PowerView | None = None,
         head: Head | None = None,
         tail: bytes = b"",
     ) -> None:
@@ -127,6 +145,7 @@ class ScrapeResult:
         self.finished_at = finished_at
         self.identities = identities if identities is not None else {}
         self.allocations = allocations if allocations is not None else []
+        self.power = power
         self.head = head
         self.tail = tail
 
@@ -135,6 +154,20 @@ class ScrapeResult:
         if self._body is None:
             self._body = (self.head.body if self.head is not None else b"") + self.tail
         return self._body
+
+
+@dataclass(frozen=True, slots=True)
+class PowerView:
+    """The power split of one scrape, for the node page: watts per GPU, per container on a
+    device key, and unattributed per (device key, reason)."""
+
+    device_watts: dict[str, float]
+    container_watts: dict[tuple[DeviceKey, Who], float]
+    unattributed_watts: dict[tuple[DeviceKey, str], float]
+
+
+# The power families as written for (draws, identities): the body and the node page's view.
+_PowerOut = tuple[list[DeviceDraw], dict[DeviceKey, Any], bytes, PowerView]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +197,7 @@ class Scraper:
         pods: PodSource | None,
         podresources: Source | None = None,
         docker: Source | None = None,
+        resource_slices: Source | None = None,
         sources: Sequence[Source] = (),
         clock: Callable[[], float] = time.monotonic,
         own_procfs: str = OWN_PROCFS,
@@ -179,6 +213,7 @@ class Scraper:
         self.procs = procs
         self.pods = pods
         self.podresources = podresources
+        self.resource_slices = resource_slices
         self.docker = docker
         self._clock = clock
         # The enricher's self-metrics, process_* and python_*: a registry per Scraper.
@@ -217,6 +252,11 @@ class Scraper:
             timeout=config.kubelet_timeout + 1.0,
         )
         self._docker = measured(docker, "docker")
+        # After the kubelet's answer: asked only about the DRA devices it reported. It shares
+        # the kubelet's worker, so a slow API server never delays NVML either.
+        self._resource_slices = measured(
+            resource_slices, "resourceslices", worker=self._kubelet_worker, timeout=10.0
+        )
         self._extra = [
             measured(s, s.name, worker=w, timeout=config.scrape_timeout)
             for s, w in zip(sources, self._extra_workers, strict=True)
@@ -227,6 +267,7 @@ class Scraper:
             self._procfs,
             self._kubernetes,
             self._podresources,
+            self._resource_slices,
             self._docker,
             *self._extra,
         ]
@@ -286,6 +327,13 @@ class Scraper:
             process_series=config.collector_process,
             docker=docker is not None,
         )
+        # Energy per container, from each GPU's energy counter: advanced on every upstream
+        # collection (when following) and every scrape; a repeated reading adds nothing.
+        self._energy = EnergyLedger()
+        # The last collection accounted and the last power families written: a scrape of the
+        # same collection (the same upstream text and node view) reuses them.
+        self._power_memo: tuple[str | None, NodeView, list[DeviceDraw], Any] | None = None
+        self._power_out_memo: _PowerOut | None = None
 
     async def close(self) -> None:
         """Stop the background work, then close every source (each bounded: a hung NVML call
@@ -381,11 +429,18 @@ class Scraper:
             self._remember(rewritten.identities)
         identities = {**node.fallback, **self._identities}
         families = self._families(node, identities, self._options)
+        # The power split of this collection (its energy accounted once) and its families.
+        power_body, power = self._power(text, node, identities)
         out = rewritten.text if rewritten is not None else None
-        if head is not None and head.rewritten is out and head.families == families:
+        if (
+            head is not None
+            and head.rewritten is out
+            and head.families == families
+            and head.power_body == power_body
+        ):
             # Read again (every scrape without following), but the same bytes: keep the
             # encoded body and its gzip.
-            head.text, head.node, head.identities = text, node, identities
+            head.text, head.node, head.identities, head.power = text, node, identities, power
             return head
         encoded = b""
         if out is not None:
@@ -394,7 +449,7 @@ class Scraper:
                 encoded = out.encode("utf-8")
             else:
                 encoded = await self._rewrite_worker.run(lambda: out.encode("utf-8"))
-        body = encoded + families.encode("utf-8")
+        body = encoded + families.encode("utf-8") + power_body
         head = Head(
             text,
             node,
@@ -404,6 +459,8 @@ class Scraper:
             rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten is not None else 0,
             out,
             families,
+            power_body,
+            power,
         )
         self._head = head
         return head
@@ -489,15 +546,20 @@ class Scraper:
         containers = docker.value if self.docker is not None else None
         kubelet = await kubelet_task
         listed = kubelet.value
+        slices = await self._resource_slices.read(
+            dra_slice_keys(listed.allocations), default=SliceIndex()
+        )
         kube = await self._kubernetes.read(default=PodIndex())
         index = kube.value
         attributions = attribute(snapshot, procfs.value, index, containers)
-        allocated, unmapped = resolve_allocations(listed.allocations, snapshot)
+        slice_index = slices.value if isinstance(slices.value, SliceIndex) else SliceIndex()
+        allocated, unmapped = resolve_allocations(listed.allocations, snapshot, slice_index.uuids)
         extra = [(await task).status for task in extra_tasks]
         return NodeView(
             snapshot=snapshot,
             statuses=[
-                *(nvml.status, procfs.status, kube.status, kubelet.status, docker.status),
+                *(nvml.status, procfs.status, kube.status, kubelet.status),
+                *(slices.status, docker.status),
                 *extra,
             ],
             listed=listed,
@@ -510,6 +572,40 @@ class Scraper:
             ),
             fallback=fallback_identity(snapshot, self.config.kube_node_name),
         )
+
+    def _account_power(
+        self, text: str | None, node: NodeView
+    ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
+        """Split each GPU's power for this collection and add its energy-counter increase to
+        the containers (enricher.power); returns the draws and the parts. The same collection
+        again is not accounted twice (it would add nothing: its energy reading is the same)."""
+        memo = self._power_memo
+        if memo is not None and memo[0] is text and memo[1] is node:
+            return memo[2], memo[3]
+        upstream = parse_upstream_power(text) if text is not None else UpstreamPower()
+        draws = choose_readings(upstream, node.snapshot)
+        parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
+        self._energy.advance(draws, parts)
+        self._power_memo = (text, node, draws, parts)
+        return draws, parts
+
+    def _power(
+        self, text: str | None, node: NodeView, identities: dict[DeviceKey, Any]
+    ) -> tuple[bytes, PowerView]:
+        """The power families of this scrape and their values for the node page."""
+        draws, parts = self._account_power(text, node)
+        memo = self._power_out_memo
+        if memo is not None and memo[0] is draws and memo[1] == identities:
+            return memo[2], memo[3]
+        body = render_power(draws, parts, self._energy.totals, identities).encode("utf-8")
+        container_watts, unattributed_watts = power_families(draws, parts)
+        view = PowerView(
+            {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
+            container_watts,
+            unattributed_watts,
+        )
+        self._power_out_memo = (draws, identities, body, view)
+        return body, view
 
     def _families(
         self, node: NodeView, identities: dict[DeviceKey, Any], options: RenderOptions
@@ -604,8 +700,9 @@ class Scraper:
             )
             extra["dcgm_enricher_podresources_unmapped_devices"] = (
                 "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
-                "or MIG device NVML reported (unknown ID scheme, or NVML down), or that were "
-                "skipped as malformed; their containers get no gpu_container_allocated series.",
+                "or MIG device NVML reported (unknown ID scheme, or NVML down), DRA devices no "
+                "ResourceSlice gives such a UUID, or entries skipped as malformed; their "
+                "containers get no gpu_container_allocated series.",
                 "gauge",
                 node.unmapped + node.listed.skipped,
             )
@@ -622,6 +719,7 @@ class Scraper:
             time.time(),
             head.identities,
             node.allocated,
+            head.power,
             head,
             tail,
         )

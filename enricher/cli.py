@@ -171,6 +171,23 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             "nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* (comma list)",
         )
         g.add_argument(
+            "--kubelet.dra-drivers",
+            metavar="NAMES",
+            dest="kubelet_dra_drivers",
+            default=_env("--kubelet.dra-drivers", ",".join(_D.kubelet_dra_drivers)),
+            help="more DRA driver names whose devices are GPUs (ResourceSlices with a uuid "
+            "attribute), besides gpu.nvidia.com (comma list)",
+        )
+        g.add_argument(
+            "--kube.resource-slices",
+            dest="kube_resource_slices",
+            action=argparse.BooleanOptionalAction,
+            default=_env_bool("--kube.resource-slices", _D.kube_resource_slices),
+            help="list this node's ResourceSlices to find the GPU of each device the kubelet "
+            "reports allocated through DRA (needs list on resource.k8s.io resourceslices; "
+            "off: DRA devices are counted as unmapped)",
+        )
+        g.add_argument(
             "--collector.process",
             dest="collector_process",
             action=argparse.BooleanOptionalAction,
@@ -317,6 +334,8 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
                 parser.error("--kubelet.enabled needs a --kubelet.pod-resources-socket")
     if "kubelet_gpu_resources" in values:
         values["kubelet_gpu_resources"] = _csv(values["kubelet_gpu_resources"] or "")
+    if "kubelet_dra_drivers" in values:
+        values["kubelet_dra_drivers"] = _csv(values["kubelet_dra_drivers"] or "")
     try:
         for key in ("upstream_timeout", "scrape_timeout", "kubelet_timeout", "docker_timeout"):
             if key in values:

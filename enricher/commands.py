@@ -56,6 +56,23 @@ def make_podresources_source(config: Config) -> PodResourcesSource | None:
         config.kubelet_pod_resources_socket,
         timeout=config.kubelet_timeout,
         extra_resources=config.kubelet_gpu_resources,
+        extra_drivers=config.kubelet_dra_drivers,
+    )
+
+
+def make_resource_slice_source(config: Config) -> Any:
+    """The ResourceSlice source (which GPU each DRA device is), or None: it runs where the
+    kubelet source and Kubernetes both do, unless --no-kube.resource-slices.
+
+    Raises whatever kube.load_api_client raises when no cluster config can be found.
+    """
+    if not (config.kube_resource_slices and config.kube_active and config.kubelet_active):
+        return None
+    from .kube import load_api_client
+    from .resourceslices import ResourceSliceSource, api_client_lister
+
+    return ResourceSliceSource(
+        api_client_lister(load_api_client(config.kube_kubeconfig)), config.kube_node_name
     )
 
 
@@ -94,6 +111,7 @@ async def run_server(config: Config) -> int:
     """``dcgm-enricher serve``: the sidecar, until SIGTERM."""
     try:
         pods = start_pod_cache(config)
+        slices = make_resource_slice_source(config)
     except Exception as exc:
         log.error("cannot start the Kubernetes pod watch: %s", exc)
         return 2
@@ -103,6 +121,7 @@ async def run_server(config: Config) -> int:
         procs=ProcReader(config.procfs),
         pods=pods,
         podresources=make_podresources_source(config),
+        resource_slices=slices,
         docker=make_docker_source(config),
         sources=extra_sources(config),
     )

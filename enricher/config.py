@@ -32,6 +32,9 @@ class Config:
     kubelet_enabled: bool | None = None  # None: on when Kubernetes is on
     kubelet_timeout: float = 2.0
     kubelet_gpu_resources: tuple[str, ...] = ()  # besides nvidia.com/gpu, .shared, mig-*
+    kubelet_dra_drivers: tuple[str, ...] = ()  # besides gpu.nvidia.com
+    # List the node's ResourceSlices to map DRA devices to GPUs (with Kubernetes on).
+    kube_resource_slices: bool = True
     # Docker mode (only without Kubernetes): "" is cgroup-only mode, containers by short ID.
     docker_host: str = "unix:///var/run/docker.sock"
     docker_timeout: float = 2.0

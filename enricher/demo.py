@@ -3,20 +3,22 @@
 Everything simulated is in this module and says so: the GPUs (a stand-in for NVML), the
 dcgm-exporter it serves (an HTTP server on loopback), the /proc tree (written to a temporary
 directory), the node's pods (a fixed list instead of a watch) and the kubelet's PodResources
-API (a real gRPC server on a temporary unix socket, answering with the simulated allocations).
+API (a real gRPC server on a temporary unix socket, answering with the simulated allocations,
+DRA devices among them) and the DRA driver's ResourceSlices (a fixed list body).
 What runs on top is the real thing: the upstream fetch over HTTP, the PodResources client, the
 procfs reader and cgroup parser, attribution, the rewrite and the HTTP server.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,16 +33,19 @@ from .config import Config
 from .kube import build_index, parse_pod
 from .model import (
     DeviceAllocation,
+    DraDevice,
     GpuDevice,
     GpuProcess,
     GpuSnapshot,
     MigDevice,
     PodIndex,
     PodInfo,
+    PowerReading,
     ProcessKind,
 )
 from .podresources import PodResourcesSource, load_grpc
 from .procfs import ProcReader
+from .resourceslices import ResourceSliceSource
 from .sources import Reading
 from .textformat import FamilyWriter
 
@@ -70,6 +75,8 @@ class SimPod:
     # kubelet names the pod's cgroup after it.
     mirror_of: str = ""
     qos: str = "burstable"  # guaranteed | burstable | besteffort: the cgroup path says which
+    # Devices the (simulated) DRA driver allocated to the container through ResourceClaims.
+    claims: tuple[DraDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -251,6 +258,20 @@ LLAMA_EVAL = SimPod(
     labels=(("team", "llm"),),
     devices=(GPUS[6].uuid,),
 )
+# NVIDIA's DRA driver (gpu.nvidia.com) publishes one pool per node, named after the node, and
+# names a full GPU gpu-<minor number>; the ResourceSlice's uuid attribute says which GPU it is.
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_TRAIN = SimPod(
+    "ml-team",
+    "dra-train-0",
+    "5f6a7b8c-9d0e-4f1a-8b2c-3d4e5f6a7b8c",
+    "trainer",
+    _cid(0x6C),
+    ("Job", "dra-train"),
+    None,  # a DRA pod names a ResourceClaim, not an nvidia.com/* resource
+    labels=(("team", "llm"),),
+    claims=(DraDevice("dra-train-0-gpu-x7k2p", "ml-team", DRA_DRIVER, NODE, "gpu-7"),),
+)
 PODS = (
     TRAIN,
     VLLM,
@@ -263,6 +284,7 @@ PODS = (
     EMBED_B,
     FINETUNE,
     LLAMA_EVAL,
+    DRA_TRAIN,
 )
 
 PROCS = (
@@ -282,7 +304,8 @@ PROCS = (
     # GPU 6: an evaluation job that finished its work but kept its CUDA context: memory held
     # at zero utilization.
     SimProc(4201, "python", 6, None, 18_000, 0.0, LLAMA_EVAL),
-    # GPU 7: free (neither allocated nor used).
+    # GPU 7: given to dra-train-0 through a DRA ResourceClaim (NVIDIA's DRA driver).
+    SimProc(4301, "python", 7, None, 22_000, 0.64, DRA_TRAIN),
 )
 # What dcgm-exporter's own PodResources mapping says: it sees only pods that requested a GPU,
 # and on the time-sliced GPU it names just one of the two pods.
@@ -290,12 +313,43 @@ UPSTREAM_PODS: dict[tuple[int, int | None], SimPod] = {
     (0, None): TRAIN,
     (1, None): VLLM,
     (2, 1): BERT,
+    (7, None): DRA_TRAIN,  # with the dra_* labels of its claim, as dcgm-exporter writes them
 }
 DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS)
 
 
 def _wave(t: float, period: float, phase: float) -> float:
     return 0.5 + 0.5 * math.sin(2 * math.pi * (t / period) + phase)
+
+
+# SIMULATED power: each GPU draws 60 W idle plus up to 300 W with its mean load, swinging
+# slowly. The form has a closed integral, so the simulated energy counter is exactly the
+# energy the simulated power draws (as a real GPU's counter is), whatever times are asked.
+IDLE_WATTS = 60.0
+LOAD_WATTS = 300.0
+POWER_PERIOD_SECONDS = 300.0
+
+
+def _mean_load(gpu: int) -> float:
+    # A MIG instance's processes show no per-process utilization: their mean counts 0.3.
+    return min(1.0, sum((p.util if p.gi is None else 0.3) for p in PROCS if p.gpu == gpu))
+
+
+def gpu_power_watts(gpu: int, t: float) -> float:
+    """The SIMULATED draw of GPU ``gpu`` at ``t``, in watts."""
+    load = _mean_load(gpu)
+    return IDLE_WATTS + LOAD_WATTS * load * (0.7 + 0.6 * _wave(t, POWER_PERIOD_SECONDS, gpu))
+
+
+def gpu_energy_millijoules(gpu: int, t: float) -> float:
+    """The SIMULATED energy counter of GPU ``gpu`` at ``t``: the integral of
+    ``gpu_power_watts`` from 0 to ``t``, in millijoules."""
+    load = _mean_load(gpu)
+    omega = 2 * math.pi / POWER_PERIOD_SECONDS
+    # The integral of _wave: 0.5 t - 0.5 cos(omega t + phase) / omega, from 0.
+    wave = 0.5 * t - 0.5 * (math.cos(omega * t + gpu) - math.cos(gpu)) / omega
+    joules = IDLE_WATTS * t + LOAD_WATTS * load * (0.7 * t + 0.6 * wave)
+    return joules * 1000.0
 
 
 class SimulatedGpus:
@@ -332,8 +386,17 @@ class SimulatedGpus:
             )
             for p in PROCS
         )
+        power = tuple(
+            PowerReading(g.uuid, gpu_power_watts(g.index, t), gpu_energy_millijoules(g.index, t))
+            for g in GPUS
+        )
         return GpuSnapshot(
-            GPUS, MIGS, procs, driver_version=f"{DEMO.driver} (simulated)", taken_at=t
+            GPUS,
+            MIGS,
+            procs,
+            power=power,
+            driver_version=f"{DEMO.driver} (simulated)",
+            taken_at=t,
         )
 
     def read(self) -> Reading[GpuSnapshot]:
@@ -396,13 +459,19 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
                 "uid": "x",
             }
         ]
-    resources = {"limits": {pod.gpu_request: "1"}} if pod.gpu_request else {}
+    resources: dict[str, Any] = {"limits": {pod.gpu_request: "1"}} if pod.gpu_request else {}
+    spec: dict[str, Any] = {"nodeName": NODE}
+    if pod.claims:
+        names = sorted({c.claim_name for c in pod.claims})
+        resources["claims"] = [{"name": n} for n in names]
+        spec["resourceClaims"] = [{"name": n, "resourceClaimName": n} for n in names]
+    spec["containers"] = [{"name": pod.container, "resources": resources}]
     runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": meta,
-        "spec": {"nodeName": NODE, "containers": [{"name": pod.container, "resources": resources}]},
+        "spec": spec,
         "status": {
             "phase": "Running",
             "podIP": "10.0.0.1",
@@ -419,11 +488,17 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
 
 
 def allocations(pods: Iterable[SimPod] = PODS) -> list[DeviceAllocation]:
-    """The SIMULATED kubelet's allocations: every pod's device IDs (the demo's by default)."""
+    """The SIMULATED kubelet's allocations: every pod's device IDs and DRA devices (the
+    demo's by default)."""
+    pods = tuple(pods)
     return [
         DeviceAllocation(p.namespace, p.name, p.container, p.gpu_request or "", device)
         for p in pods
         for device in p.devices
+    ] + [
+        DeviceAllocation(p.namespace, p.name, p.container, c.driver, c.device, c)
+        for p in pods
+        for c in p.claims
     ]
 
 
@@ -433,9 +508,34 @@ def list_response(entries: Iterable[DeviceAllocation]) -> Any:
     from .proto import api_pb2
 
     pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+    claims: dict[tuple[str, str, str], dict[tuple[str, str], list[DraDevice]]] = {}
     for e in entries:
         by_resource = pods.setdefault((e.namespace, e.pod), {}).setdefault(e.container, {})
-        by_resource.setdefault(e.resource, []).append(e.device_id)
+        if e.dra is None:
+            by_resource.setdefault(e.resource, []).append(e.device_id)
+        else:
+            claim = (e.dra.claim_name, e.dra.claim_namespace)
+            claims.setdefault((e.namespace, e.pod, e.container), {}).setdefault(claim, [])
+            claims[(e.namespace, e.pod, e.container)][claim].append(e.dra)
+
+    def dynamic(ns: str, name: str, container: str) -> list[Any]:
+        return [
+            api_pb2.DynamicResource(
+                claim_name=claim_name,
+                claim_namespace=claim_ns,
+                claim_resources=[
+                    api_pb2.ClaimResource(
+                        cdi_devices=[api_pb2.CDIDevice(name=f"k8s.{d.driver}/device={d.device}")],
+                        driver_name=d.driver,
+                        pool_name=d.pool,
+                        device_name=d.device,
+                    )
+                    for d in devices
+                ],
+            )
+            for (claim_name, claim_ns), devices in claims.get((ns, name, container), {}).items()
+        ]
+
     return api_pb2.ListPodResourcesResponse(
         pod_resources=[
             api_pb2.PodResources(
@@ -448,6 +548,7 @@ def list_response(entries: Iterable[DeviceAllocation]) -> Any:
                             api_pb2.ContainerDevices(resource_name=r, device_ids=ids)
                             for r, ids in resources.items()
                         ],
+                        dynamic_resources=dynamic(ns, name, container),
                     )
                     for container, resources in containers.items()
                 ],
@@ -499,6 +600,67 @@ class SimulatedKubelet:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+
+
+def resource_slices(node: SimNode = DEMO, driver: str = DRA_DRIVER) -> dict[str, Any]:
+    """The SIMULATED DRA driver's ResourceSliceList for ``node`` (resource.k8s.io/v1), in
+    the shape NVIDIA's driver publishes: one pool named after the node, a device per GPU
+    (``gpu-<minor>``; the simulated minor number is the index) and per MIG device (in the
+    driver's ``gpu-<minor>-mig-...`` form, with simulated numbers), each with its ``uuid``
+    attribute."""
+    devices: list[dict[str, Any]] = [
+        {
+            "name": f"gpu-{g.index}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": g.uuid},
+                "productName": {"string": g.name},
+            },
+        }
+        for g in node.gpus
+        if not g.mig_enabled
+    ]
+    devices += [
+        {
+            "name": f"gpu-{m.gpu_index}-mig-{m.gi_id}-{m.ci_id}",
+            "attributes": {
+                "type": {"string": "mig"},
+                "uuid": {"string": m.uuid},
+                "parentUUID": {"string": m.gpu_uuid},
+                "profile": {"string": m.profile},
+            },
+        }
+        for m in node.migs
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSliceList",
+        "metadata": {"resourceVersion": "1"},
+        "items": [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node.name}-{driver}-x1"},
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node.name,
+                    "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            }
+        ],
+    }
+
+
+def static_slice_lister(body: Mapping[str, Any]) -> Callable[[str, str, float], bytes]:
+    """SIMULATED stand-in for the API server's ResourceSlice list: ``body`` for
+    resource.k8s.io/v1, whatever node is asked."""
+    data = json.dumps(body).encode()
+
+    def list_slices(_version: str, _node: str, _timeout: float) -> bytes:
+        return data
+
+    return list_slices
 
 
 class StaticPods:
@@ -603,6 +765,14 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                         ("namespace", pod.namespace),
                         ("pod", pod.name),
                     ]
+                    for c in pod.claims:
+                        labels += [
+                            ("dra_claim_name", c.claim_name),
+                            ("dra_claim_namespace", c.claim_namespace),
+                            ("dra_driver_name", c.driver),
+                            ("dra_pool_name", c.pool),
+                            ("dra_device_name", c.device),
+                        ]
                 total = (
                     40_960
                     if mig and mig.profile == "3g.40gb"
@@ -616,8 +786,10 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                     "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
                     "DCGM_FI_DEV_MEM_CLOCK": 1593,
                     "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * _wave(t, 300, gpu.index)),
-                    "DCGM_FI_DEV_POWER_USAGE": round(60 + 300 * load, 3),
-                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(t * 1000 * (60 + 300 * load)),
+                    "DCGM_FI_DEV_POWER_USAGE": round(gpu_power_watts(gpu.index, t), 3),
+                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(
+                        gpu_energy_millijoules(gpu.index, t)
+                    ),
                     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
                     "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
                     "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),
@@ -690,6 +862,7 @@ async def start_demo(
         str(socket_path),
         timeout=demo_config.kubelet_timeout,
         extra_resources=demo_config.kubelet_gpu_resources,
+        extra_drivers=demo_config.kubelet_dra_drivers,
     )
     scraper = Scraper(
         demo_config,
@@ -697,6 +870,7 @@ async def start_demo(
         procs=ProcReader(str(proc_root)),
         pods=pods,
         podresources=podresources,
+        resource_slices=ResourceSliceSource(static_slice_lister(resource_slices()), NODE),
     )
     try:
         runner = await serve(
@@ -733,8 +907,9 @@ async def run_demo(config: Config) -> int:
             "instances and a host process, one used by a Jupyter pod that never requested a\n"
             "GPU, one shared through MPS by two pods, one allocated to a pod that leaves it\n"
             "idle, one held by a finished job that keeps its memory at zero utilization, one\n"
-            "free). The GPUs, the dcgm-exporter, the kubelet's PodResources API, /proc and the\n"
-            "pods are simulated; the enricher is the real one.\n"
+            "given to a pod through a DRA ResourceClaim). The GPUs, the dcgm-exporter, the\n"
+            "kubelet's PodResources API, the ResourceSlices, /proc and the pods are simulated;\n"
+            "the enricher is the real one.\n"
             f"\n  enriched metrics:  {url}/metrics\n"
             f"  who is on the GPUs: {url}/\n"
             f"\n  try: curl -s {url}/metrics | grep -E '^gpu_(container|pod|unattr)'\n"

@@ -22,6 +22,7 @@ from .model import (
     DeviceAllocation,
     DeviceIdKind,
     DockerContainer,
+    DraDevice,
     GpuProcess,
     GpuSnapshot,
     PodIndex,
@@ -94,6 +95,7 @@ class AllocatedDevice:
     container: str
     resource: str
     device_id: str
+    dra: DraDevice | None = None  # a DRA device: its claim, driver, pool and device names
 
 
 def is_mps_daemon(comm: str) -> bool:
@@ -203,22 +205,32 @@ def attribute(
 
 
 def resolve_allocations(
-    allocations: Iterable[DeviceAllocation], snapshot: GpuSnapshot
+    allocations: Iterable[DeviceAllocation],
+    snapshot: GpuSnapshot,
+    dra_uuids: Mapping[tuple[str, str, str], str] | None = None,
 ) -> tuple[list[AllocatedDevice], list[DeviceAllocation]]:
-    """Put each allocated device ID on its device key; also return those that fit no device.
+    """Put each allocated device on its device key; also return those that fit no device.
 
     ``GPU-<uuid>`` (and its replicas) names its GPU even when NVML is down; ``MIG-<uuid>`` is
     looked up in NVML's MIG devices; GPU indices (GKE's ``nvidia0``, the plugin's index
-    strategy) in NVML's GPUs. An ID that names nothing NVML reported stays unmapped: guessing
-    would risk naming the wrong pod.
+    strategy) in NVML's GPUs. A DRA device is the UUID its driver's ResourceSlice gives it
+    (``dra_uuids``, by driver, pool and device name), read the same way; without one it is
+    unmapped. An ID that names nothing NVML reported stays unmapped: guessing would risk
+    naming the wrong pod.
     """
     by_index = {d.index: d.uuid for d in snapshot.devices}
     migs = {m.uuid: m for m in snapshot.migs}
     instances = {(m.gpu_uuid, m.gi_id) for m in snapshot.migs}
+    slices = dra_uuids or {}
     mapped: list[AllocatedDevice] = []
     unmapped: list[DeviceAllocation] = []
     for alloc in allocations:
-        ref = parse_device_id(alloc.device_id)
+        if alloc.dra is not None:
+            ref = parse_device_id(slices.get(alloc.dra.slice_key, ""))
+            if ref is not None and ref.kind not in (DeviceIdKind.GPU_UUID, DeviceIdKind.MIG_UUID):
+                ref = None
+        else:
+            ref = parse_device_id(alloc.device_id)
         key: DeviceKey | None = None
         if ref is None:
             pass
@@ -246,9 +258,16 @@ def resolve_allocations(
                     alloc.container,
                     alloc.resource,
                     alloc.device_id,
+                    alloc.dra,
                 )
             )
     return mapped, unmapped
+
+
+def dra_slice_keys(allocations: Iterable[DeviceAllocation]) -> list[tuple[str, str, str]]:
+    """The (driver, pool, device) of each DRA device among ``allocations``, once each, in
+    order: what to look up in the ResourceSlices."""
+    return list(dict.fromkeys(a.dra.slice_key for a in allocations if a.dra is not None))
 
 
 def _owner_of(
@@ -373,6 +392,21 @@ PROC_MEM = "gpu_process_memory_used_bytes"
 UNATTR = "gpu_unattributed_memory_used_bytes"
 POD_INFO = "gpu_pod_info"
 ALLOCATED = "gpu_container_allocated"
+# dcgm-exporter's labels for a device given through DRA, in its order; on
+# gpu_container_allocated they join with the upstream's series of the same claim.
+DRA_LABELS = (
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_device_name",
+)
+
+
+def _dra_values(dra: DraDevice) -> tuple[str, ...]:
+    return (dra.claim_name, dra.claim_namespace, dra.driver, dra.pool, dra.device)
+
+
 CONTAINER_INFO = "gpu_container_info"
 
 
@@ -495,17 +529,19 @@ def render_families(
         info_labels += [(n, info.annotations.get(k, "")) for k, n in annotation_names]
         w.sample(POD_INFO, info_labels, 1)
 
-    held: dict[tuple[DeviceKey, str, str, str, str], int] = defaultdict(int)
+    held: dict[tuple[DeviceKey, str, str, str, str, tuple[str, ...]], int] = defaultdict(int)
     for d in allocated:
-        held[(d.key, d.namespace, d.pod, d.container, d.resource)] += 1
+        dra = () if d.dra is None else _dra_values(d.dra)
+        held[(d.key, d.namespace, d.pod, d.container, d.resource, dra)] += 1
     for hk in sorted(held):
-        key, ns, pod, container, resource = hk
+        key, ns, pod, container, resource, dra = hk
         labels = (
             *ident(key),
             ("namespace", ns),
             ("pod", pod),
             ("container", container),
             ("resource", resource),
+            *zip(DRA_LABELS, dra, strict=False),
         )
         w.sample(ALLOCATED, labels, held[hk])
     text = w.render()

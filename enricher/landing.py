@@ -15,14 +15,15 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
 from .config import Config
 from .enrich import Attribution
 from .labels import DeviceKey
-from .model import DockerContainer, GpuSnapshot, SourceStatus
+from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
+from .power import REASON_IDLE
 from .textformat import parse_label_block, unescape_label_value
 
 if TYPE_CHECKING:
@@ -51,6 +52,16 @@ class Allocation(Protocol):
     def container(self) -> str: ...
     @property
     def resource(self) -> str: ...
+    @property
+    def dra(self) -> DraDevice | None: ...
+
+
+def allocation_label(al: Allocation) -> str:
+    """What the allocated column says: the resource name, or a DRA device's driver, claim
+    and device name."""
+    if al.dra is None:
+        return al.resource
+    return f"{al.dra.driver} (DRA claim {al.dra.claim_name}, {al.dra.device})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +77,7 @@ class OwnerRow:
     processes: tuple[tuple[int, str], ...]  # (pid, command)
     reason: str = ""  # non-empty: no pod, and why
     allocated: str = ""  # resource names the kubelet allocated to it on this device
+    power_watts: float | None = None  # its share of the GPU's draw; None: no power reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,7 @@ class DeviceView:
     used_bytes: float | None  # device memory in use, from the upstream; None if unknown
     total_bytes: float | None
     owners: tuple[OwnerRow, ...] = ()
+    power_watts: float | None = None  # the whole GPU's draw (a MIG instance: its GPU's)
 
     @property
     def unattributed_bytes(self) -> int:
@@ -141,7 +154,7 @@ def _owner_rows(
             groups[("", "", "", a.reason or "unknown")].append(a)
     given: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     for al in allocations:
-        given[(al.namespace, al.pod, al.container)].add(al.resource)
+        given[(al.namespace, al.pod, al.container)].add(allocation_label(al))
     rows = []
     for (ns, pod, container, reason), members in groups.items():
         info = members[0].pod
@@ -180,6 +193,24 @@ def _owner_rows(
     return tuple(rows)
 
 
+def _with_power(key: DeviceKey, owners: tuple[OwnerRow, ...], power: Any) -> tuple[OwnerRow, ...]:
+    """Each row with its watts (enricher.power's split, as the metrics say), and a row for the
+    idle share of a device nobody holds."""
+    if key[0] not in power.device_watts:
+        return owners
+    rows = []
+    for o in owners:
+        if o.reason:
+            watts = power.unattributed_watts.get((key, o.reason))
+        else:
+            watts = power.container_watts.get((key, (o.namespace, o.pod, o.container)))
+        rows.append(replace(o, power_watts=watts))
+    idle = power.unattributed_watts.get((key, REASON_IDLE))
+    if idle is not None:
+        rows.append(OwnerRow("", "", "", "", 0, None, (), REASON_IDLE, "", idle))
+    return tuple(rows)
+
+
 def _device_list(snapshot: GpuSnapshot) -> list[tuple[DeviceKey, str, str]]:
     out: list[tuple[DeviceKey, str, str]] = []
     for dev in sorted(snapshot.devices, key=lambda d: d.index):
@@ -212,13 +243,18 @@ def build_view(last: ScrapeResult | None) -> PageView:
     for al in allocations:
         allocated[al.key].append(al)
     memory = parse_device_memory(last.body)
+    power = getattr(last, "power", None)
     devices = []
     listed: set[DeviceKey] = set()
     for key, title, model in _device_list(last.snapshot):
         listed.add(key)
         used, total = memory.get(key, (None, None))
         owners = _owner_rows(by_device[key], allocated[key])
-        devices.append(DeviceView(key, title, model, used, total, owners))
+        device_watts = None
+        if power is not None:
+            owners = _with_power(key, owners, power)
+            device_watts = power.device_watts.get(key[0])
+        devices.append(DeviceView(key, title, model, used, total, owners, device_watts))
     # Devices NVML did not list on this scrape: never hide who is on them.
     for key in sorted((set(by_device) | set(allocated)) - listed):
         used, total = memory.get(key, (None, None))
@@ -254,6 +290,10 @@ def _bar(part: float | None, whole: float | None, css: str = "") -> str:
     )
 
 
+def _watts(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f} W"
+
+
 def _processes(row: OwnerRow) -> str:
     shown = [f"{pid} {comm}".strip() for pid, comm in row.processes[:MAX_PIDS_SHOWN]]
     more = len(row.processes) - MAX_PIDS_SHOWN
@@ -268,14 +308,18 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
     span = max(1, len(dev.owners))
     used = _bytes(dev.used_bytes) if dev.used_bytes is not None else _bytes(owners_mem)
     total = f" of {_bytes(dev.total_bytes)}" if dev.total_bytes else ""
+    draws = (
+        "" if dev.power_watts is None else f"<small>GPU draws {_e(_watts(dev.power_watts))}</small>"
+    )
     head = (
         f"<th scope='rowgroup' rowspan='{span}' class='dev'>{_e(dev.title)}"
         f"<small>{_e(dev.model)}</small>"
         f"<small>{_e(used)}{_e(total)} used</small>"
-        f"{_bar(dev.used_bytes, dev.total_bytes)}</th>"
+        f"{_bar(dev.used_bytes, dev.total_bytes)}"
+        f"{draws}</th>"
     )
     if not dev.owners:
-        return f"<tbody><tr>{head}<td colspan='8' class='idle'>no process</td></tr></tbody>"
+        return f"<tbody><tr>{head}<td colspan='9' class='idle'>no process</td></tr></tbody>"
     not_allocated = "<span class='un'>not allocated</span>" if allocations_known else ""
     rows = []
     for i, o in enumerate(dev.owners):
@@ -295,9 +339,14 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
                 f"<td>{_e(o.container)}</td><td>{_e(o.workload)}</td>"
                 f"<td>{_e(o.allocated) or not_allocated}</td>"
             )
-        procs = _processes(o) or "<span class='un'>no process: allocated, idle</span>"
+        procs = _processes(o) or (
+            "<span class='un'>no process, no allocation</span>"
+            if o.reason == REASON_IDLE
+            else "<span class='un'>no process: allocated, idle</span>"
+        )
         cells = (
             f"<td class='mem'>{mem}</td><td class='num'>{_e(util)}</td>"
+            f"<td class='num'>{_e(_watts(o.power_watts))}</td>"
             f"{who}<td class='pids'>{procs}</td>"
         )
         rows.append(f"<tr>{head if i == 0 else ''}{cells}</tr>")
@@ -352,13 +401,14 @@ def render_landing(last: ScrapeResult | None, config: Config) -> str:
     )
     head = (
         "<thead><tr><th scope='col'>device</th><th scope='col'>memory</th>"
-        "<th scope='col'>SM util</th><th scope='col'>namespace</th><th scope='col'>pod</th>"
+        "<th scope='col'>SM util</th><th scope='col'>power</th>"
+        "<th scope='col'>namespace</th><th scope='col'>pod</th>"
         "<th scope='col'>container</th><th scope='col'>workload</th>"
         "<th scope='col'>allocated</th><th scope='col'>processes</th></tr></thead>"
     )
     body = "".join(_device_rows(d, view.allocations_known) for d in view.devices)
     if not view.devices:
-        body = "<tbody><tr><td colspan='9' class='idle'>no GPU seen yet</td></tr></tbody>"
+        body = "<tbody><tr><td colspan='10' class='idle'>no GPU seen yet</td></tr></tbody>"
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='refresh' content='{REFRESH_SECONDS}'>"

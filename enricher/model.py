@@ -59,12 +59,26 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerReading:
+    """One GPU's power draw and its own energy counter, from NVML or from dcgm-exporter.
+
+    Both are of the whole GPU (NVML answers neither for a MIG device); None where the source
+    has no reading (a board without a power sensor, a field the upstream does not collect).
+    """
+
+    gpu_uuid: str
+    power_watts: float | None
+    energy_millijoules: float | None  # total since the driver was loaded
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     """What NVML said on one scrape."""
 
     devices: tuple[GpuDevice, ...] = ()
     migs: tuple[MigDevice, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
+    power: tuple[PowerReading, ...] = ()  # one per GPU that answered either reading
     driver_version: str = ""
     taken_at: float = 0.0  # wall clock (time.time()) when the process lists were read
     # Per-device problems on this read (a GPU lost, a call failing): the snapshot still holds
@@ -186,14 +200,36 @@ class DeviceRef:
 
 
 @dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device of a ResourceClaim (Dynamic Resource Allocation), as the kubelet names it.
+
+    ``driver``, ``pool`` and ``device`` together identify the device: they are the names in the
+    driver's ResourceSlices. The claim is the pod's (``claim_namespace`` is the pod's namespace).
+    """
+
+    claim_name: str
+    claim_namespace: str
+    driver: str
+    pool: str
+    device: str
+
+    @property
+    def slice_key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.device)
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceAllocation:
-    """One GPU device ID the kubelet allocated to one container."""
+    """One GPU device the kubelet allocated to one container: a device plugin's device ID, or
+    (``dra`` set) a DRA device, whose ``resource`` is its driver's name and ``device_id`` its
+    device name."""
 
     namespace: str
     pod: str
     container: str
     resource: str
     device_id: str
+    dra: DraDevice | None = None
 
 
 def parse_device_id(device_id: str) -> DeviceRef | None:

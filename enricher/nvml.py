@@ -19,7 +19,14 @@ from typing import Any, NamedTuple, TypeVar
 
 import pynvml
 
-from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, ProcessKind
+from enricher.model import (
+    GpuDevice,
+    GpuProcess,
+    GpuSnapshot,
+    MigDevice,
+    PowerReading,
+    ProcessKind,
+)
 from enricher.sources import Reading
 
 log = logging.getLogger(__name__)
@@ -62,6 +69,10 @@ _ERROR_FUNCTION_NOT_FOUND = 13
 _ERROR_LIB_RM_VERSION_MISMATCH = 18
 _ERROR_ARGUMENT_VERSION_MISMATCH = 25
 _VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
+# A reading the board lacks (power and energy): absent, not an error.
+_OPTIONAL_ABSENT = frozenset(
+    {_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND, _ERROR_NO_PERMISSION}
+)
 _MIG_ENABLED = 1
 
 _REASON_BY_CODE = {
@@ -264,6 +275,7 @@ class _GpuRead:
     targets: list[_Target] = field(default_factory=list)
     entries: list[ProcessEntry] = field(default_factory=list)
     processes: tuple[GpuProcess, ...] = ()
+    power: PowerReading | None = None
 
 
 def _code(err: BaseException) -> int | None:
@@ -460,6 +472,7 @@ class NvmlSource:
             devices=tuple(g.device for g in done),
             migs=tuple(m for g in done for m in g.migs),
             processes=tuple(p for g in done for p in g.processes),
+            power=tuple(g.power for g in done if g.power is not None),
             driver_version=driver,
             taken_at=taken_at,
             errors=tuple(errors),
@@ -515,7 +528,36 @@ class NvmlSource:
             for kind in _KINDS:
                 for pid, memory in self._read_list(target, kind):
                     gpu.entries.append(ProcessEntry(target.gi_id, pid, memory, kind))
+        gpu.power = self._read_power(handle, uuid)
         return gpu
+
+    def _read_power(self, handle: Any, uuid: str) -> PowerReading | None:
+        """The GPU's power draw (NVML: milliwatts) and total energy (millijoules); a reading
+        NVML does not support is None, and None for both when it supports neither."""
+        watts = self._optional("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, handle)
+        energy = self._optional(
+            "nvmlDeviceGetTotalEnergyConsumption",
+            pynvml.nvmlDeviceGetTotalEnergyConsumption,
+            handle,
+        )
+        if watts is None and energy is None:
+            return None
+        return PowerReading(
+            uuid,
+            None if watts is None else int(watts) / 1000.0,
+            None if energy is None else float(int(energy)),
+        )
+
+    @staticmethod
+    def _optional(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """A reading some boards lack: None when NVML does not support it (or, for a caller
+        without the privilege, refuses it); any other failure fails the GPU's read."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as err:
+            if _code(err) in _OPTIONAL_ABSENT:
+                return None
+            raise _DeviceError(f"{name}: {_describe(err)}") from err
 
     def _mig_enabled(self, handle: Any) -> bool:
         try:

@@ -6,6 +6,11 @@ the kubelet's unix socket, bounded in time and never two at once. The pure helpe
 :func:`check_socket`) hold the rules and are tested alone. What a device ID names
 (``model.parse_device_id``) is the pure core's question, asked against NVML's snapshot.
 
+Devices given through Dynamic Resource Allocation (``ContainerResources.dynamic_resources``)
+are kept when their driver is one of the GPU drivers (``gpu.nvidia.com`` and
+``--kubelet.dra-drivers``); which NVML device each one is, the kubelet does not say: the
+driver's ResourceSlices do (``enricher.resourceslices``).
+
 The generated protobuf and gRPC modules (``enricher.proto.api_pb2*``, built from
 ``enricher/proto/api.proto``) and grpcio are imported on first use, so a source tree that was
 never built still serves everything else: the source then reports an error.
@@ -21,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .model import MAX_ID_LENGTH, DeviceAllocation
+from .model import MAX_ID_LENGTH, DeviceAllocation, DraDevice
 from .sources import Reading
 
 if TYPE_CHECKING:
@@ -32,6 +37,9 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # renamed resource (renameByDefault), and MIG instances of any profile (also their .shared).
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu): the driver name its ResourceSlices and
+# the kubelet's ClaimResource carry.
+GPU_DRA_DRIVERS = ("gpu.nvidia.com",)
 # The kubelet's own server refuses messages over 16 MiB; we accept the same.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_ALLOCATIONS = 65536  # GPU device IDs kept from one response
@@ -66,18 +74,30 @@ def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
     return name in GPU_RESOURCES or name.startswith(MIG_RESOURCE_PREFIX) or name in extra
 
 
+def is_gpu_driver(name: str, extra: Iterable[str] = ()) -> bool:
+    """Whether a DRA driver name is one whose devices are GPUs we watch."""
+    return name in GPU_DRA_DRIVERS or name in extra
+
+
+def _fits(value: str, limit: int = MAX_ID_LENGTH) -> bool:
+    return 0 < len(value) <= limit
+
+
 def allocations_from_message(
     response: api_pb2.ListPodResourcesResponse,
     extra_resources: Iterable[str] = (),
     limit: int = MAX_ALLOCATIONS,
+    extra_drivers: Iterable[str] = (),
 ) -> tuple[tuple[DeviceAllocation, ...], int]:
     """The GPU allocations in a List response, and how many GPU entries were skipped.
 
-    Only resources that :func:`is_gpu_resource` accepts are kept. Entries without a pod name or
-    namespace, with an oversized name or ID, or past ``limit`` are skipped and counted, never
-    guessed at.
+    Only resources that :func:`is_gpu_resource` accepts are kept, and DRA devices of drivers
+    that :func:`is_gpu_driver` accepts. Entries without a pod name or namespace, with an
+    oversized name or ID, a DRA device without its driver, pool or device name, or past
+    ``limit`` are skipped and counted, never guessed at.
     """
     extra = frozenset(extra_resources)
+    drivers = frozenset(extra_drivers)
     out: list[DeviceAllocation] = []
     skipped = 0
     for pod in response.pod_resources:
@@ -85,27 +105,39 @@ def allocations_from_message(
         bad_pod = not (0 < len(namespace) <= MAX_NAME_LENGTH and 0 < len(name) <= MAX_NAME_LENGTH)
         for container in pod.containers:
             cname = str(container.name)
+            bad = bad_pod or len(cname) > MAX_NAME_LENGTH
             for devices in container.devices:
                 resource = str(devices.resource_name)
                 if not is_gpu_resource(resource, extra):
                     continue
                 for raw in devices.device_ids:
                     device_id = str(raw)
-                    if (
-                        bad_pod
-                        or len(cname) > MAX_NAME_LENGTH
-                        or not device_id
-                        or len(device_id) > MAX_ID_LENGTH
-                        or len(out) >= limit
-                    ):
+                    if bad or not device_id or len(device_id) > MAX_ID_LENGTH or len(out) >= limit:
                         skipped += 1
                         continue
                     out.append(DeviceAllocation(namespace, name, cname, resource, device_id))
+            for claim in container.dynamic_resources:
+                claim_name, claim_ns = str(claim.claim_name), str(claim.claim_namespace)
+                bad_claim = bad or not _fits(claim_name, MAX_NAME_LENGTH)
+                bad_claim = bad_claim or len(claim_ns) > MAX_NAME_LENGTH
+                for res in claim.claim_resources:
+                    driver = str(res.driver_name)
+                    if not is_gpu_driver(driver, drivers):
+                        continue
+                    pool, device = str(res.pool_name), str(res.device_name)
+                    if bad_claim or not (_fits(pool) and _fits(device)) or len(out) >= limit:
+                        skipped += 1
+                        continue
+                    dra = DraDevice(claim_name, claim_ns or namespace, driver, pool, device)
+                    out.append(DeviceAllocation(namespace, name, cname, driver, device, dra))
     return tuple(out), skipped
 
 
 def parse_list_response(
-    data: bytes, extra_resources: Iterable[str] = (), limit: int = MAX_ALLOCATIONS
+    data: bytes,
+    extra_resources: Iterable[str] = (),
+    limit: int = MAX_ALLOCATIONS,
+    extra_drivers: Iterable[str] = (),
 ) -> tuple[tuple[DeviceAllocation, ...], int]:
     """Decode a serialized ``ListPodResourcesResponse``; ValueError when it is not one."""
     from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
@@ -116,7 +148,7 @@ def parse_list_response(
         response = api_pb2.ListPodResourcesResponse.FromString(data)
     except DecodeError as exc:
         raise ValueError(f"not a ListPodResourcesResponse: {exc}") from exc
-    return allocations_from_message(response, extra_resources, limit)
+    return allocations_from_message(response, extra_resources, limit, extra_drivers)
 
 
 def check_socket(path: str) -> str | None:
@@ -174,12 +206,14 @@ class PodResourcesSource:
         *,
         timeout: float = 2.0,
         extra_resources: Sequence[str] = (),
+        extra_drivers: Sequence[str] = (),
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_allocations: int = MAX_ALLOCATIONS,
     ) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
         self.extra_resources = tuple(extra_resources)
+        self.extra_drivers = tuple(extra_drivers)
         self.max_message_bytes = max_message_bytes
         self.max_allocations = max_allocations
         self.errors_total = 0
@@ -207,7 +241,7 @@ class PodResourcesSource:
                 return self._failed("socket", problem)
             response = self._list()
             allocations, skipped = allocations_from_message(
-                response, self.extra_resources, self.max_allocations
+                response, self.extra_resources, self.max_allocations, self.extra_drivers
             )
         except PodResourcesError as exc:
             return self._failed(exc.reason, str(exc))

@@ -109,6 +109,16 @@ IN_USE_SHARE = (
 )
 
 
+POWER = sel("gpu_container_power_watts", *POD_FILTER)
+ENERGY = sel("gpu_container_energy_joules_total", *POD_FILTER)
+UNATTR_POWER = sel("gpu_unattributed_power_watts", *DEV_FILTER)
+# Pods drawing on each GPU (its MIG instances together: they share its power).
+PODS_PER_GPU_POWER = (
+    "count by (cluster, Hostname, gpu) (count by (cluster, Hostname, gpu, "
+    f"{NS}, {POD}) ({sel('gpu_container_power_watts', *DEV_FILTER)}))"
+)
+
+
 def device(metric: str, agg: str = "max") -> str:
     return f"{agg} by (cluster, Hostname, gpu) ({sel(metric, *DEV_FILTER)})"
 
@@ -517,6 +527,62 @@ def rows() -> list[Row]:
                     ),
                     Target(f"sum by ({NS}) ({IN_USE_SHARE})", "{{" + NS + "}} in use"),
                     width=24,
+                ),
+            ],
+        ),
+        Row(
+            "Power and energy",
+            [
+                _series(
+                    "Watts by pod on shared GPUs",
+                    "Each pod's share of the draw of a GPU that more than one pod uses "
+                    "(time-slicing, MPS, MIG): by SM time, memory held or allocation "
+                    "(docs/power.md). On one GPU the pods' watts and the unattributed watts "
+                    "add up to the GPU's power.",
+                    Target(
+                        f"sum by (cluster, Hostname, gpu, {NS}, {POD}) ({POWER}) "
+                        f"and on (cluster, Hostname, gpu) ({PODS_PER_GPU_POWER} > 1)",
+                        DEV_LEGEND + " " + POD_LEGEND,
+                    ),
+                    unit="watt",
+                ),
+                _series(
+                    "Power by namespace",
+                    "The namespaces' shares of their GPUs' draw, and the part no container "
+                    "gets (idle GPUs, processes outside pods).",
+                    Target(f"sum by (cluster, {NS}) ({POWER})", "{{" + NS + "}}"),
+                    Target(
+                        f"sum by (cluster, reason) ({UNATTR_POWER})",
+                        "unattributed: {{reason}}",
+                    ),
+                    unit="watt",
+                    stacked=True,
+                ),
+                _series(
+                    "kWh per namespace per day",
+                    "Energy attributed to each namespace's containers over the trailing day, "
+                    "from the GPUs' own energy counters, in kWh.",
+                    Target(
+                        f"sum by (cluster, {NS}) (increase({ENERGY}[1d])) / 3.6e6",
+                        "{{" + NS + "}}",
+                    ),
+                    unit="kwatth",
+                ),
+                _table(
+                    "Energy per workload and user, last day",
+                    "kWh per workload (and JupyterHub user) over the trailing day; pods seen "
+                    "with a GPU process only (an allocation alone has no gpu_pod_info).",
+                    [
+                        Target(
+                            f"sum by (cluster, {NS}, workload_kind, workload_name, {USER}) ("
+                            + with_owner(f"sum by (cluster, {NS}, {POD}) (increase({ENERGY}[1d]))")
+                            + ") / 3.6e6",
+                            table=True,
+                        )
+                    ],
+                    {"Value": "kWh"},
+                    "kWh",
+                    {"kWh": "kwatth"},
                 ),
             ],
         ),

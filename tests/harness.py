@@ -25,8 +25,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,20 @@ def series(text: str, name: str) -> list[dict[str, str]]:
                 if s.name == name
             ]
     return []
+
+
+def ps_rows(text: str) -> dict[str, dict[str, str]]:
+    """``ps`` table rows by PID, each cell under its header's column."""
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    head = lines[0]
+    names = head.split()
+    starts = [head.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    rows = {}
+    for line in lines[1:]:
+        row = {n: line[a:b].strip() for n, (a, b) in zip(names, bounds, strict=True)}
+        rows[row["PID"]] = row
+    return rows
 
 
 def api_pod(pod: SimPod, node: str) -> dict[str, Any]:
@@ -269,6 +285,37 @@ class Upstream:
 
 
 # --------------------------------------------------------------------------- the other stand-ins
+
+
+class TextServer:
+    """An HTTP server on 127.0.0.1 in a thread, for a process outside the test's event loop
+    (a container, Prometheus, the enricher started as a command): ``GET`` answers
+    ``body(path)`` as Prometheus text. ``port`` is where it listens."""
+
+    def __init__(self, body: Callable[[str], bytes]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                data = body(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                with contextlib.suppress(ConnectionError):
+                    self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port: int = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @contextlib.contextmanager

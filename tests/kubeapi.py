@@ -13,7 +13,10 @@ newline-delimited watch events. What it models, and why each part matters to a r
   state;
 * with a field selector, an update that makes a pod match is sent as ADDED and one that makes
   it stop matching as DELETED;
-* the stream ends cleanly after ``timeoutSeconds``.
+* the stream ends cleanly after ``timeoutSeconds``;
+* ResourceSlices (``/apis/resource.k8s.io/<version>/resourceslices``) are listed, filtered
+  by ``spec.nodeName``/``spec.driver`` field selectors as the real server does, and only at
+  the versions a test says are served (404 at the others); they are never watched.
 
 Test controls are plain thread-safe methods. The server runs in a background thread
 (``ThreadingHTTPServer``, one thread per connection) so that tests can use it from sync code
@@ -97,6 +100,9 @@ class _Selector:
 
 
 _SUPPORTED_FIELDS = ("spec.nodeName", "metadata.name", "metadata.namespace", "status.phase")
+# The field selectors kube-apiserver accepts on ResourceSlices (besides metadata.name).
+_SLICE_FIELDS = ("spec.nodeName", "spec.driver", "metadata.name")
+_SLICE_PREFIX = "/apis/resource.k8s.io/"
 
 
 def _field_value(pod: Mapping[str, Any], path: str) -> str:
@@ -155,6 +161,8 @@ class KubeApiStandIn:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self._cond = threading.Condition()
         self._pods: dict[str, dict[str, Any]] = {}
+        self._slices: list[dict[str, Any]] = []
+        self._slice_versions: tuple[str, ...] = ()
         self._events: list[_Event] = []
         self._next_seq = 0
         self._rv = 1
@@ -263,6 +271,15 @@ class KubeApiStandIn:
             if old is None:
                 raise KeyError(uid)
             return self._record("DELETED", old, old)
+
+    def set_resource_slices(
+        self, items: Iterable[Mapping[str, Any]], versions: Sequence[str] = ("v1",)
+    ) -> None:
+        """Serve these ResourceSlices, at these resource.k8s.io versions only."""
+        with self._cond:
+            self._slices = [copy.deepcopy(dict(i)) for i in items]
+            self._slice_versions = tuple(versions)
+            self._rv += 1
 
     def send_bookmark(self) -> str:
         """Send a BOOKMARK with the current resourceVersion to every watch that allows them."""
@@ -407,6 +424,8 @@ class _Handler(BaseHTTPRequestHandler):
             kind = "watch" if is_watch and "/" not in namespace else "list"
             if "/" in namespace:
                 kind = "other"
+        elif path.startswith(_SLICE_PREFIX) and path.endswith("/resourceslices"):
+            kind = "slices"
         else:
             kind = "other"
         api._log_request(kind, parts.path, query, self.headers.get("Authorization"))
@@ -429,6 +448,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(
                 404, _status(404, "NotFound", "the server could not find the requested resource")
             )
+        if kind == "slices":
+            return self._list_slices(path[len(_SLICE_PREFIX) : -len("/resourceslices")], query)
         try:
             selector = _Selector(
                 fields=_parse_terms(query.get("fieldSelector", ""), allowed=_SUPPORTED_FIELDS),
@@ -441,6 +462,27 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "list":
             return self._list(selector)
         return self._watch(selector, query)
+
+    def _list_slices(self, version: str, query: Mapping[str, str]) -> None:
+        api = self.api
+        with api._cond:
+            served, items, rv = api._slice_versions, list(api._slices), api._rv
+        if version not in served:
+            return self._send_json(
+                404, _status(404, "NotFound", "the server could not find the requested resource")
+            )
+        try:
+            fields = _parse_terms(query.get("fieldSelector", ""), allowed=_SLICE_FIELDS)
+        except ValueError as exc:
+            return self._send_json(400, _status(400, "BadRequest", str(exc)))
+        selector = _Selector(fields=fields)
+        body = {
+            "kind": "ResourceSliceList",
+            "apiVersion": f"resource.k8s.io/{version}",
+            "metadata": {"resourceVersion": str(rv)},
+            "items": [i for i in items if selector.matches(i)],
+        }
+        self._send_bytes(200, json.dumps(body).encode())
 
     def _list(self, selector: _Selector) -> None:
         with self.api._cond:

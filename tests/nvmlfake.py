@@ -8,6 +8,7 @@ GPUs between two scrapes. One record per line, fields separated by spaces::
     driver VERSION
     gpu INDEX UUID MIG NAME...            MIG: 1 on, 0 off, - not MIG-capable (NOT_SUPPORTED)
     mig GPU SLOT GI CI UUID NAME...       a MIG device in slot SLOT (0..7) of GPU
+    power GPU MILLIWATTS MILLIJOULES      power draw and total energy (NOT_SUPPORTED without)
     proc DEV PID MEMORY LIST              MEMORY: bytes or "na"; LIST: compute|graphics|mps
     util DEV PID TIMESTAMP SM [MEM]       one nvmlProcessUtilizationSample_t
     fail SYMBOL DEV CODE                  SYMBOL returns CODE for DEV
@@ -209,6 +210,16 @@ class FakeNvmlState:
             f"mig {gpu} {slot} {gi} {ci} "
             f"{_token(uuid or default_mig_uuid(gpu, gi, ci), 'uuid')} {_text(full_name, 'name')}"
         )
+        return self
+
+    def power(self, gpu: int, milliwatts: int, millijoules: int) -> FakeNvmlState:
+        """Give GPU ``gpu`` a power draw and a total-energy counter (NVML's units); a GPU
+        without one answers NOT_SUPPORTED to both, as boards without a power sensor do."""
+        if not 0 <= gpu < len(self._gpus):
+            raise ValueError(f"no GPU {gpu} yet")
+        if not 0 <= milliwatts < 2**32 or not 0 <= millijoules < 2**64 - 1:
+            raise ValueError("power and energy hold unsigned values")
+        self._lines.append(f"power {gpu} {milliwatts} {millijoules}")
         return self
 
     def process(

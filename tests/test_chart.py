@@ -10,7 +10,9 @@ purpose, and is normalised away before the comparison:
   app.kubernetes.io/version). The instance label is also in the chart's selectors, so that two
   releases in one namespace do not select each other's pods.
 - The sidecar overlay's Namespace object: a chart does not own its release namespace
-  (``helm uninstall`` would delete everything in it); NOTES.txt says how to label it.
+  (``helm uninstall`` would delete everything in it); NOTES.txt says how to label it. The
+  namespace profile (namespace.create, the release kept in another namespace) renders it, and
+  is compared with the overlay's Namespace included.
 
 No cluster is needed.
 """
@@ -33,6 +35,7 @@ from enricher.cli import build_parser
 
 from .helmreleases import HelmRelease, releases, require
 from .test_manifests import (
+    IMAGE_UID,
     K8S_VERSIONS,
     MONITOR_KINDS,
     EntryPoint,
@@ -69,7 +72,13 @@ PROFILES: dict[str, tuple[str, str, str | None]] = {
     "gpu-operator": ("gpu-operator", "gpu-operator", "overlays/gpu-operator"),
     "podmonitor": ("gpu-monitoring", "sidecar", None),
     "plain-prometheus": ("gpu-monitoring", "sidecar", None),
+    "nonroot": ("gpu-monitoring", "sidecar", None),
+    "namespace": ("gpu-monitoring", "sidecar", "overlays/sidecar"),
 }
+# Profiles whose release lives in another namespace than its objects (namespace.name).
+RELEASE_NAMESPACES = {"namespace": "default"}
+# Profiles whose enricher runs as another UID than root (enricher.runAsUser).
+UIDS = {"nonroot": IMAGE_UID}
 
 
 @pytest.fixture(params=releases(), ids=lambda r: r.id)
@@ -91,6 +100,7 @@ def values_file(profile: str) -> Path:
 @functools.cache
 def render_text(release: HelmRelease, profile: str, *extra: str) -> str:
     namespace = PROFILES[profile][0] if profile in PROFILES else "gpu-monitoring"
+    namespace = RELEASE_NAMESPACES.get(profile, namespace)
     args = ["template", RELEASE, str(CHART), "-n", namespace, "-f", str(values_file(profile))]
     proc = run_helm(release, *args, *extra)
     assert proc.returncode == 0, proc.stderr
@@ -121,7 +131,8 @@ def normalised(docs: Docs) -> list[Doc]:
 
 def entry_of(profile: str) -> EntryPoint:
     namespace, mode, _ = PROFILES[profile]
-    return EntryPoint(f"charts/dcgm-enricher ({profile})", namespace, mode)
+    uid = UIDS.get(profile, 0)
+    return EntryPoint(f"charts/dcgm-enricher ({profile})", namespace, mode, uid)
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -221,7 +232,8 @@ def test_exceptions_are_commented(helm: HelmRelease, profile: str) -> None:
 def test_chart_renders_the_kustomize_objects(helm: HelmRelease, profile: str) -> None:
     overlay = PROFILES[profile][2]
     assert overlay is not None
-    kustomized = tuple(d for d in build(overlay) if d["kind"] != "Namespace")
+    creates = profile in RELEASE_NAMESPACES  # namespace.create
+    kustomized = tuple(d for d in build(overlay) if d["kind"] != "Namespace" or creates)
     chart = normalised(render(helm, profile))
     expected = normalised(kustomized)
     assert [(d["kind"], d["metadata"]["name"]) for d in chart] == [
@@ -300,6 +312,9 @@ def test_a_null_flag_drops_the_mode_default(helm: HelmRelease, tmp_path: Path) -
         ("mode=daemon", "mode"),
         ("monitor.kind=Both", "monitor"),
         ("enricher.flags.web\\.listen=:1", "flags"),
+        ("enricher.runAsUser=-1", "runAsUser"),
+        ("namespace.create=yes", "create"),
+        ("namespace.name=GPU_Monitoring", "name"),
     ],
 )
 def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
@@ -308,15 +323,16 @@ def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
     assert message in proc.stderr
 
 
-@pytest.mark.parametrize("profile", ["sidecar", "gpu-operator"])
+@pytest.mark.parametrize("profile", ["sidecar", "gpu-operator", "namespace"])
 def test_notes_say_how_to_verify(profile: str) -> None:
     """NOTES name the release's DaemonSet and only metrics that exist. Helm 4 renders them
     offline (``install --dry-run=client``); Helm 3.17 contacts a cluster for that, and its
     ``lint`` renders NOTES.txt without showing them."""
     helm4 = require(releases()[1])
     namespace = PROFILES[profile][0]
-    args = ["install", RELEASE, str(CHART), "-n", namespace, "-f", str(values_file(profile))]
-    proc = run_helm(helm4, *args, "--dry-run=client")
+    release_namespace = RELEASE_NAMESPACES.get(profile, namespace)
+    args = ["install", RELEASE, str(CHART), "-n", release_namespace]
+    proc = run_helm(helm4, *args, "-f", str(values_file(profile)), "--dry-run=client")
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("\nNOTES:\n", 1)[1]
     assert f"kubectl -n {namespace} rollout status daemonset/{RELEASE}" in notes
@@ -324,6 +340,7 @@ def test_notes_say_how_to_verify(profile: str) -> None:
     named = re.findall(r"dcgm_enricher_[a-z_]+", notes)
     assert named and all(name in metrics for name in named), named
     assert ("pod-security.kubernetes.io/enforce=privileged" in notes) == (profile == "sidecar")
+    assert ("`helm uninstall` deletes it" in notes) == (profile == "namespace")
 
 
 def test_package_holds_the_linked_files(helm: HelmRelease, tmp_path: Path) -> None:
@@ -338,3 +355,46 @@ def test_package_holds_the_linked_files(helm: HelmRelease, tmp_path: Path) -> No
         assert rules.read() == (ROOT / "rules" / "dcgm-enricher.rules.yaml").read_bytes()
     assert "dcgm-enricher/files/dcgm-enricher.json" in names
     assert not [n for n in names if n.startswith("dcgm-enricher/ci/")]
+
+
+def test_nonroot_changes_only_the_user_and_the_kubelet_source(helm: HelmRelease) -> None:
+    """enricher.runAsUser=10001 is the sidecar profile with the enricher's user, group and
+    runAsNonRoot changed and --no-kubelet.enabled added; nothing else."""
+    root, nonroot = (render(helm, p) for p in ("sidecar", "nonroot"))
+    _, container = enricher_of(root)
+    container["securityContext"].update(
+        runAsNonRoot=True, runAsUser=IMAGE_UID, runAsGroup=IMAGE_UID
+    )
+    container["args"].insert(2, "--no-kubelet.enabled")
+    assert normalised(nonroot) == normalised(root)
+
+
+def test_nonroot_kubelet_flag_wins(helm: HelmRelease, tmp_path: Path) -> None:
+    """A node whose PodResources socket the UID may use: enricher.flags turns the source on."""
+    values = tmp_path / "kubelet.yaml"
+    values.write_text("enricher:\n  flags:\n    kubelet.enabled: true\n")
+    _, container = enricher_of(render(helm, "nonroot", "-f", str(values)))
+    assert "--kubelet.enabled" in container["args"]
+    assert "--no-kubelet.enabled" not in container["args"]
+
+
+def test_namespace_create_refuses_the_gpu_operators(helm: HelmRelease) -> None:
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "mode=gpu-operator",
+        "--set",
+        "namespace.create=true",
+    )
+    assert proc.returncode != 0
+    assert "namespace.create: the GPU Operator's namespace is the operator's" in proc.stderr
+
+
+def test_namespace_name_without_create_moves_every_object(helm: HelmRelease) -> None:
+    """namespace.name alone: every namespaced object there, no Namespace object."""
+    docs = render(helm, "sidecar", "--set", "namespace.name=monitoring")
+    assert not of_kind(docs, "Namespace")
+    assert all_problems(EntryPoint("charts (namespace.name)", "monitoring", "sidecar"), docs) == []

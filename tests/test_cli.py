@@ -150,8 +150,17 @@ def test_demo_serves_enriched_metrics() -> None:
             ("4", "", "embedder-6f7d8c9b4-q7w2e"),  # MPS
             ("5", "", "finetune-mistral-0"),  # allocated, no process
             ("6", "", "llama-eval-7xq2m"),  # allocated, memory held at zero utilization
+            ("7", "", "dra-train-0"),  # given through a DRA claim, found by its ResourceSlice
         } <= allocated
-        assert not any(gpu == "7" for gpu, _, _ in allocated)  # a free GPU
+        (dra,) = [
+            s.labels for s in fams["gpu_container_allocated"].samples if s.labels["gpu"] == "7"
+        ]
+        assert (dra["resource"], dra["dra_driver_name"], dra["dra_device_name"]) == (
+            "gpu.nvidia.com",
+            "gpu.nvidia.com",
+            "gpu-7",
+        )
+        assert dra["dra_claim_name"] == "dra-train-0-gpu-x7k2p"
         assert not any(gpu == "3" for gpu, _, _ in allocated)  # Jupyter never requested one
         # The idle allocated GPU's series name its pod, which dcgm-exporter alone did not.
         assert any(lbl["gpu"] == "5" and lbl["pod"] == "finetune-mistral-0" for lbl in util)

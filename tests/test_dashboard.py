@@ -208,6 +208,7 @@ REQUIRED_PANELS = {
     "Top pods": {"Top pods by GPU memory"},
     "Shared GPUs": {"Pods per shared device"},
     "Waste": {"Allocated but idle", "Memory held while idle", "Used without request"},
+    "Power and energy": {"Watts by pod on shared GPUs", "kWh per namespace per day"},
     "Device health": {
         "Temperature",
         "Power",
@@ -679,3 +680,19 @@ def test_honor_labels_false_renames_the_pod_labels(stack: Stack) -> None:
     renamed = stack.poll("exported", 'gpu_container_memory_used_bytes{exported_pod!=""}')
     assert renamed
     assert all(s["metric"]["pod"] == ENRICHER_POD for s in renamed)
+
+
+def test_power_split_adds_up_on_every_gpu_the_demo_simulates(stack: Stack) -> None:
+    """In the real Prometheus scraping the demo: on each of its GPUs, the containers' watts
+    plus the unattributed watts are the GPU's DCGM_FI_DEV_POWER_USAGE of the same scrape (one
+    query, one evaluation time), and the containers' energy counters are there."""
+    gpus = stack.poll("honor_labels", "count by (gpu) (DCGM_FI_DEV_POWER_USAGE)")
+    assert len(gpus) == 8
+    parts = '{__name__=~"gpu_container_power_watts|gpu_unattributed_power_watts"}'
+    gap = stack.query(
+        "honor_labels",
+        f"abs(max by (gpu) (DCGM_FI_DEV_POWER_USAGE) - sum by (gpu) ({parts}))",
+    )
+    assert {s["metric"]["gpu"] for s in gap} == {s["metric"]["gpu"] for s in gpus}
+    assert all(float(s["value"][1]) < 1e-6 for s in gap), gap
+    assert stack.poll("honor_labels", "gpu_container_energy_joules_total")

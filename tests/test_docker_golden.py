@@ -41,7 +41,15 @@ from enricher.procfs import ProcReader
 
 from .conftest import ROOT, assert_valid_exposition
 from .dockerapi import DockerAPI, compose_labels, container_id
-from .harness import MakeStack, Stack, check_golden, docker_engine, nvml_state_of, series
+from .harness import (
+    MakeStack,
+    Stack,
+    check_golden,
+    docker_engine,
+    nvml_state_of,
+    ps_rows,
+    series,
+)
 from .nvmlfake import FakeNvml, FakeNvmlState, default_mig_uuid
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "docker-host.prom"
@@ -463,20 +471,6 @@ def command_config(tmp_path: Path, fake_nvml: FakeNvml, docker_host: str) -> Con
         kube_node_name="",
         docker_host=docker_host,
     )
-
-
-def ps_rows(text: str) -> dict[str, dict[str, str]]:
-    """``ps`` table rows by PID, each cell under its header's column."""
-    lines = [line for line in text.splitlines() if not line.startswith("#")]
-    head = lines[0]
-    names = head.split()
-    starts = [head.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
-    bounds = list(zip(starts, [*starts[1:], None], strict=True))
-    rows = {}
-    for line in lines[1:]:
-        row = {n: line[a:b].strip() for n, (a, b) in zip(names, bounds, strict=True)}
-        rows[row["PID"]] = row
-    return rows
 
 
 def test_ps_names_docker_containers(

@@ -41,6 +41,7 @@ def fake_state(tmp_path: Path, pid: int) -> Path:
     state = FakeNvmlState(driver="580.159.03")
     state.gpu(name="NVIDIA H200").gpu(name="NVIDIA H200", mig=True)
     state.process(pid, gpu=0, memory=256 << 20).util(pid, timestamp=1000, sm=42, gpu=0)
+    state.power(0, 301_500, 9_000_000).power(1, 88_000, 5_000_000)
     return state.write(tmp_path / "nvml-state")
 
 
@@ -87,6 +88,14 @@ def test_check_on_the_fake_nvml(
     assert report["attribution"]["comm"] == "sleep"
     assert report["attribution"]["cgroup"], report["attribution"]
     assert report["nvml"]["devices"][0]["utilization_samples"][0]["sm_util"] == 42
+    # The sleeper, a process outside any container, holds GPU 0 alone: its 301.5 W are
+    # unattributed with the process's reason; the MIG GPU with no process is idle.
+    power = {p["labels"]["UUID"]: p for p in report["scrape"]["power"]}
+    gpu0, gpu1 = (d["uuid"] for d in report["nvml"]["devices"])
+    assert (power[gpu0]["name"], power[gpu0]["value"]) == ("gpu_unattributed_power_watts", 301.5)
+    assert power[gpu0]["labels"]["reason"] == "host_process"
+    assert (power[gpu1]["labels"]["reason"], power[gpu1]["value"]) == ("idle", 88.0)
+    assert "NVML 301.5 W, enricher's parts 301.5 W" in report["checks"]["power_split"]["detail"]
     assert report["runtime_s"] < 60
     assert "result: ok" in output
 
@@ -98,6 +107,7 @@ def test_check_without_a_workload_still_checks_nvml(fake_nvml_lib: Path, tmp_pat
     assert rc == 0, output
     got = statuses(report)
     assert got["process_listed_by_nvml"] == got["cgroup_attribution"] == "skipped"
+    assert got["power_split"] == "skipped"  # the fake's GPU has no power sensor here
     assert got["nvml"] == got["struct_layouts"] == got["scrape_valid"] == "ok"
     assert "no CUDA workload could be started" in report["workload"]["notes"]
 

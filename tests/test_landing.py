@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import ScrapeResult
+from enricher.app import PowerView, ScrapeResult
 from enricher.config import Config
 from enricher.enrich import AllocatedDevice, Attribution
 from enricher.landing import (
@@ -402,3 +402,32 @@ def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
         1 for uuid, gi in devices if gi == "" and any(u == uuid and g for u, g in devices)
     )
     assert "SIMULATED NODE" in proc.stdout
+
+
+def test_power_column_and_idle_row() -> None:
+    """Each row carries its share of the GPU's watts (enricher.power's split, as the metrics
+    say); a GPU nobody holds shows its draw as the idle row; without a power reading the
+    column stays empty."""
+    u0, u1, u2 = (f"GPU-{i}0000000-0000-4000-8000-000000000000" for i in range(3))
+    snap = GpuSnapshot(devices=tuple(GpuDevice(i, u, "A100") for i, u in enumerate((u0, u1, u2))))
+    pod = PodInfo(uid="u", namespace="ns", name="p")
+    atts = [
+        Attribution(GpuProcess(u0, 0, None, 7, 1 << 30, 0.5), None, pod, "c", ""),
+        Attribution(GpuProcess(u0, 0, None, 8, 1 << 20, 0.0), None, None, "", "host_process"),
+    ]
+    power = PowerView(
+        {u0: 300.0, u1: 60.0},
+        {((u0, ""), ("ns", "p", "c")): 300.0},
+        {((u0, ""), "host_process"): 0.0, ((u1, ""), "idle"): 60.0},
+    )
+    last = ScrapeResult(b"", atts, snap, [], 0.0, power=power)
+    devices = {d.key[0]: d for d in build_view(last).devices}
+    assert devices[u0].power_watts == 300.0
+    assert [(o.pod, o.reason, o.power_watts) for o in devices[u0].owners] == [
+        ("p", "", 300.0),
+        ("", "host_process", 0.0),
+    ]
+    assert [(o.reason, o.power_watts, o.memory_bytes) for o in devices[u1].owners] == [
+        ("idle", 60.0, 0)
+    ]
+    assert devices[u2].power_watts is None and devices[u2].owners == ()

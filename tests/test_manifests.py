@@ -77,6 +77,7 @@ class EntryPoint:
     path: str  # relative to manifests/
     namespace: str
     mode: str  # "sidecar", "gpu-operator" or "patch"
+    uid: int = ENRICHER_UID  # the enricher's runAsUser (non-root: without PodResources)
 
 
 ENTRY_POINTS = (
@@ -86,6 +87,9 @@ ENTRY_POINTS = (
 )
 # Builds on its own but is only ever applied through an overlay (no namespace, no workload).
 LIBRARIES = ("base",)
+# Applied beside a Helm release that runs the enricher (no workload of its own): checked
+# together with that release in tests/test_dcgm_exporter_chart.py.
+COMPANIONS = ("patches/dcgm-exporter-native-sidecar",)
 
 
 # --------------------------------------------------------------------------- building
@@ -265,7 +269,12 @@ def image_problems(docs: Docs) -> list[str]:
 
 
 def rbac_problems(docs: Docs) -> list[str]:
-    """Exactly one ClusterRole: get/list/watch on core pods, and nothing else anywhere."""
+    """Exactly one ClusterRole: get/list/watch on core pods, list on resource.k8s.io
+    resourceslices (the DRA lookup), and nothing else anywhere."""
+    expected = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
+    ]
     problems = []
     roles = of_kind(docs, "Role", "ClusterRole")
     if [r["kind"] for r in roles] != ["ClusterRole"]:
@@ -274,18 +283,18 @@ def rbac_problems(docs: Docs) -> list[str]:
         if "aggregationRule" in role:
             problems.append(f"{role['metadata']['name']}: aggregationRule grants unknown rules")
         rules = role.get("rules", [])
-        if len(rules) != 1:
-            problems.append(f"{role['metadata']['name']}: {len(rules)} rules, expected 1")
-        for rule in rules:
+        if len(rules) != len(expected):
+            problems.append(f"{role['metadata']['name']}: {len(rules)} rules, expected 2")
+        for rule, want in zip(rules, expected, strict=False):
             if set(rule) != {"apiGroups", "resources", "verbs"}:
                 problems.append(f"unexpected rule fields {sorted(rule)}")
-            if rule.get("apiGroups") != [""]:
-                problems.append(f"apiGroups {rule.get('apiGroups')}, expected the core group")
-            if rule.get("resources") != ["pods"]:
-                problems.append(f"resources {rule.get('resources')}, expected [pods]")
+            if rule.get("apiGroups") != want["apiGroups"]:
+                problems.append(f"apiGroups {rule.get('apiGroups')}, expected {want['apiGroups']}")
+            if rule.get("resources") != want["resources"]:
+                problems.append(f"resources {rule.get('resources')}, expected {want['resources']}")
             verbs = rule.get("verbs", [])
-            if sorted(verbs) != ["get", "list", "watch"]:
-                problems.append(f"verbs {verbs}, expected get/list/watch")
+            if sorted(verbs) != want["verbs"]:
+                problems.append(f"verbs {verbs}, expected {'/'.join(want['verbs'])}")
     names = {r["metadata"]["name"] for r in roles}
     for binding in of_kind(docs, "RoleBinding", "ClusterRoleBinding"):
         ref = binding["roleRef"]
@@ -394,8 +403,9 @@ def has_api_token(spec: Doc, container: Doc) -> bool:
     return mounted or spec.get("automountServiceAccountToken", True) is not False
 
 
-def enricher_problems(workload: Doc, container: Doc) -> list[str]:
-    """The enricher container and its pod as docs/install.md describes them."""
+def enricher_problems(workload: Doc, container: Doc, uid: int = ENRICHER_UID) -> list[str]:
+    """The enricher container and its pod as docs/install.md describes them (as root, or as
+    the non-root ``uid`` without the PodResources source)."""
     problems = []
     spec = pod_spec(workload)
     if spec.get("hostPID") is not True:
@@ -423,14 +433,17 @@ def enricher_problems(workload: Doc, container: Doc) -> list[str]:
 
     security = effective_security(spec, container)
     expected = {
-        "runAsNonRoot": False,
-        "runAsUser": ENRICHER_UID,
+        "runAsNonRoot": uid != 0,
+        "runAsUser": uid,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
     }
     for key, value in expected.items():
         if security.get(key) != value:
             problems.append(f"securityContext.{key} is {security.get(key)!r}, not {value!r}")
+    if uid != 0 and bool_flag(container.get("args", []), "--kubelet.enabled") is not False:
+        # The kubelet's socket is root-only: the source would only ever report itself down.
+        problems.append(f"UID {uid} without --no-kubelet.enabled")
     if security.get("capabilities", {}).get("drop") != ["ALL"]:
         problems.append("capabilities do not drop ALL")
     if security.get("capabilities", {}).get("add"):
@@ -615,7 +628,7 @@ def all_problems(entry: EntryPoint, docs: Docs) -> list[str]:
         + binding_problems(docs, entry.namespace)
         + monitor_problems(docs)
         + wiring_problems(docs)
-        + enricher_problems(workload, container)
+        + enricher_problems(workload, container, entry.uid)
         + other_container_problems(docs)
         + namespace_problems(docs, entry.namespace)
     )
@@ -773,7 +786,7 @@ def schema_errors(doc: Doc, k8s_version: str) -> list[str]:
 def test_every_kustomization_is_known() -> None:
     """A new entry point or component must be added to this file's lists to be checked."""
     found = kustomization_dirs()
-    entries = {e.path for e in ENTRY_POINTS} | set(LIBRARIES)
+    entries = {e.path for e in ENTRY_POINTS} | set(LIBRARIES) | set(COMPANIONS)
     assert {p for p, kind in found.items() if kind == "Kustomization"} == entries
     components = {p for p, kind in found.items() if kind == "Component"}
     assert components == {
@@ -786,7 +799,7 @@ def test_every_kustomization_is_known() -> None:
 
 
 @needs_kubectl
-@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + list(LIBRARIES))
+@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + [*LIBRARIES, *COMPANIONS])
 def test_entry_point_builds(path: str) -> None:
     docs = build(path)
     assert docs, f"{path} built to nothing"
@@ -795,7 +808,7 @@ def test_entry_point_builds(path: str) -> None:
 
 @needs_kubectl
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
-@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + list(LIBRARIES))
+@pytest.mark.parametrize("path", [e.path for e in ENTRY_POINTS] + [*LIBRARIES, *COMPANIONS])
 def test_objects_match_schemas(path: str, k8s_version: str) -> None:
     errors = [
         f"{d['kind']}/{d['metadata']['name']}: {err}"
@@ -1633,5 +1646,5 @@ def test_documented_kustomize_paths_exist() -> None:
         for m in re.finditer(r"kubectl (?:apply|delete) -k (manifests/[^\s`]+)", text)
     }
     assert paths, "the docs show no kubectl apply -k command"
-    entries = {"manifests/" + e.path for e in ENTRY_POINTS}
+    entries = {"manifests/" + p for p in [e.path for e in ENTRY_POINTS] + list(COMPANIONS)}
     assert paths <= entries, paths - entries

@@ -785,3 +785,49 @@ def test_no_library_at_all_in_a_child_process(tmp_path: Path) -> None:
         pytest.skip("this machine has a real libnvidia-ml")
     out = run_child(None, {"FAKE_NVML_STATE": str(tmp_path / "unused")})
     assert out == {"reason": REASON_LIBRARY_NOT_FOUND}
+
+
+def test_power_and_energy_read_through_pynvml(fake: FakeNvml) -> None:
+    """nvmlDeviceGetPowerUsage (mW) and nvmlDeviceGetTotalEnergyConsumption (mJ) of each full
+    GPU, MIG-enabled ones too (asked of the GPU's handle, never a MIG device's); a board
+    without a sensor answers NOT_SUPPORTED and has no reading; the processes are unaffected."""
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu(mig=True)
+        .mig(1, gi=1)
+        .gpu(name="NVIDIA T4")
+        .power(0, 312_456, 98_765_432_100)
+        .power(1, 61_000, 5_000)
+        .process(5, gpu=2)
+    )
+    fake.write(state)
+    snap = fake.source().fetch()
+    assert snap.errors == ()
+    assert [(r.gpu_uuid, r.power_watts, r.energy_millijoules) for r in snap.power] == [
+        (nvmlfake.default_gpu_uuid(0), 312.456, 98_765_432_100.0),
+        (nvmlfake.default_gpu_uuid(1), 61.0, 5_000.0),
+    ]
+    assert [p.pid for p in snap.processes] == [5]
+    asked = {c[1] for c in fake.calls_of("nvmlDeviceGetPowerUsage")}
+    assert asked == {"gpu0", "gpu1", "gpu2"}
+    assert {c[1] for c in fake.calls_of("nvmlDeviceGetTotalEnergyConsumption")} == asked
+
+
+def test_power_failure_other_than_not_supported_fails_that_gpu(fake: FakeNvml) -> None:
+    """A lost GPU answering the power call is an error of that GPU's read (reported, the
+    others still read), not a silently missing reading; no permission is only a missing one."""
+    state = (
+        FakeNvmlState()
+        .gpu()
+        .gpu()
+        .power(0, 100_000, 1)
+        .power(1, 100_000, 1)
+        .fail("nvmlDeviceGetPowerUsage", nvmlfake.ERROR_GPU_IS_LOST, gpu=0)
+        .fail("nvmlDeviceGetTotalEnergyConsumption", 4, gpu=1)  # NVML_ERROR_NO_PERMISSION
+    )
+    fake.write(state)
+    snap = fake.source().fetch()
+    assert len(snap.errors) == 1 and "nvmlDeviceGetPowerUsage" in snap.errors[0]
+    assert [d.index for d in snap.devices] == [1]
+    assert [(r.power_watts, r.energy_millijoules) for r in snap.power] == [(100.0, None)]

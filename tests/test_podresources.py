@@ -169,6 +169,16 @@ def test_is_gpu_resource(name: str, extra: tuple[str, ...], expected: bool) -> N
         pytest.param("ContainerDevices", "topology", 3, id="devices-topology"),
         pytest.param("TopologyInfo", "nodes", 1, id="topology-nodes"),
         pytest.param("NUMANode", "ID", 1, id="numa-id"),
+        # Dynamic Resource Allocation (the DRA devices of a container)
+        pytest.param("ContainerResources", "dynamic_resources", 5, id="container-dra"),
+        pytest.param("DynamicResource", "claim_name", 2, id="claim-name"),
+        pytest.param("DynamicResource", "claim_namespace", 3, id="claim-namespace"),
+        pytest.param("DynamicResource", "claim_resources", 4, id="claim-resources"),
+        pytest.param("ClaimResource", "cdi_devices", 1, id="cdi-devices"),
+        pytest.param("ClaimResource", "driver_name", 2, id="driver"),
+        pytest.param("ClaimResource", "pool_name", 3, id="pool"),
+        pytest.param("ClaimResource", "device_name", 4, id="device"),
+        pytest.param("CDIDevice", "name", 1, id="cdi-name"),
     ],
 )
 def test_proto_matches_the_kubelet_api(message: str, field: str, number: int) -> None:

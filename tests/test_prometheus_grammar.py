@@ -25,14 +25,13 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 import yaml
 
-from tests.harness import free_port, stop_process
+from tests.harness import TextServer, free_port, stop_process
 from tests.promreleases import PromRelease
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +80,7 @@ def _body(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-class Upstream:
+class Upstream(TextServer):
     """Serves ``/raw/<name>`` (one table line and a valid sample) and ``/seq`` (the body of
     the sequence in turn, one step per request)."""
 
@@ -89,38 +88,16 @@ class Upstream:
         self.raw = {n: _body(f"ok 1\n{line}\n") for n, line in {**REJECTED, **ACCEPTED}.items()}
         self.step = 0
         self.lock = threading.Lock()
-        outer = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                if self.path.startswith("/raw/"):
-                    body = outer.raw.get(self.path[5:], b"")
-                else:
-                    with outer.lock:
-                        k = outer.step
-                        outer.step += 1
-                    text = SEQUENCE[k % len(SEQUENCE)]
-                    body = _body(f'{text}\n{CANARY}{{step="{k % len(SEQUENCE)}"}} {k}\n')
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                with contextlib.suppress(ConnectionError):
-                    self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, path: str) -> bytes:
+        if path.startswith("/raw/"):
+            return self.raw.get(path[5:], b"")
+        with self.lock:
+            k = self.step
+            self.step += 1
+        text = SEQUENCE[k % len(SEQUENCE)]
+        return _body(f'{text}\n{CANARY}{{step="{k % len(SEQUENCE)}"}} {k}\n')
 
 
 def _get(url: str, timeout: float = 5) -> bytes:

@@ -111,7 +111,9 @@ async def test_a_new_source_is_reported_without_scraper_code() -> None:
         text = (await scraper.scrape()).body.decode()
     finally:
         await scraper.close()
-    builtin = {"upstream", "nvml", "procfs", "kubernetes", "podresources", "docker"}
+    builtin = {
+        *("upstream", "nvml", "procfs", "kubernetes", "podresources", "resourceslices", "docker")
+    }
     added = {"gpfs", "lustre", "infiniband"}
     assert set(_series(text, "dcgm_enricher_source_enabled")) == builtin | added
     for name in (

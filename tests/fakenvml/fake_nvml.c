@@ -105,6 +105,9 @@ struct fake_gpu {
     char uuid[FAKE_STR];
     char name[FAKE_STR];
     int mig; /* 0 off, 1 on, -1 not supported */
+    int has_power; /* 0: power and energy readings are NOT_SUPPORTED (no "power" line) */
+    unsigned int power_mw;
+    unsigned long long energy_mj;
 };
 
 struct fake_mig {
@@ -329,6 +332,21 @@ static int parse_line(struct fake_state *st, char *line)
             copy_str(m->name, sizeof(m->name), rest_after(line, 6)) != 0) {
             return -1;
         }
+        return 0;
+    }
+    if (strcmp(tok[0], "power") == 0 && n == 4) {
+        /* power GPU MILLIWATTS MILLIJOULES: nvmlDeviceGetPowerUsage, and
+         * nvmlDeviceGetTotalEnergyConsumption (energy since the driver was loaded) */
+        int gpu;
+        unsigned long long mw, mj;
+        if (parse_int(tok[1], FAKE_MAX_GPUS - 1, &gpu) != 0 || gpu >= st->ngpus ||
+            parse_uint(tok[2], 0xFFFFFFFFULL, &mw) != 0 ||
+            parse_uint(tok[3], NVML_VALUE_NOT_AVAILABLE_ULL - 1, &mj) != 0) {
+            return -1;
+        }
+        st->gpus[gpu].has_power = 1;
+        st->gpus[gpu].power_mw = (unsigned int)mw;
+        st->gpus[gpu].energy_mj = mj;
         return 0;
     }
     if (strcmp(tok[0], "proc") == 0 && n == 5) {
@@ -857,6 +875,39 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
     memory->total = FAKE_TOTAL_MEMORY;
     memory->used = used;
     memory->free = FAKE_TOTAL_MEMORY - used;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ power */
+
+/* Real NVML answers both for a full GPU only: a MIG device handle is NOT_SUPPORTED. */
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    fake_log("nvmlDeviceGetPowerUsage", device, NULL);
+    ENTER("nvmlDeviceGetPowerUsage", device, 1);
+    if (power == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    const struct fake_gpu *g = &g_state.gpus[device->gpu];
+    if (handle_mig(device) != NULL || !g->has_power) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *power = g->power_mw;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    fake_log("nvmlDeviceGetTotalEnergyConsumption", device, NULL);
+    ENTER("nvmlDeviceGetTotalEnergyConsumption", device, 1);
+    if (energy == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    const struct fake_gpu *g = &g_state.gpus[device->gpu];
+    if (handle_mig(device) != NULL || !g->has_power) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *energy = g->energy_mj;
     return NVML_SUCCESS;
 }
 

@@ -12,6 +12,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The namespace of every namespaced object: namespace.name, else the release's. */}}
+{{- define "dcgm-enricher.namespace" -}}
+{{- default .Release.Namespace .Values.namespace.name -}}
+{{- end -}}
+
 {{- define "dcgm-enricher.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -45,6 +50,10 @@ app.kubernetes.io/part-of: dcgm-enricher
 {{- if eq .Values.mode "gpu-operator" -}}
 {{- $_ := set $flags "upstream.discover-pod" true -}}
 {{- $_ := set $flags "upstream.pod-selector" "app=nvidia-dcgm-exporter" -}}
+{{- end -}}
+{{- if ne (int .Values.enricher.runAsUser) 0 -}}
+{{- /* Non-root cannot connect to the kubelet's root-only PodResources socket. */ -}}
+{{- $_ := set $flags "kubelet.enabled" false -}}
 {{- end -}}
 {{- range $name, $value := .Values.enricher.flags -}}
 {{- if kindIs "invalid" $value -}}

@@ -1,0 +1,615 @@
+"""Tests for enricher.power: the upstream fields, the split rules, the energy ledger, and the
+families through the real app.
+
+The pure parts are table-driven, with the invariant (containers' watts plus unattributed watts
+are the device's watts, on every GPU) and the ledger's monotonicity as Hypothesis properties
+over random nodes. The oracle for what is written is prometheus_client's parser and, in the
+full-stack tests, promtool. The full stack runs over the fake libnvidia-ml (no GPU here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
+from enricher.enrich import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
+from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
+from enricher.power import (
+    ENERGY,
+    POWER,
+    REASON_IDLE,
+    RULE_ALLOCATED,
+    RULE_EQUAL,
+    RULE_IDLE,
+    RULE_MEMORY,
+    RULE_OWNER,
+    RULE_SM,
+    SOURCE_NVML,
+    SOURCE_UPSTREAM,
+    UNATTR_POWER,
+    DeviceDraw,
+    EnergyLedger,
+    UpstreamPower,
+    choose_readings,
+    mig_slices,
+    parse_upstream_power,
+    render_power,
+    split_power,
+)
+
+from .conftest import assert_valid_exposition
+from .harness import MakeStack, api_pod, cid, nvml_state_of, series
+from .nvmlfake import FakeNvml
+
+U0 = "GPU-00000000-0000-4000-8000-000000000000"
+U1 = "GPU-11111111-1111-4111-8111-111111111111"
+GIB = 1 << 30
+
+
+def pod(name: str, ns: str = "team") -> PodInfo:
+    return PodInfo(uid=f"uid-{ns}-{name}", namespace=ns, name=name)
+
+
+def att(
+    pid: int,
+    owner: PodInfo | None,
+    *,
+    uuid: str = U0,
+    gi: int | None = None,
+    sm: float | None = 0.0,
+    mem: int | None = GIB,
+    container: str = "main",
+    reason: str = "",
+) -> Attribution:
+    proc = GpuProcess(uuid, 0, gi, pid, mem, sm)
+    if owner is None:
+        return Attribution(proc, None, None, "", reason or REASON_HOST)
+    return Attribution(proc, None, owner, container, "")
+
+
+def alloc(key: tuple[str, str], name: str, container: str = "main") -> AllocatedDevice:
+    return AllocatedDevice(key, "team", name, container, "nvidia.com/gpu", f"{key[0]}::0")
+
+
+ONE_GPU = GpuSnapshot(devices=(GpuDevice(0, U0, "A100"),))
+A, B = pod("a"), pod("b")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("text", "power", "energy", "activity"),
+    [
+        pytest.param(
+            f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} 312.5\n'
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="0",UUID="{U0}"}} 123456789\n',
+            {U0: 312.5},
+            {U0: 123456789.0},
+            {},
+            id="device-fields-first-line",
+        ),
+        pytest.param(
+            "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).\n"
+            "# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n"
+            f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",uuid="{U0}"}} 1e2 1700000000000\n',
+            {U0: 100.0},
+            {},
+            {},
+            id="old-uuid-label-and-timestamp",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_POWER_USAGE_INSTANT{{UUID="{U0}"}} 99\n'
+            'DCGM_FI_DEV_POWER_USAGE{gpu="1"} 50\n'
+            "DCGM_FI_DEV_POWER_USAGE 50\n"
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} NaN\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} -3\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} 0x10\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",UUID="x"}} 7\n'
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{UUID="{U1}"}} +Inf\n',
+            {},
+            {},
+            {},
+            id="longer-name-no-uuid-nan-negative-hex-duplicate-label-inf-skipped",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",GPU_I_ID="1"}} 50\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",GPU_I_ID="2"}} 51\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",GPU_I_ID="1"}} 70\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} 80\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",vgpu="1"}} 81\n',
+            {U0: 50.0, U1: 80.0},
+            {},
+            {},
+            id="device-sample-first-else-first-instance-copy",
+        ),
+        pytest.param(
+            f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U0}",GPU_I_ID="1"}} 0.25\n'
+            f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U0}",GPU_I_ID="2"}} 1.0000001\n'
+            f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U1}"}} 0.5\r\n',
+            {},
+            {},
+            {(U0, "1"): 0.25, (U0, "2"): 1.0, (U1, ""): 0.5},
+            id="activity-per-instance-clamped-crlf",
+        ),
+    ],
+)
+def test_parse_upstream_power(
+    text: str,
+    power: dict[str, float],
+    energy: dict[str, float],
+    activity: dict[tuple[str, str], float],
+) -> None:
+    got = parse_upstream_power(text)
+    assert dict(got.power_watts) == power
+    assert dict(got.energy_millijoules) == energy
+    assert dict(got.activity) == activity
+
+
+def test_upstream_reading_preferred_per_gpu_and_per_field() -> None:
+    snap = GpuSnapshot(
+        devices=(GpuDevice(0, U0, "A100"), GpuDevice(1, U1, "A100")),
+        power=(PowerReading(U0, 10.0, 1000.0), PowerReading(U1, 20.0, 2000.0)),
+    )
+    up = UpstreamPower(power_watts={U0: 300.0}, energy_millijoules={U1: 5.0})
+    assert choose_readings(up, snap) == [
+        DeviceDraw(U0, 300.0, SOURCE_UPSTREAM, 1000.0, SOURCE_NVML),
+        DeviceDraw(U1, 20.0, SOURCE_NVML, 5.0, SOURCE_UPSTREAM),
+    ]
+    # A GPU NVML did not list is not split: nothing is known about its processes.
+    assert choose_readings(UpstreamPower(power_watts={U1: 1.0}), ONE_GPU) == [
+        DeviceDraw(U0, None, SOURCE_NVML, None, SOURCE_NVML)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("profile", "slices"),
+    [
+        ("1g.10gb", 1),
+        ("3g.40gb", 3),
+        ("7g.80gb", 7),
+        ("1g.10gb+me", 1),
+        ("", None),
+        ("0g.1gb", None),
+    ],
+)
+def test_mig_slices(profile: str, slices: int | None) -> None:
+    assert mig_slices(profile) == slices
+
+
+# --------------------------------------------------------------------------- the split rules
+
+MIG_GPU = GpuSnapshot(
+    devices=(GpuDevice(0, U0, "A100", mig_enabled=True),),
+    migs=(
+        MigDevice(U0, 0, 1, 0, "MIG-1", "3g.40gb"),
+        MigDevice(U0, 0, 5, 0, "MIG-5", "2g.20gb"),
+        MigDevice(U0, 0, 13, 0, "MIG-13", "1g.10gb"),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "attributions", "allocated", "activity", "expected"),
+    [
+        pytest.param(
+            ONE_GPU,
+            [att(1, A, sm=0.9), att(2, A, sm=0.0)],
+            [],
+            {},
+            {("", "a"): (1.0, RULE_OWNER)},
+            id="one-container-takes-all",
+        ),
+        pytest.param(
+            ONE_GPU,
+            [att(1, A, sm=0.6), att(2, B, sm=0.2), att(3, None, sm=0.2)],
+            [alloc((U0, ""), "c")],
+            {},
+            {
+                ("", "a"): (0.6, RULE_SM),
+                ("", "b"): (0.2, RULE_SM),
+                ("", REASON_HOST): (0.2, RULE_SM),
+            },
+            id="time-sliced-by-sm-time-process-beats-allocation",
+        ),
+        pytest.param(
+            ONE_GPU,
+            [att(1, A, sm=0.0, mem=3 * GIB), att(2, B, sm=0.0, mem=GIB)],
+            [],
+            {},
+            {("", "a"): (0.75, RULE_MEMORY), ("", "b"): (0.25, RULE_MEMORY)},
+            id="none-active-by-memory-held",
+        ),
+        pytest.param(
+            ONE_GPU,
+            [att(1, A, sm=None, mem=None), att(2, B, sm=None, mem=None), att(3, B, mem=None)],
+            [],
+            {},
+            {("", "a"): (0.333333, RULE_EQUAL), ("", "b"): (0.666667, RULE_EQUAL)},
+            id="nothing-known-equal-per-process",
+        ),
+        pytest.param(
+            ONE_GPU,
+            [att(1, A, container="x", sm=0.3), att(2, A, container="y", sm=0.1)],
+            [],
+            {},
+            {("", "a"): (1.0, RULE_SM)},  # two containers of one pod: both "a" in this view
+            id="two-containers-of-one-pod-split",
+        ),
+        pytest.param(
+            ONE_GPU,
+            [att(9, None, sm=0.0, mem=GIB, reason=REASON_MPS_SERVER)],
+            [alloc((U0, ""), "a"), alloc((U0, ""), "b"), alloc((U0, ""), "b")],
+            {},
+            {("", "a"): (0.333333, RULE_ALLOCATED), ("", "b"): (0.666667, RULE_ALLOCATED)},
+            id="no-process-goes-to-allocations-per-replica",
+        ),
+        pytest.param(ONE_GPU, [], [], {}, {("", REASON_IDLE): (1.0, RULE_IDLE)}, id="idle"),
+        pytest.param(
+            MIG_GPU,
+            [att(1, A, gi=1, sm=None), att(2, None, gi=5, sm=None)],
+            [alloc((U0, "13"), "b")],
+            {},
+            {
+                ("1", "a"): (0.5, RULE_OWNER),
+                ("5", REASON_HOST): (0.333333, RULE_MEMORY),
+                ("13", "b"): (0.166667, RULE_ALLOCATED),
+            },
+            id="mig-by-slices-without-activity",
+        ),
+        pytest.param(
+            MIG_GPU,
+            [att(1, A, gi=1, sm=None)],
+            [],
+            {(U0, "1"): 0.5, (U0, "5"): 0.0, (U0, "13"): 0.5},
+            {
+                ("1", "a"): (0.75, RULE_OWNER),
+                ("5", REASON_IDLE): (0.0, RULE_IDLE),
+                ("13", REASON_IDLE): (0.25, RULE_IDLE),
+            },
+            id="mig-by-activity-times-slices",
+        ),
+        pytest.param(
+            MIG_GPU,
+            [],
+            [],
+            {(U0, "1"): 0.5, (U0, "5"): 0.2},  # one instance without activity: slices
+            {
+                ("1", REASON_IDLE): (0.5, RULE_IDLE),
+                ("5", REASON_IDLE): (0.333333, RULE_IDLE),
+                ("13", REASON_IDLE): (0.166667, RULE_IDLE),
+            },
+            id="mig-activity-incomplete-falls-back-to-slices",
+        ),
+    ],
+)
+def test_split_rules(
+    snapshot: GpuSnapshot,
+    attributions: list[Attribution],
+    allocated: list[AllocatedDevice],
+    activity: dict[tuple[str, str], float],
+    expected: dict[tuple[str, str], tuple[float, str]],
+) -> None:
+    parts = split_power(snapshot, attributions, allocated, activity)
+    assert set(parts) == {d.uuid for d in snapshot.devices}
+    got: dict[tuple[str, str], tuple[float, str]] = {}
+    for p in parts[U0]:
+        k = (p.key[1], p.who[1] if p.who else p.reason)
+        share, _rule = got.get(k, (0.0, p.rule))
+        got[k] = (round(share + p.share, 6), p.rule)
+    assert got == expected
+    assert math.isclose(sum(p.share for p in parts[U0]), 1.0)
+
+
+def test_mig_profile_unknown_splits_instances_equally() -> None:
+    snap = GpuSnapshot(
+        devices=(GpuDevice(0, U0, "A100", mig_enabled=True),),
+        migs=(MigDevice(U0, 0, 1, 0, "MIG-1", "3g.40gb"), MigDevice(U0, 0, 2, 0, "MIG-2", "")),
+    )
+    assert [round(p.share, 6) for p in split_power(snap, [])[U0]] == [0.5, 0.5]
+
+
+# --------------------------------------------------------------------------- random nodes
+
+PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "", "odd")
+PODS = tuple(pod(n, ns) for n in ("p0", "p1", "p2") for ns in ("n0", "n1"))
+REASONS = (REASON_HOST, "pod_not_found", "process_exited", REASON_MPS_SERVER)
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> tuple[GpuSnapshot, list[Attribution], list[AllocatedDevice], Any]:
+    """A random node: GPUs (some in MIG mode with random instances), processes owned by random
+    containers or unattributed, allocations, activity and power readings (some missing)."""
+    devices: list[GpuDevice] = []
+    migs: list[MigDevice] = []
+    keys: list[tuple[str, str, int, int | None]] = []
+    for i in range(draw(st.integers(1, 4))):
+        uuid = f"GPU-{i:08d}-0000-4000-8000-000000000000"
+        mig = draw(st.booleans())
+        devices.append(GpuDevice(i, uuid, "A100", mig_enabled=mig))
+        if mig:
+            for gi in draw(st.sets(st.integers(0, 14), max_size=4)):
+                migs.append(
+                    MigDevice(uuid, i, gi, 0, f"MIG-{i}-{gi}", draw(st.sampled_from(PROFILES)))
+                )
+                keys.append((uuid, str(gi), i, gi))
+        else:
+            keys.append((uuid, "", i, None))
+    atts: list[Attribution] = []
+    allocs: list[AllocatedDevice] = []
+    if keys:
+        for pid in range(draw(st.integers(0, 10))):
+            uuid, _, index, on_gi = draw(st.sampled_from(keys))
+            sm = None if on_gi is not None else draw(st.none() | st.floats(0, 1))
+            mem = draw(st.none() | st.integers(0, 80 * GIB))
+            proc = GpuProcess(uuid, index, on_gi, pid + 1, mem, sm)
+            owner = draw(st.none() | st.sampled_from(PODS))
+            if owner is None:
+                atts.append(Attribution(proc, None, None, "", draw(st.sampled_from(REASONS))))
+            else:
+                container = draw(st.sampled_from(("main", "side")))
+                atts.append(Attribution(proc, None, owner, container, ""))
+        for _ in range(draw(st.integers(0, 4))):
+            uuid, gi_text, _, _ = draw(st.sampled_from(keys))
+            p = draw(st.sampled_from(PODS))
+            allocs.append(AllocatedDevice((uuid, gi_text), p.namespace, p.name, "main", "r", "d"))
+    activity = {(k[0], k[1]): draw(st.floats(0, 1)) for k in keys if k[1] and draw(st.booleans())}
+    power = tuple(
+        PowerReading(d.uuid, draw(st.floats(0, 1500)), None)
+        for d in devices
+        if draw(st.integers(0, 4)) > 0
+    )
+    snap = GpuSnapshot(devices=tuple(devices), migs=tuple(migs), power=power)
+    return snap, atts, allocs, activity
+
+
+def watts_by_gpu(text: str) -> tuple[dict[str, float], list[float]]:
+    total: dict[str, float] = defaultdict(float)
+    values: list[float] = []
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in (POWER, UNATTR_POWER):
+            continue
+        for s in fam.samples:
+            total[s.labels["UUID"]] += s.value
+            values.append(s.value)
+    return dict(total), values
+
+
+@settings(deadline=None)
+@given(nodes())
+def test_invariant_parts_add_up_to_the_device_power(node: Any) -> None:
+    """On every GPU with a power reading, the written container watts plus unattributed watts
+    are the device's watts (prometheus_client's parser reads them back), none is negative,
+    and a GPU without a reading writes no watts."""
+    snap, atts, allocs, activity = node
+    draws = choose_readings(UpstreamPower(), snap)
+    parts = split_power(snap, atts, allocs, activity)
+    for uuid, gpu_parts in parts.items():
+        assert math.isclose(sum(p.share for p in gpu_parts), 1.0, rel_tol=1e-9), uuid
+    text = render_power(draws, parts, {}, {})
+    total, values = watts_by_gpu(text)
+    expected = {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None}
+    assert set(total) <= set(expected)
+    for uuid, watts in expected.items():
+        assert math.isclose(total.get(uuid, 0.0), watts, rel_tol=1e-9, abs_tol=1e-9), uuid
+    assert all(v >= 0.0 for v in values)
+
+
+@settings(deadline=None)
+@given(
+    st.lists(
+        st.tuples(nodes(), st.lists(st.tuples(st.booleans(), st.integers(0, 10**9)), max_size=4)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_energy_never_decreases_while_a_container_stays(steps: Any) -> None:
+    """Over random collections (the node changes, energy counters rise or reset), a container
+    that stays on its device never sees its energy fall, and the energy added to containers on
+    a step is the counters' increase times the attributed share, never more."""
+    ledger = EnergyLedger()
+    counters: dict[str, float] = {}
+    for (snap, atts, allocs, activity), bumps in steps:
+        draws = []
+        for i, dev in enumerate(snap.devices):
+            reset, step = bumps[i] if i < len(bumps) else (False, 0)
+            counters[dev.uuid] = float(step) if reset else counters.get(dev.uuid, 0.0) + step
+            draws.append(DeviceDraw(dev.uuid, None, SOURCE_NVML, counters[dev.uuid], SOURCE_NVML))
+        before = dict(ledger.totals)
+        baselines = {u: ledger._baseline.get(u) for u in counters}
+        parts = split_power(snap, atts, allocs, activity)
+        ledger.advance(draws, parts)
+        for k, v in ledger.totals.items():
+            if k in before:
+                assert v >= before[k], k
+        added = sum(v - before.get(k, 0.0) for k, v in ledger.totals.items())
+        allowed = 0.0
+        for d in draws:
+            prev = baselines.get(d.gpu_uuid)
+            now = d.energy_millijoules
+            if prev is not None and now is not None and now >= prev[1]:
+                attributed = sum(p.share for p in parts[d.gpu_uuid] if p.who is not None)
+                allowed += (now - prev[1]) / 1000.0 * attributed
+        assert math.isclose(added, allowed, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def test_energy_counter_rules() -> None:
+    """Baseline first, then increases by share; a counter that goes down is a reset (that
+    interval counts nothing); a change of source is a new baseline; a container that leaves
+    is dropped and starts from 0 when it returns."""
+    ledger = EnergyLedger()
+    two = split_power(ONE_GPU, [att(1, A, sm=0.75), att(2, B, sm=0.25)])
+    one = split_power(ONE_GPU, [att(1, A, sm=0.5)])
+    ka, kb = ((U0, ""), "team", "a", "main"), ((U0, ""), "team", "b", "main")
+
+    def step(mj: float | None, parts: Any, source: str = SOURCE_UPSTREAM) -> dict[Any, float]:
+        ledger.advance([DeviceDraw(U0, None, source, mj, source)], parts)
+        return {k: round(v, 6) for k, v in ledger.totals.items()}
+
+    assert step(None, two) == {}  # no counter ever read: no series
+    assert step(1_000_000.0, two) == {ka: 0.0, kb: 0.0}  # baseline
+    assert step(1_004_000.0, two) == {ka: 3.0, kb: 1.0}
+    assert step(1_004_000.0, two) == {ka: 3.0, kb: 1.0}  # the same collection again
+    assert step(500.0, two) == {ka: 3.0, kb: 1.0}  # reset: skipped, new baseline
+    assert step(2_500.0, two) == {ka: 4.5, kb: 1.5}
+    assert step(10_000.0, two, SOURCE_NVML) == {ka: 4.5, kb: 1.5}  # another counter: baseline
+    assert step(12_000.0, one, SOURCE_NVML) == {ka: 6.5}  # b left
+    assert step(14_000.0, two, SOURCE_NVML) == {ka: 8.0, kb: 0.5}  # b is back, from 0
+    assert step(None, two) == {ka: 8.0, kb: 0.5}  # a missing reading keeps the baseline
+    # A collection where NVML listed no GPU keeps everything; one where it listed others
+    # drops the GPU that is gone.
+    ledger.advance([], {})
+    assert set(ledger.totals) == {ka, kb}
+    ledger.advance([DeviceDraw(U1, None, SOURCE_NVML, 1.0, SOURCE_NVML)], {U1: []})
+    assert ledger.totals == {}
+
+
+# --------------------------------------------------------------------------- the full stack
+
+NODE = "power-node"
+SHARED_GPU, IDLE_GPU = (
+    GpuDevice(0, "GPU-5a5a5a5a-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB"),
+    GpuDevice(1, "GPU-6b6b6b6b-1111-4111-8111-111111111111", "NVIDIA A100-SXM4-80GB"),
+)
+CHAT = SimPod(
+    "inference",
+    "chat-0",
+    "aaaaaaaa-0000-4000-8000-000000000001",
+    "server",
+    cid(0x51),
+    ("StatefulSet", "chat"),
+    "nvidia.com/gpu",
+)
+EMBED = SimPod(
+    "search",
+    "embed-0",
+    "aaaaaaaa-0000-4000-8000-000000000002",
+    "embedder",
+    cid(0x52),
+    ("StatefulSet", "embed"),
+    "nvidia.com/gpu",
+)
+POWER_NODE = SimNode(
+    NODE,
+    (SHARED_GPU, IDLE_GPU),
+    (),
+    (
+        SimProc(301, "python", 0, None, 20_000, 0.6, CHAT),
+        SimProc(302, "python", 0, None, 4_000, 0.2, EMBED),
+    ),
+    (CHAT, EMBED),
+)
+
+
+def upstream_text(watts: float, millijoules: float) -> str:
+    """A dcgm-exporter body with the two GPUs' power fields (the idle one at 60 W)."""
+    lines = [
+        "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
+        "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
+    ]
+    for gpu, w in ((SHARED_GPU, watts), (IDLE_GPU, 60.0)):
+        lines.append(
+            f'DCGM_FI_DEV_POWER_USAGE{{gpu="{gpu.index}",UUID="{gpu.uuid}",'
+            f'device="nvidia{gpu.index}",modelName="{gpu.name}",Hostname="exporter"}} {w}'
+        )
+    lines += [
+        "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).",
+        "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
+    ]
+    for gpu, mj in ((SHARED_GPU, millijoules), (IDLE_GPU, 7_000_000)):
+        lines.append(
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="{gpu.index}",UUID="{gpu.uuid}",'
+            f'device="nvidia{gpu.index}",modelName="{gpu.name}",Hostname="exporter"}} {mj}'
+        )
+    return "\n".join(lines) + "\n"
+
+
+def values(text: str, name: str) -> dict[tuple[str, str, str], float]:
+    out = {}
+    for s in series(text, name):
+        out[(s["gpu"], s.get("pod", ""), s.get("reason", ""))] = round(float(s["__value__"]), 6)
+    return out
+
+
+def nvml_at(timestamp: int) -> Any:
+    """The node's fake NVML state with one more utilization sample per process at
+    ``timestamp`` (NVML's clock), so every read finds fresh SM samples: 60% and 20%."""
+    state = nvml_state_of(POWER_NODE)
+    for p in POWER_NODE.procs:
+        state.util(p.pid, timestamp, round(100 * p.util), gpu=p.gpu)
+    return state
+
+
+async def start(full_stack: MakeStack, upstream: Callable[[], str] | None, nvml: Any) -> Any:
+    def proc(root: Path) -> None:
+        write_proc_tree(root, POWER_NODE, 1_700_000_000.0)
+
+    return await full_stack(
+        upstream=upstream,
+        nvml=nvml,
+        proc=proc,
+        node=NODE,
+        pods=[api_pod(p, NODE) for p in POWER_NODE.pods],
+    )
+
+
+async def test_shared_gpu_power_and_energy_from_the_upstream(
+    full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str
+) -> None:
+    """Through the real app: the time-sliced GPU's watts go to its two pods by SM time (NVML's
+    per-process utilization, 60% and 20%: 3 to 1), the idle GPU's to ``idle``; energy counts
+    the upstream counter's increase from the second collection on, by the same shares, and a
+    counter reset adds nothing."""
+    reading: dict[str, Any] = {"w": 400.0, "mj": 1_000_000}
+    node = await start(
+        full_stack, lambda: upstream_text(reading["w"], reading["mj"]), nvml_at(2_000)
+    )
+    text = await node.scrape()
+    assert_valid_exposition(promtool, text)
+    assert values(text, POWER) == {("0", "chat-0", ""): 300.0, ("0", "embed-0", ""): 100.0}
+    assert values(text, UNATTR_POWER) == {("1", "", REASON_IDLE): 60.0}
+    assert values(text, ENERGY) == {("0", "chat-0", ""): 0.0, ("0", "embed-0", ""): 0.0}
+    # The series carry the upstream's device labels.
+    assert {s["Hostname"] for s in series(text, POWER)} == {"exporter"}
+
+    reading.update(w=200.0, mj=1_800_000)  # 800 J since the last collection
+    fake_nvml.write(nvml_at(3_000))
+    text = await node.scrape()
+    assert values(text, POWER) == {("0", "chat-0", ""): 150.0, ("0", "embed-0", ""): 50.0}
+    assert values(text, ENERGY) == {("0", "chat-0", ""): 600.0, ("0", "embed-0", ""): 200.0}
+
+    reading.update(mj=400)  # the counter went down: a reset, this interval counts nothing
+    fake_nvml.write(nvml_at(4_000))
+    text = await node.scrape()
+    assert values(text, ENERGY) == {("0", "chat-0", ""): 600.0, ("0", "embed-0", ""): 200.0}
+    reading.update(mj=4_400)
+    fake_nvml.write(nvml_at(5_000))
+    text = await node.scrape()
+    assert values(text, ENERGY) == {("0", "chat-0", ""): 603.0, ("0", "embed-0", ""): 201.0}
+
+
+async def test_nvml_power_when_the_upstream_has_none(
+    full_stack: MakeStack, fake_nvml: FakeNvml
+) -> None:
+    """An upstream without the power fields (or none at all): NVML's nvmlDeviceGetPowerUsage
+    and nvmlDeviceGetTotalEnergyConsumption through pynvml, in NVML's units (mW, mJ)."""
+    state = nvml_at(2_000).power(0, 250_000, 9_000_000).power(1, 55_500, 1_000)
+    node = await start(full_stack, None, state)
+    text = await node.scrape()
+    assert values(text, POWER) == {("0", "chat-0", ""): 187.5, ("0", "embed-0", ""): 62.5}
+    assert values(text, UNATTR_POWER) == {("1", "", REASON_IDLE): 55.5}
+    fake_nvml.write(nvml_at(3_000).power(0, 250_000, 9_400_000).power(1, 55_500, 1_000))
+    text = await node.scrape()
+    assert values(text, ENERGY) == {("0", "chat-0", ""): 300.0, ("0", "embed-0", ""): 100.0}
+    # The node page shows each container's watts.
+    page = await (await node.client.get("/")).text()
+    assert "187.5 W" in page and "62.5 W" in page and "55.5 W" in page
