@@ -9,10 +9,16 @@ against an anchor measured in the same run, so a slow or noisy machine cannot fa
   a /proc tree, the real pod watch against the API-server stand-in) next to a plain aiohttp
   pass-through proxy and the upstream itself, one scraper and three concurrent scrapers;
 * attribution: NVML (the fake libnvidia-ml) + procfs + pod lookup for 64 GPU processes;
-* memory: the enricher process's RSS after start, after 1,000 and 10,000 scrapes while pods
-  churn (a tenth of 110 pods replaced every 100 scrapes, their PIDs reused);
+* memory: the enricher process's RSS (every source on: the pod watch and a gRPC kubelet)
+  after start, after 1,000 and 10,000 scrapes while pods churn (a tenth of 110 pods replaced
+  every 100 scrapes, their PIDs reused);
 * event loop: /healthz latency while the enricher rewrites a 31 MiB upstream body (new
-  values, and new labels), against /healthz of the same process when idle.
+  values, and new labels), against /healthz of the same process when idle;
+* cost: the shipped app and a pass-through proxy as separate processes at the same time, the
+  same gzip scrapes (two scrapers each, one a second) on an upstream collecting every 2 s:
+  CPU seconds of each, upstream requests per collection, bytes on the wire.
+
+``--long`` runs the memory part to 30,000 scrapes (the RSS drift from scrape 3,000).
 
 It prints a table and writes the figures as JSON (default bench/results/latest.json).
 ``--quick`` runs every part briefly: CI runs it to check the benchmark still works, and
@@ -57,6 +63,16 @@ TARGET_ATTRIBUTION_MS = 2.0  # 64 processes on 8 GPUs
 TARGET_RSS_MIB = 64.0
 TARGET_RSS_GROWTH = 0.05  # from scrape 1,000 to 10,000
 TARGET_SCALING_EXPONENT = 1.1  # cost ~ series**k over gpu1..stress; 1 is linear
+# The targets of issue 16 (what the enricher costs a node), from the same run.
+TARGET_CPU_RATIO = 1.5  # enricher CPU seconds / pass-through proxy's, same scrapes
+TARGET_UPSTREAM_PER_COLLECTION = 2.5  # upstream requests per collection, steady state
+TARGET_GZIP_FRACTION = 1 / 8  # gzip body / identity body, mig56
+TARGET_ATTRIBUTION_FLOOR_RATIO = 4.0  # attribution p50 / bare stat reads p50, node8
+TARGET_RSS_OVER_FLOOR_MIB = 16.0  # steady RSS, every source on, over the import floor
+TARGET_RSS_DRIFT_MIB = 2.0  # RSS at the last memory checkpoint minus the first
+COST_PERIOD = 2.0  # the upstream collects every this many seconds in the cost part
+COST_SCRAPERS = 2  # per target, each asking every COST_SCRAPE_EVERY seconds
+COST_SCRAPE_EVERY = 1.0
 # enricher_background reads the node side (NVML, procfs, kubelet) every this many seconds,
 # as dcgm-exporter collects by default, and the upstream on every scrape.
 COLLECT_INTERVAL = 30.0
@@ -90,6 +106,8 @@ class Mode:
     follow_learn: float  # upstream periods the follower gets to learn the rhythm
     loop_scrapes: int  # scrapes of the large body per kind, /healthz asked meanwhile
     loop_shape: str  # the large body: max32 (31 MiB) in a full run
+    cost_learn: float  # seconds the cost part lets the enricher learn the rhythm
+    cost_window: float  # the steady window the cost part measures (seconds)
 
 
 FULL = Mode(
@@ -104,6 +122,8 @@ FULL = Mode(
     follow_learn=6.0,
     loop_scrapes=12,
     loop_shape="max32",
+    cost_learn=20.0,
+    cost_window=60.0,
 )
 QUICK = Mode(
     rewrite_reps=5,
@@ -117,7 +137,11 @@ QUICK = Mode(
     follow_learn=0.5,
     loop_scrapes=2,
     loop_shape="stress",  # 6 MiB: still over the inline limit, and quick to generate
+    cost_learn=12.0,
+    cost_window=8.0,
 )
+# --long: the memory run to 30,000 scrapes (the no-growth target's own checkpoints).
+LONG = replace(FULL, memory_checkpoints=(3_000, 30_000))
 
 
 def _ms(seconds: float) -> float:
@@ -381,6 +405,31 @@ def _start(target: Callable[..., None], *args: Any) -> Child:
     return Child(proc, parent, int(msg[1]))
 
 
+def start_kubelet(sim: SimNode, socket_path: Path) -> Any:
+    """The kubelet's PodResources API on a unix socket (a real gRPC server in this process):
+    each List answers the devices the node's pods hold now (after churn too)."""
+    from enricher.demo import SimulatedKubelet, list_response
+    from enricher.model import DeviceAllocation
+    from tests.nvmlfake import default_mig_uuid
+
+    def respond(_context: Any) -> Any:
+        return list_response(
+            DeviceAllocation(
+                p.pod.namespace,
+                p.pod.name,
+                p.pod.container,
+                "nvidia.com/gpu" if p.gi is None else "nvidia.com/mig-1g.10gb",
+                payloads.gpu_uuid(p.gpu) if p.gi is None else default_mig_uuid(p.gpu, p.gi, 0),
+            )
+            for p in sim.processes
+            if p.pod is not None
+        )
+
+    kubelet = SimulatedKubelet(str(socket_path), respond)
+    kubelet.start()
+    return kubelet
+
+
 def _write_kubeconfig(path: Path, url: str) -> None:
     path.write_text(
         "apiVersion: v1\nkind: Config\n"
@@ -394,12 +443,17 @@ def _write_kubeconfig(path: Path, url: str) -> None:
 # --------------------------------------------------------------------------- end to end
 
 
-async def _get(session: aiohttp.ClientSession, url: str) -> tuple[float, float | None]:
-    """(seconds the request took, age in seconds of the upstream collection it carried)."""
+async def _get(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
+) -> tuple[float, float | None]:
+    """(seconds the request took, age in seconds of the upstream collection it carried);
+    ``headers`` default to IDENTITY."""
     from .servers import collection_time
 
     t0 = time.perf_counter()
-    async with session.get(url) as resp:
+    # Identity, as the proxy and the upstream serve it: the latency of serving the same bytes
+    # (gzip's cost and savings are the cost part's).
+    async with session.get(url, headers=IDENTITY if headers is None else headers) as resp:
         body = await resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}")
@@ -409,6 +463,8 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[float, float |
 
 
 Samples = dict[str, list[tuple[float, float | None]]]
+IDENTITY = {"Accept-Encoding": "identity"}
+GZIP = {"Accept-Encoding": "gzip"}
 
 
 async def _sequential(urls: dict[str, str], n: int) -> Samples:
@@ -516,6 +572,135 @@ def run_e2e(mode: Mode, upstream: Child, spec: Any) -> dict[str, Any]:
     finally:
         for child in children.values():
             child.stop()
+    return out
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (its threads included), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _cost_scrapes(
+    urls: dict[str, str], window: float, on_start: Callable[[], None]
+) -> dict[str, dict[str, Any]]:
+    """COST_SCRAPERS scrapers per target, each asking every COST_SCRAPE_EVERY seconds with
+    Prometheus's Accept-Encoding: gzip, for ``window`` seconds, all at the same time (so the
+    machine's noise hits every target alike). Bytes as they came over the wire."""
+    import gzip
+
+    from .servers import collection_time
+
+    out: dict[str, dict[str, Any]] = {
+        name: {"scrapes": 0, "wire_bytes": 0, "body_bytes": 0, "gzip": 0, "ages": []}
+        for name in urls
+    }
+    headers = {"Accept-Encoding": "gzip", "Accept": "text/plain;version=0.0.4"}
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        deadline = [0.0]
+
+        async def scraper(name: str, url: str, offset: float) -> None:
+            await asyncio.sleep(offset)
+            row = out[name]
+            while time.monotonic() < deadline[0]:
+                t0 = time.monotonic()
+                async with session.get(url, headers=headers) as resp:
+                    data = await resp.read()
+                    zipped = resp.headers.get("Content-Encoding") == "gzip"
+                body = gzip.decompress(data) if zipped else data
+                made = collection_time(body)
+                row["scrapes"] += 1
+                row["wire_bytes"] += len(data)
+                row["body_bytes"] += len(body)
+                row["gzip"] += zipped
+                if made is not None:
+                    row["ages"].append(time.time() - made)
+                await asyncio.sleep(max(0.0, COST_SCRAPE_EVERY - (time.monotonic() - t0)))
+
+        on_start()
+        deadline[0] = time.monotonic() + window
+        # The scrapers of both targets interleaved over the second.
+        step = COST_SCRAPE_EVERY / (COST_SCRAPERS * len(urls))
+        tasks = [
+            scraper(name, url, step * (i * len(urls) + j))
+            for i in range(COST_SCRAPERS)
+            for j, (name, url) in enumerate(urls.items())
+        ]
+        await asyncio.gather(*tasks)
+    return out
+
+
+def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
+    """What the enricher costs the node, next to a plain pass-through proxy serving the same
+    scrapes: CPU seconds of each process, requests to the upstream per collection, bytes on
+    the wire. The shipped app (its defaults, as ``dcgm-enricher serve`` runs it) and the
+    proxy run as separate processes at the same time against one upstream that collects every
+    COST_PERIOD seconds; after ``mode.cost_learn`` seconds (the enricher learns the rhythm),
+    a steady window of ``mode.cost_window`` seconds is measured."""
+    from . import servers
+
+    upstream = _start(servers.run_upstream, "mig56")
+    children: dict[str, Child] = {}
+    try:
+        if upstream.ask(("period", COST_PERIOD)) != COST_PERIOD:
+            raise RuntimeError("the upstream did not switch its collection rhythm")
+        children["proxy"] = _start(servers.run_proxy, f"{upstream.url}?client=proxy")
+        children["enricher"] = _start(
+            servers.run_enricher, replace(spec, upstream_url=f"{upstream.url}?client=enricher")
+        )
+        urls = {name: child.url for name, child in children.items()}
+        # Learning, with the scrapes going on (as on a node).
+        asyncio.run(_cost_scrapes(urls, mode.cost_learn, lambda: None))
+        before: dict[str, Any] = {}
+
+        def mark() -> None:
+            before["cpu"] = {n: _cpu_seconds(c.proc.pid) for n, c in children.items()}
+            before["requests"] = upstream.ask(("requests", 0)) or {}
+            before["t"] = time.time()
+
+        rows = asyncio.run(_cost_scrapes(urls, mode.cost_window, mark))
+        cpu = {n: _cpu_seconds(c.proc.pid) - before["cpu"][n] for n, c in children.items()}
+        requests = upstream.ask(("requests", 0)) or {}
+        elapsed = time.time() - before["t"]
+
+        async def identity_size() -> int:
+            async with aiohttp.ClientSession(auto_decompress=False) as session:
+                url = children["enricher"].url
+                async with session.get(url, headers={"Accept-Encoding": "identity"}) as resp:
+                    return len(await resp.read())
+
+        identity = asyncio.run(identity_size())
+    finally:
+        for child in children.values():
+            child.stop()
+        upstream.stop()
+    collections = elapsed / COST_PERIOD
+    out: dict[str, Any] = {
+        "period_s": COST_PERIOD,
+        "window_s": round(elapsed, 1),
+        "learn_s": mode.cost_learn,
+        "collections": round(collections, 1),
+        "identity_body_bytes": identity,
+    }
+    for name, row in rows.items():
+        ages = row.pop("ages")
+        requested = requests.get(name, 0) - before["requests"].get(name, 0)
+        out[name] = {
+            **row,
+            "cpu_s": round(cpu[name], 3),
+            "cpu_ms_per_scrape": round(cpu[name] * 1000 / max(1, row["scrapes"]), 3),
+            "upstream_requests": requested,
+            "upstream_requests_per_collection": round(requested / collections, 2),
+            "wire_bytes_per_scrape": row["wire_bytes"] // max(1, row["scrapes"]),
+            "age_max_s": round(max(ages), 4) if ages else None,
+        }
+    enricher, proxy = out["enricher"], out["proxy"]
+    out["cpu_ratio"] = round(enricher["cpu_s"] / max(proxy["cpu_s"], 1e-9), 3)
+    out["gzip_fraction"] = round(enricher["wire_bytes_per_scrape"] / identity, 4)
     return out
 
 
@@ -679,7 +864,7 @@ def bench_memory(
         async def run() -> None:
             async with aiohttp.ClientSession() as session:
                 for n in range(1, last + 1):
-                    await _get(session, enricher.url)
+                    await _get(session, enricher.url, GZIP)  # as Prometheus asks
                     if n in (first, mid, last):
                         rss[str(n)] = enricher.rss_mib()
                     if n % mode.churn_every == 0 and n < last:
@@ -800,6 +985,62 @@ def evaluate(results: dict[str, Any], mode: Mode) -> list[Check]:
             mem["growth"] < TARGET_RSS_GROWTH,
         )
     )
+    ratio = attr["p50_ms"] / attr["stat_reads_floor_p50_ms"]
+    checks.append(
+        Check(
+            "attribution 64 procs / 8 GPUs vs bare /proc reads",
+            f"<= {TARGET_ATTRIBUTION_FLOOR_RATIO:g}x the stat reads (new)",
+            f"{ratio:.2f}x ({attr['p50_ms']} / {attr['stat_reads_floor_p50_ms']} ms)",
+            ratio <= TARGET_ATTRIBUTION_FLOOR_RATIO,
+        )
+    )
+    floor = mem["floor_rss_mib"]["imports_with_kubelet_grpc"]
+    steady = mem["rss_mib"][last]
+    checks.append(
+        Check(
+            "RSS over the import floor, every source on",
+            f"<= floor {floor} + {TARGET_RSS_OVER_FLOOR_MIB:g} MiB (new)",
+            f"+{steady - floor:.1f} MiB ({steady} MiB)",
+            steady - floor <= TARGET_RSS_OVER_FLOOR_MIB,
+        )
+    )
+    drift = mem["rss_mib"][last] - mem["rss_mib"][first]
+    checks.append(
+        Check(
+            f"RSS drift {first} -> {last}",
+            f"<= {TARGET_RSS_DRIFT_MIB:g} MiB (new)",
+            f"{drift:+.1f} MiB",
+            drift <= TARGET_RSS_DRIFT_MIB,
+        )
+    )
+    cost = results["cost"]
+    checks.append(
+        Check(
+            "CPU enricher / proxy, same scrapes",
+            f"<= {TARGET_CPU_RATIO:g}x (new)",
+            f"{cost['cpu_ratio']:.2f}x ({cost['enricher']['cpu_s']} / {cost['proxy']['cpu_s']} s)",
+            cost["cpu_ratio"] <= TARGET_CPU_RATIO,
+        )
+    )
+    per = cost["enricher"]["upstream_requests_per_collection"]
+    checks.append(
+        Check(
+            "upstream requests per collection, steady",
+            f"<= {TARGET_UPSTREAM_PER_COLLECTION:g} (new; was 7)",
+            f"{per}",
+            per <= TARGET_UPSTREAM_PER_COLLECTION,
+        )
+    )
+    fraction = cost["gzip_fraction"]
+    checks.append(
+        Check(
+            "bytes on the wire, gzip / identity body, mig56",
+            f"<= 1/{1 / TARGET_GZIP_FRACTION:g} (new)",
+            f"1/{1 / fraction:.1f} ({cost['enricher']['wire_bytes_per_scrape']} of "
+            f"{cost['identity_body_bytes']} bytes)",
+            fraction <= TARGET_GZIP_FRACTION and cost["enricher"]["gzip"] > 0,
+        )
+    )
     k = results["rewrite"]["scaling_exponent"]
     checks.append(
         Check(
@@ -820,7 +1061,7 @@ def _rhythm(rhythm: str, value: float) -> str:
 
 
 def mode_first(results: dict[str, Any]) -> int:
-    return (QUICK if results["mode"] == "quick" else FULL).memory_checkpoints[0]
+    return {"quick": QUICK, "long": LONG}.get(results["mode"], FULL).memory_checkpoints[0]
 
 
 def _num(value: float | None, width: int, digits: int) -> str:
@@ -923,11 +1164,37 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
     if "loop" in results:
         lines.append("")
         lines.extend(render_loop(results["loop"]))
+    if "cost" in results:
+        lines.append("")
+        lines.extend(render_cost(results["cost"]))
     lines.append("")
     lines.append("Targets")
     for c in checks:
         lines.append(f"  [{'ok' if c.ok else 'MISS'}] {c.name}: {c.measured} (target {c.target})")
     return "\n".join(lines)
+
+
+def render_cost(cost: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Cost to the node (mig56, upstream collecting every {cost['period_s']:g} s, "
+        f"{COST_SCRAPERS} scrapers each asking every {COST_SCRAPE_EVERY:g} s with gzip; "
+        f"{cost['window_s']} s steady window after {cost['learn_s']:g} s)",
+        f"{'target':10} {'scrapes':>7} {'CPU s':>7} {'ms/scrape':>9} {'upstream':>8} "
+        f"{'/collection':>11} {'bytes/scrape':>12} {'gzip':>5} {'age max':>8}",
+    ]
+    for name in ("proxy", "enricher"):
+        r = cost[name]
+        age = "-" if r["age_max_s"] is None else f"{r['age_max_s']:.3f}"
+        lines.append(
+            f"{name:10} {r['scrapes']:>7} {r['cpu_s']:>7.3f} {r['cpu_ms_per_scrape']:>9.3f} "
+            f"{r['upstream_requests']:>8} {r['upstream_requests_per_collection']:>11.2f} "
+            f"{r['wire_bytes_per_scrape']:>12} {r['gzip']:>5} {age:>8}"
+        )
+    lines.append(
+        f"enricher / proxy CPU: {cost['cpu_ratio']:.2f}; gzip body / identity body "
+        f"({cost['identity_body_bytes']} bytes): {cost['gzip_fraction']:.4f}"
+    )
+    return lines
 
 
 def render_loop(loop: dict[str, Any]) -> list[str]:
@@ -962,7 +1229,7 @@ def render_loop(loop: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- main
 
 
-ALL_PARTS = ("rewrite", "attribution", "e2e", "memory", "loop")
+ALL_PARTS = ("rewrite", "attribution", "e2e", "memory", "loop", "cost")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -971,14 +1238,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument(
         "--only",
-        choices=("rewrite", "attribution", "e2e", "memory", "loop"),
+        choices=ALL_PARTS,
         action="append",
         help="run only these parts (repeatable); targets are checked on the full run",
     )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help="the full run with the memory part to 30,000 scrapes (RSS drift 3,000 -> 30,000)",
+    )
     args = parser.parse_args(argv)
+    if args.quick and args.long:
+        parser.error("--quick and --long exclude each other")
     if shutil.which("gcc") is None:
         parser.error("gcc is needed to build the fake libnvidia-ml (make system-deps)")
-    mode = QUICK if args.quick else FULL
+    mode = QUICK if args.quick else LONG if args.long else FULL
     parts = set(args.only or ALL_PARTS)
 
     from tests.kubeapi import KubeApiStandIn
@@ -988,7 +1262,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     results: dict[str, Any] = {
-        "mode": "quick" if args.quick else "full",
+        "mode": "quick" if args.quick else "long" if args.long else "full",
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
@@ -1004,7 +1278,7 @@ def main(argv: list[str] | None = None) -> int:
         if "attribution" in parts:
             print("attribution ...", file=sys.stderr, flush=True)
             results["attribution"] = bench_attribution(mode, work, nvml_lib)
-        if parts & {"e2e", "memory", "loop"}:
+        if parts & {"e2e", "memory", "loop", "cost"}:
             sim = SimNode(work / "node", payloads.SHAPES["mig56"])
             sim.write()
             with KubeApiStandIn() as kube:
@@ -1027,17 +1301,27 @@ def main(argv: list[str] | None = None) -> int:
                         results["e2e"] = run_e2e(mode, upstream, spec)
                     if "memory" in parts:
                         print("memory ...", file=sys.stderr, flush=True)
-                        results["memory"] = bench_memory(
-                            mode,
-                            sim,
-                            kube,
-                            upstream,
-                            lambda: _start(servers.run_enricher, spec),
-                            lambda: _start(servers.run_enricher, replace(spec, kube=False)),
-                        )
+                        # Every source on: the pod watch and the kubelet's PodResources (gRPC).
+                        kubelet = start_kubelet(sim, work / "kubelet.sock")
+                        try:
+                            every = replace(spec, kubelet_socket=str(work / "kubelet.sock"))
+                            results["memory"] = bench_memory(
+                                mode,
+                                sim,
+                                kube,
+                                upstream,
+                                lambda: _start(servers.run_enricher, every),
+                                lambda: _start(servers.run_enricher, replace(spec, kube=False)),
+                            )
+                            results["memory"]["kubelet_calls"] = kubelet.calls
+                        finally:
+                            kubelet.stop(grace=None)
                     if "loop" in parts:
                         print("event loop ...", file=sys.stderr, flush=True)
                         results["loop"] = bench_loop(mode, spec)
+                    if "cost" in parts:
+                        print("cost ...", file=sys.stderr, flush=True)
+                        results["cost"] = bench_cost(mode, spec)
                 finally:
                     upstream.stop()
     results["seconds"] = round(time.perf_counter() - started, 1)

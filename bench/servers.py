@@ -108,8 +108,11 @@ async def _upstream(
     # client -> (requests so far, variant, collection time) in "every" mode
     clients: dict[str, tuple[int, int, float]] = {}
     rhythm: list[Any] = ["every", 1]
+    requests: dict[str, int] = {}  # client -> requests served, for ("requests", 0)
 
     async def metrics(request: web.Request) -> web.Response:
+        who = request.query.get("client", "")
+        requests[who] = requests.get(who, 0) + 1
         if rhythm[0] == "period":
             index = int(time.time() / rhythm[1])
             variant, made = index % len(bodies), index * rhythm[1]
@@ -127,6 +130,8 @@ async def _upstream(
             epoch = int(msg[1])
             bodies[:] = [payloads.generate(shape, v, epoch).encode() for v in range(variants)]
             conn.send(("epoch", epoch))
+        elif isinstance(msg, tuple) and msg[0] == "requests":
+            conn.send(("requests", dict(requests)))
         elif isinstance(msg, tuple) and msg[0] in ("every", "period"):
             rhythm[:] = [msg[0], max(1, int(msg[1])) if msg[0] == "every" else float(msg[1])]
             clients.clear()
@@ -181,6 +186,8 @@ class EnricherSpec:
     collect_interval: float | None = None
     follow_step: float | None = None
     kube: bool = True  # False: no pod watch (and no kubernetes client in the process)
+    # The kubelet's PodResources socket ("": the source off, as on a machine without one).
+    kubelet_socket: str = ""
     # True: every rewrite on the event loop, as before the rewrite worker (for comparison).
     rewrite_on_loop: bool = False
 
@@ -298,7 +305,7 @@ class _Timings:
 async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     import enricher.app as app_module
     from enricher.app import Scraper, make_app, serve
-    from enricher.commands import make_gpu_source, start_pod_cache
+    from enricher.commands import make_gpu_source, make_podresources_source, start_pod_cache
     from enricher.config import Config
     from enricher.procfs import ProcReader
 
@@ -313,7 +320,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     }
     fields = Config.__dataclass_fields__
     if "kubelet_pod_resources_socket" in fields:
-        settings["kubelet_pod_resources_socket"] = ""  # no kubelet on a benchmark machine
+        settings["kubelet_pod_resources_socket"] = spec.kubelet_socket
     if spec.collect_interval is not None:
         settings["collect_interval"] = spec.collect_interval
     if spec.follow_step is not None:
@@ -325,7 +332,13 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")
     gpu = make_gpu_source(config)
-    scraper = Scraper(config, gpu=gpu, procs=ProcReader(config.procfs), pods=pods)
+    scraper = Scraper(
+        config,
+        gpu=gpu,
+        procs=ProcReader(config.procfs),
+        pods=pods,
+        podresources=make_podresources_source(config),
+    )
     timings = _Timings()
     timings.install(app_module, scraper)
     runner = await serve(

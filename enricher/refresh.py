@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -161,6 +162,21 @@ class Refresher(Generic[T]):
 # --------------------------------------------------------------------------- following
 
 
+# In steady state the first poll of a collection comes this many steps before the earliest
+# moment the collection can be due, so that a learnt interval a little too long (or a
+# collection a little early) does not make the first poll the one that sees it.
+LEAD_STEPS = 0.25
+# How long past the latest moment a collection was due the follower keeps polling every step
+# (this many steps, or WINDOW_RATIO of the interval if that is more) before it counts the
+# rhythm as lost and falls back to a poll every ``coarse``.
+WINDOW_STEPS = 5.0
+# The most the lead grows to after collections came earlier than the first poll for them.
+MAX_LEAD_STEPS = 2.0
+WINDOW_RATIO = 0.02
+# Gaps between precise changes kept for the interval (their average over collections).
+GAPS_KEPT = 8
+
+
 def follow_delay(
     now: float,
     polled_at: float,
@@ -172,45 +188,71 @@ def follow_delay(
     coarse: float,
     learn_limit: float,
     rough: float | None = None,
+    before_change: float | None = None,
+    lead: float | None = None,
 ) -> float:
     """Seconds from ``now`` until the next poll of a source that changes once per collection
     (pure). Polls are spaced from the start of the last one (``polled_at``).
 
-    ``last_change`` is when a poll last saw new content; ``precise`` says whether that poll
-    came right after the one before (so the change is known to within a step);
+    ``last_change`` is when a poll last saw new content and ``before_change`` when the poll
+    before it started (the change happened between the two); ``precise`` says whether that
+    poll came right after the one before (so the change is known to within a step);
     ``interval`` is the collection interval learnt from the gaps between precise changes
     (None until there is one); ``rough`` the gap between changes seen with any precision
-    (None until two changes were seen).
+    (None until two changes were seen); ``lead`` how long before the earliest moment the next
+    change can come the first poll for it goes (default: a quarter step; the follower widens
+    it when a collection came earlier than that, and narrows it again).
 
     * Nothing seen yet: every ``coarse``.
     * The rhythm learnt (``precise`` and ``interval``): a source that changes on (nearly)
-      every poll, every ``step``; no change for two intervals (the rhythm is lost), every
-      ``coarse``; otherwise sleep until shortly before the next change is due (five steps, or
-      2 % of the interval if that is more, but at least half the interval after the last
-      change), then every ``step`` until the change shows: at most a step after it happened.
-    * Learning (the last change seen late, or no interval yet): every ``coarse``, and every
-      ``step`` from two coarse polls before the next change is due (by ``interval``, else
-      ``rough``) until two coarse polls after it, so that it is seen within a step; only
-      ``coarse`` while the gap is unknown and once ``learn_limit`` seconds have passed
-      without a change.
+      every poll, every ``step``. Otherwise the next change is due between
+      ``before_change + interval`` and ``last_change + interval``: one poll ``lead``
+      before that window opens, then every ``step`` until the change shows, so it is seen at
+      most a step after it happened and usually by the second poll (two requests per
+      collection). No change by a window (five steps, or 2 % of the interval) after it was
+      due: the rhythm is lost, every ``coarse``.
+    * The interval known but the last change seen late (a coarse poll, or the first poll of a
+      window): the change happened at most a coarse poll (or twice the lead and a step)
+      before it was seen; one poll every ``coarse``, and every ``step`` from then plus the
+      interval (less the lead) until a window after the next change is due; only ``coarse``
+      once ``learn_limit`` seconds passed without a change.
+    * Learning (no interval yet): every ``coarse``, and every ``step`` from two coarse polls
+      before the next change is due (by ``rough``) until two coarse polls after it, so that it
+      is seen within a step; only ``coarse`` while the gap is unknown and once
+      ``learn_limit`` seconds have passed without a change.
     """
     fine = max(0.0, polled_at + step - now)
     slow = max(0.0, polled_at + coarse - now)
     if last_change is None:
         return slow
     since = now - last_change
-    if precise and interval is not None:
-        if interval < 2 * step:
+    lead = LEAD_STEPS * step if lead is None else lead
+    if interval is not None:
+        if precise and interval < 2 * step:
             return fine
-        if since > 2 * interval:
+        window = max(WINDOW_STEPS * step, WINDOW_RATIO * interval)
+        closes = last_change + interval + window
+        if precise:
+            lower = before_change if before_change is not None else last_change - step
+            due = max(lower + interval - lead, last_change + 0.5 * interval)
+            if now < due:
+                return due - now
+            return fine if now <= closes else slow
+        if since > learn_limit:
             return slow
-        window = last_change + max(0.5 * interval, interval - max(5 * step, 0.02 * interval))
-        return window - now if now < window else fine
-    guess = interval if interval is not None else rough
-    if guess is None or since > learn_limit:
+        lower = max(
+            last_change - coarse,
+            last_change - 2 * lead - step,
+            before_change if before_change is not None else last_change - coarse,
+        )
+        opens = lower + interval - lead
+        if now < opens:
+            return min(opens - now, slow)
+        return fine if now <= closes else slow
+    if rough is None or since > learn_limit:
         return slow
     # Either change may have been seen up to a coarse poll after it happened.
-    opens, closes = last_change + guess - 2 * coarse, last_change + guess + 2 * coarse
+    opens, closes = last_change + rough - 2 * coarse, last_change + rough + 2 * coarse
     if now < opens:
         return min(opens - now, slow)
     return fine if now <= closes else slow
@@ -221,15 +263,19 @@ class Follower(Generic[T]):
 
     dcgm-exporter serves the same body between two collections. The follower learns the
     collection interval from when the answer changes (polling every ``step`` until it has
-    seen two changes to within a step; the shortest of the last gaps, so a collection that
-    changed nothing does not stretch it) and then polls every ``step`` seconds around the time
-    the next collection is due (see :func:`follow_delay`): once the rhythm is learnt, what it
-    holds is at most ``step`` (plus one poll) behind the source.
+    seen two changes to within a step; the average over the last gaps between such changes,
+    each counted in collections, so a collection that changed nothing does not stretch it and
+    the estimate sharpens with every collection) and then polls right before the next
+    collection is due and every ``step`` after it until it shows (see :func:`follow_delay`):
+    once the rhythm is learnt, what it holds is at most ``step`` (plus one poll) behind the
+    source, for about two requests per collection.
     ``key`` says what of an answer counts as its content (default: all of it);
     ``on_change`` runs after a poll that brought new content (to prepare the next scrapes'
     work). ``poll`` should not raise; if it does, the error is counted and logged and the
     previous answer kept. :meth:`latest` never returns an answer older than twice the
     longer of ``coarse`` and the interval: it polls itself if the loop fell that far behind.
+    A change seen late at a moment the learnt interval cannot explain (the source restarted
+    with another interval) makes it learn the interval again.
     """
 
     def __init__(
@@ -258,6 +304,8 @@ class Follower(Generic[T]):
         self._content: object = None
         self.last_change: float | None = None
         self.precise = False  # the last change is known to within a step
+        self.before_change: float | None = None  # when the poll before the last change began
+        self.lead = LEAD_STEPS * self.step  # see follow_delay
         self._previous_poll: float | None = None
         self._last_duration = 0.0
         self._gaps: list[float] = []  # between two precise changes
@@ -270,8 +318,17 @@ class Follower(Generic[T]):
 
     @property
     def interval(self) -> float | None:
-        """The learnt collection interval (None until two precise changes were seen)."""
-        return min(self._gaps) if self._gaps else None
+        """The learnt collection interval (None until two precise changes were seen): the
+        recent gaps between precise changes over the collections they span (a gap of about
+        twice the shortest spans two), so each gap's error of up to a step is divided by the
+        number of collections."""
+        if not self._gaps:
+            return None
+        shortest = min(self._gaps)
+        if shortest <= 0:
+            return shortest
+        spans = sum(max(1, round(gap / shortest)) for gap in self._gaps)
+        return sum(self._gaps) / spans
 
     @property
     def rough_interval(self) -> float | None:
@@ -335,10 +392,23 @@ class Follower(Generic[T]):
             # Right after the previous poll: a step later, or at once if polls take longer.
             precise = previous is not None and started - previous <= 1.5 * max(self.step, took)
             if precise and self.precise and self.last_change is not None:
-                self._gaps = [*self._gaps[-4:], started - self.last_change]
+                self._gaps = [*self._gaps[-(GAPS_KEPT - 1) :], started - self.last_change]
             if self.last_change is not None and self.changes > 2:  # not from the first answer
-                self._rough_gaps = [*self._rough_gaps[-4:], started - self.last_change]
+                gap = started - self.last_change
+                self._rough_gaps = [*self._rough_gaps[-4:], gap]
+                earliest = (previous if previous is not None else started) - self.last_change
+                if not precise and not self._fits(earliest, gap):
+                    self._gaps = []  # another rhythm: learn it again
+            if self.interval is not None:
+                # Seen late although the rhythm was known: the collection came earlier than
+                # the first poll for it, so go earlier; narrow again while they are on time.
+                self.lead = (
+                    min(2 * self.lead, MAX_LEAD_STEPS * self.step)
+                    if not precise
+                    else max(LEAD_STEPS * self.step, 0.9 * self.lead)
+                )
             self.last_change, self.precise = started, precise
+            self.before_change = previous
             # The new answer is published once what depends on it is prepared, so a reader
             # sees the previous answer with the previous preparation, or both new.
             if self._on_change is not None:
@@ -350,6 +420,16 @@ class Follower(Generic[T]):
                     log.warning("%s: on_change failed: %s", self.name, exc or type(exc).__name__)
         self._latest, self._content = (answer, started), content
         return changed
+
+    def _fits(self, earliest: float, latest: float) -> bool:
+        """Whether a change seen late, made between ``earliest`` and ``latest`` seconds after
+        the change before it (that one known to a step), fits the learnt interval: a whole
+        number of collections in between."""
+        interval = self.interval
+        if interval is None or interval <= 0:
+            return True
+        lo, hi = earliest - self.step, latest + self.step
+        return math.floor(hi / interval) >= max(1, math.ceil(lo / interval))
 
     async def _run(self) -> None:
         while True:
@@ -364,5 +444,7 @@ class Follower(Generic[T]):
                 coarse=self.coarse,
                 learn_limit=self.learn_limit,
                 rough=self.rough_interval,
+                before_change=self.before_change,
+                lead=self.lead,
             )
             await asyncio.sleep(delay)

@@ -155,11 +155,33 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     assert loop["labels_worker"]["rewrites"]["template"] == 0
     assert "Event loop" in proc.stdout
 
+    # Every source on in the memory run: the kubelet's PodResources answered over gRPC.
+    assert memory["kubelet_calls"] >= 1
+
+    cost = data["cost"]
+    for name in ("proxy", "enricher"):
+        row = cost[name]
+        assert row["scrapes"] > 0 and row["cpu_s"] >= 0
+        assert row["wire_bytes"] > 0 and row["body_bytes"] >= row["wire_bytes"]
+    # The scrapers ask for gzip: the enricher answers with it on every scrape, the plain
+    # proxy never (it passes the identity body on).
+    assert cost["enricher"]["gzip"] == cost["enricher"]["scrapes"]
+    assert cost["proxy"]["gzip"] == 0
+    assert cost["proxy"]["upstream_requests"] >= cost["proxy"]["scrapes"] > 0
+    assert 0 < cost["gzip_fraction"] < 1
+    assert "Cost to the node" in proc.stdout
+
     assert {t["name"] for t in data["targets"]} >= {
         "rewrite mig56 vs naive",
         "rewrite mig56 vs limit",
         "attribution 64 procs / 8 GPUs",
         "RSS",
+        "attribution 64 procs / 8 GPUs vs bare /proc reads",
+        "RSS over the import floor, every source on",
+        "RSS drift 50 -> 150",
+        "CPU enricher / proxy, same scrapes",
+        "upstream requests per collection, steady",
+        "bytes on the wire, gzip / identity body, mig56",
     }
 
 

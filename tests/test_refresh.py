@@ -7,6 +7,9 @@ machine is; the one test of the background loop waits for events, not for durati
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -227,9 +230,14 @@ STEP, COARSE, LEARN = 0.1, 1.0, 120.0
         pytest.param(10.0, 9.95, 9.95, True, None, None, 0.95, id="no-gap-yet-coarse"),
         pytest.param(200.0, 199.95, 70.0, False, None, None, 0.95, id="learning-gave-up-coarse"),
         pytest.param(10.0, 9.95, 9.95, True, 0.15, None, 0.05, id="changes-every-poll-fine"),
-        pytest.param(10.0, 9.9, 9.9, True, 30.0, None, 29.3, id="sleep-until-window"),
-        pytest.param(39.5, 39.45, 10.0, True, 30.0, None, 0.05, id="in-window-fine"),
-        pytest.param(10.0, 9.9, 9.9, True, 0.3, None, 0.05, id="short-interval-half-window"),
+        # Due between 9.8 + 30 and 9.9 + 30: first poll a quarter step before.
+        pytest.param(10.0, 9.9, 9.9, True, 30.0, None, 29.775, id="sleep-until-due"),
+        pytest.param(39.5, 39.45, 10.0, True, 30.0, None, 0.375, id="first-poll-when-due"),
+        pytest.param(39.9, 39.875, 10.0, True, 30.0, None, 0.075, id="then-every-step"),
+        pytest.param(40.55, 40.5, 10.0, True, 30.0, None, 0.05, id="window-still-open"),
+        pytest.param(40.7, 40.65, 10.0, True, 30.0, None, 0.95, id="window-closed-coarse"),
+        pytest.param(10.0, 9.9, 9.9, True, 0.3, None, 0.075, id="short-interval"),
+        pytest.param(10.0, 9.9, 9.9, True, 2.0, None, 1.775, id="sleep-until-due-2s"),
         pytest.param(71.0, 70.9, 10.0, True, 30.0, None, 0.9, id="rhythm-lost-coarse"),
         pytest.param(10.0, 9.0, 9.95, False, None, None, 0.0, id="never-negative"),
         # A rough gap of 30 s (changes seen by coarse polls): the next is due at 40 +- 2 s.
@@ -238,8 +246,12 @@ STEP, COARSE, LEARN = 0.1, 1.0, 120.0
         pytest.param(38.0, 38.0, 10.0, False, None, 30.0, 0.1, id="window-fine"),
         pytest.param(41.9, 41.9, 10.0, True, None, 30.0, 0.1, id="window-precise-no-interval"),
         pytest.param(42.5, 42.5, 10.0, False, None, 30.0, 1.0, id="after-window-coarse"),
-        # The rhythm was lost and a change came late: its learnt interval gives the window.
-        pytest.param(38.5, 38.5, 10.0, False, 30.0, 5.0, 0.1, id="interval-beats-rough"),
+        # The rhythm was lost and a change came late: its learnt interval gives the window,
+        # from a coarse poll before the change was seen.
+        pytest.param(38.5, 38.5, 10.0, False, 30.0, 5.0, 1.0, id="interval-beats-rough"),
+        pytest.param(39.9, 39.85, 10.0, False, 30.0, 5.0, 0.05, id="late-change-window"),
+        pytest.param(41.0, 40.98, 10.0, False, 30.0, None, 0.98, id="late-window-closed"),
+        pytest.param(131.0, 130.5, 10.0, False, 30.0, None, 0.5, id="late-past-learn-limit"),
         pytest.param(130.5, 130.5, 10.0, False, None, 120.0, 1.0, id="past-learn-limit"),
         pytest.param(10.0, 9.95, 9.95, False, None, 0.5, 0.05, id="every-poll-changes-fine"),
     ],
@@ -313,10 +325,19 @@ async def test_follower_learns_the_interval_from_precise_changes_only() -> None:
     source.content = "collection-3"
     assert await poll_at(f, clock, 11.1)
     assert f.interval == pytest.approx(10.0)
+    # Late again (the rhythm was lost, the collection seen by a coarse poll), but 3
+    # collections after the last: no gap, and the interval stays.
+    assert not await poll_at(f, clock, 40.5)
     source.content = "collection-4"
-    assert await poll_at(f, clock, 50.0)  # late again (the rhythm was lost): no gap
-    assert f.interval == pytest.approx(10.0)
-    assert f.changes == 5
+    assert await poll_at(f, clock, 41.5)
+    assert not f.precise and f.interval == pytest.approx(10.0)
+    # Seen 15 s after the last change, and not before 14 s: no whole number of intervals
+    # fits, so the source changed its rhythm and the interval is learnt again.
+    assert not await poll_at(f, clock, 55.5)
+    source.content = "collection-5"
+    assert await poll_at(f, clock, 56.5)
+    assert f.interval is None
+    assert f.changes == 6
 
 
 async def test_follower_keeps_the_shortest_recent_gap() -> None:
@@ -415,31 +436,48 @@ def test_follower_rejects_bad_settings(step: float, coarse: float) -> None:
         Follower(poll, step=step, coarse=coarse)
 
 
-async def test_polls_per_collection_once_the_rhythm_is_learnt(
+@dataclass
+class Run:
+    """What a simulated run of the real Follower did: when it polled, and for each collection
+    it saw, how long after the collection it was seen."""
+
+    polls: list[float]
+    late: list[tuple[int, float]]  # (collection, seconds after it was made)
+    follower: Follower[int]
+
+
+async def simulate(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """docs/performance.md's figures: with dcgm-exporter's default 30 s and the default 0.1 s
-    step, the real Follower learns the rhythm in four collections, asking once a second and ten
-    times a second only around when a collection is due; then it asks 7 times per collection and
-    sees each within a step. Time is simulated: sleeping moves a fake clock."""
-    interval, step, offset = 30.0, 0.1, 0.013
+    made: Callable[[int], float],
+    *,
+    until: float,
+    step: float = 0.1,
+    took: float = 0.0,
+) -> Run:
+    """Run the real Follower against a source whose collection ``n`` is made at ``made(n)``
+    (increasing), on a fake clock: sleeping moves it, a poll takes ``took`` of it."""
     clock = [0.0]
     polls: list[float] = []
-    seen: list[float] = []
+    late: list[tuple[int, float]] = []
 
     async def poll() -> int:
-        polls.append(clock[0])
-        return int((clock[0] - offset) // interval)
+        now = clock[0]
+        polls.append(now)
+        n = 0
+        while made(n + 1) <= now:
+            n += 1
+        clock[0] += took
+        return n
 
     async def on_change(collection: int) -> None:
-        seen.append(clock[0] - (collection * interval + offset))
+        late.append((collection, polls[-1] - made(collection)))
 
     done = asyncio.Event()
     real_sleep = asyncio.sleep
 
     async def fake_sleep(delay: float) -> None:
         clock[0] += delay
-        if clock[0] >= 900:
+        if clock[0] >= until:
             done.set()
             await real_sleep(3600)
         await real_sleep(0)
@@ -447,14 +485,104 @@ async def test_polls_per_collection_once_the_rhythm_is_learnt(
     monkeypatch.setattr("enricher.refresh.asyncio.sleep", fake_sleep)
     follower = Follower(poll, step=step, on_change=on_change, clock=lambda: clock[0])
     follower.start()
-    await asyncio.wait_for(done.wait(), 30)
+    await asyncio.wait_for(done.wait(), 60)
     await follower.close()
-    assert follower.interval == pytest.approx(interval)
-    steady = [p for p in polls if p >= 300]
-    assert len(steady) == 7 * 20
-    # The first answer and the next two collections are seen by coarse polls (late, but
-    # their gap gives the window); from then on each collection is seen within a step.
-    assert max(seen[3:]) <= step + 1e-9
-    learning = [p for p in polls if p < 4 * interval]
+    return Run(polls, late, follower)
+
+
+def jittered(
+    interval: float, offset: float, jitter: float, seed: int = 7
+) -> Callable[[int], float]:
+    """Collections every ``interval`` from ``offset``, each up to ``jitter`` late (a
+    collection takes a varying time), as dcgm-exporter's ticker makes them."""
+    rng = random.Random(seed)
+    delays = [rng.uniform(0.0, jitter) for _ in range(100_000)]
+    return lambda n: 0.0 if n == 0 else offset + n * interval + delays[n]
+
+
+@pytest.mark.parametrize(
+    ("interval", "jitter", "took"),
+    [
+        pytest.param(30.0, 0.0, 0.0, id="30s-exact"),
+        pytest.param(30.0, 0.02, 0.004, id="30s-jitter"),
+        pytest.param(2.0, 0.0, 0.0, id="2s-exact"),
+        pytest.param(2.0, 0.02, 0.004, id="2s-jitter-slow-polls"),
+        pytest.param(2.0, 0.03, 0.003, id="2s-30ms-jitter"),
+        pytest.param(1.0, 0.01, 0.002, id="1s"),
+    ],
+)
+async def test_steady_state_asks_about_twice_per_collection_and_sees_each_within_a_step(
+    monkeypatch: pytest.MonkeyPatch, interval: float, jitter: float, took: float
+) -> None:
+    """docs/performance.md's figures: once the rhythm is learnt the real Follower asks at most
+    2.5 times per collection (the target; about 2 here) and sees every collection within a step
+    (plus the poll itself). Time is simulated: sleeping moves a fake clock."""
+    step = 0.1
+    made = jittered(interval, 0.013, jitter)
+    collections = 200
+    run = await simulate(monkeypatch, made, until=made(collections) + 0.5, step=step, took=took)
+    learnt = 10  # collections the follower gets to learn
+    steady = [p for p in run.polls if made(learnt) < p <= made(collections)]
+    per_collection = len(steady) / (collections - learnt)
+    print(f"{per_collection:.2f} polls per collection")
+    assert per_collection <= 2.5
+    assert run.follower.interval == pytest.approx(interval, abs=jitter + step / 10)
+    steady_late = [t for n, t in run.late if n > learnt]
+    assert len(steady_late) == collections - learnt  # every collection seen
+    assert max(steady_late) <= step + took + 1e-9
+
+
+async def test_learning_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While it learns (the first collections, seen by coarse polls), the follower asks once a
+    second and every step only around when a collection is due: docs/performance.md's bound
+    of at most 4 coarse windows of step polls per collection, for the first four."""
+    interval, step = 30.0, 0.1
+    made = jittered(interval, 0.013, 0.0)
+    run = await simulate(monkeypatch, made, until=900.0, step=step)
+    learning = [p for p in run.polls if p < 4 * interval]
     print(f"{len(learning)} polls in the first four collections")
     assert len(learning) <= 4 * interval + 2 * 40  # 1 a second, and two windows of 4 s x 10
+    assert max(t for n, t in run.late if n >= 3) <= step + 1e-9
+    assert len([p for p in run.polls if p >= 300]) <= 2.5 * 20
+
+
+async def test_a_lost_rhythm_costs_a_bounded_number_of_polls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dcgm-exporter stalls for 20 s (a long collection) and goes on in a new phase: the
+    follower polls every step for a short window past the due time, then once a second, then
+    regains the rhythm within one collection; the stall costs a bounded number of polls."""
+    interval, step, stall_after, stall = 2.0, 0.1, 50, 20.0
+
+    def made(n: int) -> float:
+        if n == 0:
+            return 0.0
+        return 0.013 + n * interval + (stall if n > stall_after else 0.0)
+
+    run = await simulate(monkeypatch, made, until=made(150) + 0.5, step=step)
+    during = [p for p in run.polls if made(stall_after) < p <= made(stall_after + 1)]
+    window = max(5 * step, 0.02 * interval)
+    # Every step up to a window past the due time, then one poll a second.
+    assert len(during) <= (interval + window) / step + 2 + stall / 1.0
+    regained = [t for n, t in run.late if n > stall_after + 2]
+    assert regained and max(regained) <= step + 1e-9
+    after = [p for p in run.polls if made(stall_after + 3) < p <= made(150)]
+    assert len(after) / (150 - stall_after - 3) <= 2.5
+
+
+async def test_a_new_interval_is_learnt_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dcgm-exporter restarted with --collect-interval 5 s instead of 2 s: the follower
+    forgets the old interval and follows the new one."""
+    step = 0.1
+
+    def made(n: int) -> float:
+        if n == 0:
+            return 0.0
+        return 0.013 + (n * 2.0 if n <= 40 else 80.0 + (n - 40) * 5.0)
+
+    run = await simulate(monkeypatch, made, until=made(120) + 0.5, step=step)
+    assert run.follower.interval == pytest.approx(5.0, abs=0.01)
+    late = [t for n, t in run.late if n > 60]
+    assert late and max(late) <= step + 1e-9
+    steady = [p for p in run.polls if made(60) < p <= made(120)]
+    assert len(steady) / 60 <= 2.5

@@ -1,0 +1,62 @@
+"""gzip for /metrics: the body of a collection compressed once, the per-scrape tail appended.
+
+A scrape's body is the part that changes once per collection (the rewritten upstream and the
+enricher's families: hundreds of KiB) followed by the self-metrics, which change on every
+scrape (a few KiB). :class:`GzipHead` compresses the first part once, ending in a sync flush
+so the output so far is whole bytes, and keeps the compressor; :meth:`GzipHead.finish`
+continues a copy of it with the tail and closes the stream. The result is one ordinary gzip
+member (one header, one CRC and length over the whole body), as if the body had been
+compressed at once, for the price of compressing a few KiB per scrape.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+GZIP_LEVEL = 1  # ~1.3 ms for 800 KiB here (6: ~2.5 ms, 27 KiB instead of 39), once per collection
+_GZIP_WBITS = 31  # 16 + 15: a gzip header and trailer, a 32 KiB window
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header value admits gzip (pure; RFC 9110 12.5.3):
+    ``gzip`` (or ``x-gzip``) with a q-value above 0, or ``*`` above 0 when gzip is not named.
+    Anything unparsable counts as not accepted: the identity body is always acceptable."""
+    named: float | None = None
+    star: float | None = None
+    for item in accept_encoding.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+                if not 0.0 <= q <= 1.0:  # also NaN
+                    q = 0.0
+        coding = coding.lower()
+        if coding in ("gzip", "x-gzip"):
+            named = q if named is None else max(named, q)
+        elif coding == "*":
+            star = q
+    if named is not None:
+        return named > 0.0
+    return star is not None and star > 0.0
+
+
+class GzipHead:
+    """``head`` compressed once; :meth:`finish` appends a tail and closes the stream."""
+
+    __slots__ = ("_compressor", "data", "size")
+
+    def __init__(self, head: bytes, level: int = GZIP_LEVEL) -> None:
+        compressor = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS)
+        self.data = compressor.compress(head) + compressor.flush(zlib.Z_SYNC_FLUSH)
+        self.size = len(head)
+        self._compressor = compressor
+
+    def finish(self, tail: bytes) -> bytes:
+        """The whole body (head, then ``tail``) as one gzip member."""
+        compressor = self._compressor.copy()
+        return self.data + compressor.compress(tail) + compressor.flush(zlib.Z_FINISH)

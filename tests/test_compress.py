@@ -1,0 +1,134 @@
+"""gzip on /metrics: when a scraper accepts it, the body of a collection is compressed once and
+only the self-metrics per scrape; identity otherwise; Vary on both.
+
+Real parts: the aiohttp app and an aiohttp client that does not decompress (so the test sees
+what went on the wire), Python's gzip module as the reader. Real Prometheus (2.42 and 3.5,
+which ask for gzip) scrapes the app in tests/test_dashboard.py and tests/test_manifests.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from bench import payloads
+from enricher.compress import GzipHead, accepts_gzip
+
+from .harness import MakeStack, Stack
+
+
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        pytest.param("gzip", True, id="gzip"),
+        pytest.param("gzip, deflate, br", True, id="list"),
+        pytest.param("GZIP", True, id="case"),
+        pytest.param("x-gzip", True, id="x-gzip"),
+        pytest.param("identity", False, id="identity"),
+        pytest.param("", False, id="empty"),
+        pytest.param("gzip;q=0", False, id="refused"),
+        pytest.param("gzip; q=0.000", False, id="refused-zeros"),
+        pytest.param("gzip;q=0.5", True, id="weighted"),
+        pytest.param("*", True, id="star"),
+        pytest.param("*;q=0", False, id="star-refused"),
+        pytest.param("gzip;q=0, *", False, id="named-beats-star"),
+        pytest.param("deflate, *;q=0.1", True, id="star-weighted"),
+        pytest.param("gzip;q=nan", False, id="nan"),
+        pytest.param("gzip;q=2", False, id="out-of-range"),
+        pytest.param("gzip;q=x", False, id="garbage-q"),
+        pytest.param("gzipx", False, id="not-a-token-match"),
+    ],
+)
+def test_accepts_gzip(header: str, ok: bool) -> None:
+    assert accepts_gzip(header) == ok
+
+
+@pytest.mark.parametrize("tail", [b"", b"tail 1\n", bytes(range(256)) * 40], ids=len)
+def test_head_and_tail_are_one_gzip_member(tail: bytes) -> None:
+    head = payloads.generate("node8").encode()
+    data = GzipHead(head).finish(tail)
+    assert gzip.decompress(data) == head + tail
+    # One member: a reader that stops at the end of the first member gets it all.
+    reader = zlib.decompressobj(31)
+    assert reader.decompress(data) == head + tail and reader.eof and not reader.unused_data
+
+
+def test_finish_leaves_the_head_reusable() -> None:
+    head = GzipHead(b"collection\n" * 1000)
+    assert gzip.decompress(head.finish(b"a\n")) == b"collection\n" * 1000 + b"a\n"
+    assert gzip.decompress(head.finish(b"b\n")) == b"collection\n" * 1000 + b"b\n"
+
+
+async def node(full_stack: MakeStack, **config: Any) -> tuple[Stack, TestClient[Any, Any]]:
+    stack = await full_stack(upstream=payloads.generate("node8"), **config)
+    raw: TestClient[Any, Any] = TestClient(stack.client.server, auto_decompress=False)
+    await raw.start_server()
+    return stack, raw
+
+
+async def test_gzip_when_accepted_identity_otherwise(full_stack: MakeStack) -> None:
+    stack, raw = await node(full_stack)
+    try:
+        plain = await raw.get("/metrics", headers={"Accept-Encoding": "identity"})
+        identity = await plain.read()
+        assert plain.status == 200
+        assert "Content-Encoding" not in plain.headers
+        assert plain.headers["Vary"] == "Accept-Encoding"
+
+        zipped = await raw.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        data = await zipped.read()
+        assert zipped.headers["Content-Encoding"] == "gzip"
+        assert zipped.headers["Vary"] == "Accept-Encoding"
+        assert zipped.headers["Content-Type"] == plain.headers["Content-Type"]
+        assert int(zipped.headers["Content-Length"]) == len(data)
+        text = gzip.decompress(data)
+        # The same collection: everything but the self-metrics' tail is the same bytes.
+        head = stack.scraper.last.head if stack.scraper.last else None
+        assert head is not None
+        assert text.startswith(head.body) and identity.startswith(head.body)
+        assert len(data) * 4 < len(text)
+
+        refused = await raw.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
+        assert "Content-Encoding" not in refused.headers
+        await refused.read()
+    finally:
+        await raw.close()
+
+
+async def test_head_is_compressed_once_per_collection(full_stack: MakeStack) -> None:
+    stack, raw = await node(full_stack)
+    try:
+        bodies = []
+        for _ in range(3):
+            resp = await raw.get("/metrics", headers={"Accept-Encoding": "gzip"})
+            bodies.append(gzip.decompress(await resp.read()))
+        # Per scrape (upstream fetched on every scrape here, the same body): one head.
+        assert stack.scraper.gzip_heads_total == 1
+        assert len({b.split(b"# HELP dcgm_enricher_")[0] for b in bodies}) == 1
+        stack.upstream.body = payloads.generate("node8", 1)  # type: ignore[union-attr]
+        resp = await raw.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert (
+            payloads.generate("node8", 1).split("\n")[2]
+            in gzip.decompress(await resp.read()).decode()
+        )
+        assert stack.scraper.gzip_heads_total == 2
+    finally:
+        await raw.close()
+
+
+async def test_head_request_has_the_headers_and_no_body(full_stack: MakeStack) -> None:
+    _, raw = await node(full_stack)
+    try:
+        resp = await raw.head("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert resp.status == 200
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert resp.headers["Vary"] == "Accept-Encoding"
+        assert await resp.read() == b""
+        resp = await raw.head("/metrics", headers={"Accept-Encoding": "identity"})
+        assert "Content-Encoding" not in resp.headers
+    finally:
+        await raw.close()
