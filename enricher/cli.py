@@ -125,9 +125,9 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             dest="upstream_follow_step",
             type=float,
             default=_env("--upstream.follow-step", _D.upstream_follow_step),
-            help="fetch dcgm-exporter right after each of its collections, polling every SECONDS "
-            "around the expected time, and serve scrapes from that (default %(default)s; 0: "
-            "fetch on every scrape)",
+            help="fetch dcgm-exporter right after each of its collections (from just before "
+            "the next is due, every SECONDS until it shows) and serve scrapes from that "
+            "(default %(default)s; 0: fetch on every scrape)",
         )
         g.add_argument(
             "--web.config.file",

@@ -13,6 +13,7 @@ so the containers' watts plus the unattributed watts are the device's watts.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -149,6 +150,14 @@ def _next_line_of(text: str, name: str, pos: int) -> int:
     return found + 1 if found >= 0 else -1
 
 
+@functools.lru_cache(maxsize=1024)
+def _block_device(block: str) -> DeviceKey | None:
+    """The device a label block names (None: not valid exposition, or no device). The blocks
+    are the same from one collection to the next, so each is parsed once (bounded cache)."""
+    pairs = parse_label_block(block)
+    return None if pairs is None else device_key(pairs)
+
+
 def _parse_sample(line: str, name_len: int) -> tuple[DeviceKey, float] | None:
     rest = line[name_len:].rstrip("\r")
     if not rest.startswith("{"):
@@ -156,10 +165,7 @@ def _parse_sample(line: str, name_len: int) -> tuple[DeviceKey, float] | None:
     close = rest.rfind("}")
     if close < 0:
         return None
-    pairs = parse_label_block(rest[1:close])
-    if pairs is None:
-        return None
-    key = device_key(pairs)
+    key = _block_device(rest[1:close])
     tail = valid_value(rest[close + 1 :])
     if key is None or not key[0] or tail is None:
         return None

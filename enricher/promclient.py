@@ -44,6 +44,8 @@ class MetricWriter(Collector):
 
     def __init__(self) -> None:
         self._families: dict[str, Metric] = {}
+        # The samples as given, for render(): (family, labels as given, value).
+        self._raw: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
 
     def family(self, name: str, help_text: str, typ: str = "gauge") -> None:
         """Declare a family once (later declarations are ignored). A counter's name ends in
@@ -58,19 +60,54 @@ class MetricWriter(Collector):
         else:
             metric = Metric(name, help_text, typ)
         self._families[name] = metric
+        self._raw[name] = []
 
     def sample(self, name: str, labels: Iterable[tuple[str, str]], value: float) -> None:
         """Add a sample of the declared family ``name``, labels as (name, value) pairs."""
-        self._families[name].add_sample(
-            name, {k: written_value(v) for k, v in labels}, float(value)
-        )
+        if name not in self._families:
+            raise KeyError(name)
+        self._raw[name].append((tuple(labels), float(value)))
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families.values())
+        out = []
+        for name, declared in self._families.items():
+            metric = Metric(declared.name, declared.documentation, declared.type)
+            for pairs, value in self._raw[name]:
+                metric.add_sample(name, {k: written_value(v) for k, v in pairs}, value)
+            out.append(metric)
+        return out
 
     def render(self) -> str:
-        """The families as text exposition (empty when none was declared)."""
-        return render_metrics(self.collect())
+        """The families as text exposition (empty when none was declared): what
+        ``render_metrics(self.collect())`` writes, each distinct label set formatted once
+        (``label_text``, bounded cache): the power and container families repeat the same
+        device labels from one collection to the next."""
+        out: list[str] = []
+        for name, metric in self._families.items():
+            mtype = _TYPES[metric.type]
+            exposed = _metric_name(metric.name + _SUFFIX.get(metric.type, ""))
+            doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            out.append(f"# HELP {exposed} {doc}\n# TYPE {exposed} {mtype}\n")
+            sname = _metric_name(name)
+            for pairs, value in self._raw[name]:
+                block = label_text(pairs)
+                head = f"{sname}{{{block}}}" if block else sname
+                out.append(f"{head} {floatToGoString(value)}\n")
+        return "".join(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def label_text(pairs: tuple[tuple[str, str], ...]) -> str:
+    """The label block (without braces) prometheus_client writes for ``pairs``: values made
+    writable (``written_value``), a repeated name keeping its last value, sorted by name,
+    escaped by its rules."""
+    labels = {k: written_value(v) for k, v in pairs}
+    return ",".join(
+        f'{_label_name(k)}="'
+        + v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+        + '"'
+        for k, v in sorted(labels.items())
+    )
 
 
 class LatestMetrics(Collector):

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -365,6 +367,7 @@ def test_render_metrics_writes_what_generate_latest_writes() -> None:
     odd names, values and HELP texts, and on the registry with the runtime families."""
     writer = _odd_families()
     assert render_metrics(writer.collect()) == generate_latest(writer).decode()
+    assert writer.render() == generate_latest(writer).decode()
     latest = LatestMetrics()
     latest.current = writer
     registry = make_registry(latest)
@@ -377,3 +380,32 @@ def test_render_metrics_writes_what_generate_latest_writes() -> None:
     assert [line for line in fast.split("\n") if not line.startswith("process_")] == [
         line for line in slow.split("\n") if not line.startswith("process_")
     ]
+
+
+_LABEL_NAMES = st.sampled_from(["a", "UUID", "pod", "container", "z_last", "GPU_I_ID"])
+_LABEL_VALUES = st.text(
+    st.characters(codec=None, exclude_categories=()), max_size=40
+) | st.sampled_from(["", '"', "\\", "\n", "\ud800"])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["g", "c_total"]),
+            st.lists(st.tuples(_LABEL_NAMES, _LABEL_VALUES), max_size=6),
+            st.floats(allow_nan=True, allow_infinity=True),
+        ),
+        max_size=12,
+    )
+)
+def test_writer_render_is_generate_latest(rows: list[tuple[str, list[Any], float]]) -> None:
+    """MetricWriter.render (each label set formatted once, cached) writes exactly what
+    prometheus_client's generate_latest writes for the same writer: repeated label names,
+    escapes, lone surrogates, every float, twice over (the second time from the cache)."""
+    w = MetricWriter()
+    w.family("g", "a gauge")
+    w.family("c_total", "a counter", "counter")
+    for name, labels, value in rows:
+        w.sample(name, labels, value if name == "g" else abs(value))
+    for _ in range(2):
+        assert w.render() == generate_latest(w).decode()
