@@ -96,7 +96,9 @@ class MetricWriter(Collector):
         return "".join(out)
 
 
-@functools.lru_cache(maxsize=4096)
+# A collection's own series are a few hundred label sets; pods that come and go must not
+# fill the cache up to a larger bound (the memory bench's drift under churn).
+@functools.lru_cache(maxsize=1024)
 def label_text(pairs: tuple[tuple[str, str], ...]) -> str:
     """The label block (without braces) prometheus_client writes for ``pairs``: values made
     writable (``written_value``), a repeated name keeping its last value, sorted by name,
