@@ -23,6 +23,8 @@ import yaml
 from enricher.cli import parse_config
 from enricher.docker import parse_docker_host
 
+from .composefile import load_compose, merge
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "deploy" / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
@@ -35,49 +37,6 @@ DASHBOARDS_DIR = ROOT / "grafana"
 SIDECAR_DAEMONSET = ROOT / "manifests" / "overlays" / "sidecar" / "daemonset.yaml"
 SERVICES = {"dcgm-exporter", "enricher", "prometheus", "grafana"}
 PROM_CONFIG_IN_CONTAINER = PurePosixPath("/etc/prometheus/prometheus.yml")
-
-
-class Reset:
-    """Compose's ``!reset`` tag: the attribute goes back to its default when files merge."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class _ComposeLoader(yaml.SafeLoader):
-    pass
-
-
-def _reset(loader: yaml.SafeLoader, node: yaml.Node) -> Reset:
-    if isinstance(node, yaml.SequenceNode):
-        return Reset(loader.construct_sequence(node))
-    if isinstance(node, yaml.MappingNode):
-        return Reset(loader.construct_mapping(node))
-    return Reset(None)
-
-
-_ComposeLoader.add_constructor("!reset", _reset)
-
-
-def load_compose(path: Path) -> dict[str, Any]:
-    data = yaml.load(path.read_text(), Loader=_ComposeLoader)  # a SafeLoader subclass
-    assert isinstance(data, dict), f"{path}: not a mapping"
-    return data
-
-
-def merge(base: Any, override: Any) -> Any:
-    """Compose's merge rules, as far as these files use them: mappings merge, ``!reset``
-    replaces with the tagged value, sequences append."""
-    if isinstance(override, Reset):
-        return override.value
-    if isinstance(base, dict) and isinstance(override, dict):
-        out = dict(base)
-        for key, value in override.items():
-            out[key] = merge(base[key], value) if key in base else value
-        return out
-    if isinstance(base, list) and isinstance(override, list):
-        return base + override
-    return override
 
 
 @pytest.fixture(scope="module")

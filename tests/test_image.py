@@ -35,11 +35,11 @@ from typing import Any
 import pytest
 import yaml
 
+from .composefile import load_compose
 from .conftest import ROOT
 from .dockerengine import COMPOSE, SLEEP, Engine, upstream_body
 from .harness import TextServer, free_port
 from .nvmlfake import FakeNvmlState, default_gpu_uuid
-from .test_compose import load_compose
 from .tools import require_tool
 
 pytestmark = pytest.mark.image
