@@ -696,3 +696,25 @@ def test_power_split_adds_up_on_every_gpu_the_demo_simulates(stack: Stack) -> No
     assert {s["metric"]["gpu"] for s in gap} == {s["metric"]["gpu"] for s in gpus}
     assert all(float(s["value"][1]) < 1e-6 for s in gap), gap
     assert stack.poll("honor_labels", "gpu_container_energy_joules_total")
+
+
+def test_dra_allocation_joins_the_upstreams_series(stack: Stack) -> None:
+    """The demo's DRA pod in a real Prometheus: its gpu_container_allocated carries the driver
+    as `resource` and dcgm-exporter's five dra_* labels, and joins the upstream's series of
+    the same claim on them; the GPU's device series name the pod the claim gave it to."""
+    (alloc,) = stack.poll("honor_labels", 'gpu_container_allocated{resource="gpu.nvidia.com"}')
+    labels = alloc["metric"]
+    assert (labels["namespace"], labels["pod"]) == ("ml-team", "dra-train-0")
+    assert labels["dra_driver_name"] == "gpu.nvidia.com"
+    assert labels["dra_claim_namespace"] == "ml-team"
+    for name in ("dra_claim_name", "dra_pool_name", "dra_device_name"):
+        assert labels[name], name
+    on = (
+        "UUID, dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name, dra_device_name"
+    )
+    joined = stack.query(
+        "honor_labels",
+        f"DCGM_FI_DEV_GPU_UTIL * on ({on}) group_left () "
+        'gpu_container_allocated{resource="gpu.nvidia.com"}',
+    )
+    assert [s["metric"]["pod"] for s in joined] == ["dra-train-0"]
