@@ -548,6 +548,11 @@ EMPTY_LABEL_TWIN = (
     f'# TYPE a histogram\na_sum{{UUID="{GPUS[1]}"}} 0.0\n'
     f'a_sum{{gpu="",UUID="{GPUS[1]}",container="0"}} 0.0 0\n'
 )
+# The same with the pod label the upstream had: the enricher names no pod for a host
+# process, so the two become one series.
+EMPTY_LABEL_TWIN_POD = (
+    f'# TYPE b gauge\nb{{UUID="{GPUS[1]}",pod="0"}} 0.0 0\nb{{gpu="",UUID="{GPUS[1]}"}} 0.0 0\n'
+)
 
 
 def expected_upstream(
@@ -648,6 +653,10 @@ def test_hostile_scrape(
     # host process cannot name (found by the ci profile): one series for Prometheus, one out.
     @example(
         (EMPTY_LABEL_TWIN, EMPTY_LABEL_TWIN),
+        ([], [ProcSpec(pid=1000, gpu=1, owner=-1, memory=None, util=None, comm="0")]),
+    )
+    @example(
+        (EMPTY_LABEL_TWIN_POD, EMPTY_LABEL_TWIN_POD),
         ([], [ProcSpec(pid=1000, gpu=1, owner=-1, memory=None, util=None, comm="0")]),
     )
     def prop(body: tuple[str, str], node: tuple[list[PodSpec], list[ProcSpec]]) -> None:
