@@ -60,9 +60,10 @@ def make_podresources_source(config: Config) -> PodResourcesSource | None:
     )
 
 
-def make_resource_slice_source(config: Config) -> Any:
+def make_resource_slice_source(config: Config, api_client: Any = None) -> Any:
     """The ResourceSlice source (which GPU each DRA device is), or None: it runs where the
-    kubelet source and Kubernetes both do, unless --no-kube.resource-slices.
+    kubelet source and Kubernetes both do, unless --no-kube.resource-slices. ``api_client``:
+    the pod watch's (``PodCache.api_client``), else one is loaded from the configuration.
 
     Raises whatever kube.load_api_client raises when no cluster config can be found.
     """
@@ -71,9 +72,9 @@ def make_resource_slice_source(config: Config) -> Any:
     from .kube import load_api_client
     from .resourceslices import ResourceSliceSource, api_client_lister
 
-    return ResourceSliceSource(
-        api_client_lister(load_api_client(config.kube_kubeconfig)), config.kube_node_name
-    )
+    if api_client is None:
+        api_client = load_api_client(config.kube_kubeconfig)
+    return ResourceSliceSource(api_client_lister(api_client), config.kube_node_name)
 
 
 def make_docker_source(config: Config) -> DockerSource | None:
@@ -111,7 +112,7 @@ async def run_server(config: Config) -> int:
     """``dcgm-enricher serve``: the sidecar, until SIGTERM."""
     try:
         pods = start_pod_cache(config)
-        slices = make_resource_slice_source(config)
+        slices = make_resource_slice_source(config, pods.api_client if pods else None)
     except Exception as exc:
         log.error("cannot start the Kubernetes pod watch: %s", exc)
         return 2

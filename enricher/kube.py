@@ -491,6 +491,12 @@ class PodCache:
             if thread.is_alive():
                 log.warning("kubernetes watch thread did not stop in time")
 
+    @property
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """The client the watch uses (thread-safe: urllib3's pool), for other readers of the
+        same API server, so the configuration is loaded once."""
+        return self._api
+
     def index(self) -> PodIndex:
         """The current index: the last good one while the API server is unreachable."""
         return self._index
