@@ -103,7 +103,11 @@ def label_text(pairs: tuple[tuple[str, str], ...]) -> str:
     """The label block (without braces) prometheus_client writes for ``pairs``: values made
     writable (``written_value``), a repeated name keeping its last value, sorted by name,
     escaped by its rules."""
-    labels = {k: written_value(v) for k, v in pairs}
+    return _label_block({k: written_value(v) for k, v in pairs})
+
+
+def _label_block(labels: dict[str, str]) -> str:
+    """prometheus_client's label block for ``labels`` (sorted by name, its escapes)."""
     return ",".join(
         f'{_label_name(k)}="'
         + v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
@@ -190,12 +194,7 @@ def render_metrics(metrics: Iterable[Metric]) -> str:
         for sample in metric.samples:
             sname = _metric_name(sample.name)
             if sample.labels:
-                labels = ",".join(
-                    f'{_label_name(k)}="'
-                    + v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-                    + '"'
-                    for k, v in sorted(sample.labels.items())
-                )
+                labels = _label_block(sample.labels)
                 line = f"{sname}{{{labels}}} {floatToGoString(sample.value)}"
             else:
                 line = f"{sname} {floatToGoString(sample.value)}"
