@@ -597,8 +597,14 @@ class Scraper:
         memo = self._power_out_memo
         if memo is not None and memo[0] is draws and memo[1] == identities:
             return memo[2], memo[3]
-        body = render_power(draws, parts, self._energy.totals, identities).encode("utf-8")
         container_watts, unattributed_watts = power_families(draws, parts)
+        body = render_power(
+            draws,
+            parts,
+            self._energy.totals,
+            identities,
+            families=(container_watts, unattributed_watts),
+        ).encode("utf-8")
         view = PowerView(
             {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
             container_watts,

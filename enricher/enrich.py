@@ -56,7 +56,7 @@ _LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
 # The families the enricher writes, prometheus_client's process_* and python_* among them: an
 # upstream family of such a name is dropped, so no family is written twice.
 _RESERVED_PREFIXES = (*RewritePlan().reserved_prefixes, *RUNTIME_PREFIXES)
-_NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
+NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +283,17 @@ def _owner_of(
     return Owner(ns, pod, containers.pop() if len(containers) == 1 else "", uids.get((ns, pod), ""))
 
 
-def _who(a: Attribution) -> tuple[str, str, str] | None:
+def device_labels(
+    identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]], key: DeviceKey
+) -> tuple[tuple[str, str], ...]:
+    """The device labels our families write for ``key``: the upstream's (``identities``), else
+    ``UUID`` and, for a MIG instance, ``GPU_I_ID``."""
+    return identities.get(key) or (("UUID", key[0]),) + ((("GPU_I_ID", key[1]),) if key[1] else ())
+
+
+def attributed_to(a: Attribution) -> tuple[str, str, str] | None:
+    """(namespace, pod, container) of an attributed process (a Docker container's: empty
+    namespace and pod); None when it is unattributed."""
     if a.pod is not None:
         return (a.pod.namespace, a.pod.name, a.container)
     if a.docker is not None:
@@ -326,7 +336,7 @@ def plan_devices(
     for a in attributions:
         if a.reason == REASON_MPS_SERVER:
             continue
-        who = _who(a)
+        who = attributed_to(a)
         owners_seen[a.device_key].add(who)
         if a.process.gi_id is not None:
             owners_seen[(a.process.gpu_uuid, "")].add(who)
@@ -460,14 +470,12 @@ def render_families(
     containers: dict[str, DockerContainer] = {}
 
     def ident(key: DeviceKey) -> tuple[tuple[str, str], ...]:
-        return identities.get(key) or (("UUID", key[0]),) + (
-            (("GPU_I_ID", key[1]),) if key[1] else ()
-        )
+        return device_labels(identities, key)
 
     for a in attributions:
         key = a.device_key
         p = a.process
-        who = _who(a)
+        who = attributed_to(a)
         if who is None:
             unattr[(key, a.reason)] += p.used_memory_bytes or 0
         else:
@@ -510,7 +518,7 @@ def render_families(
     for key, reason in sorted(unattr):
         # Empty pod labels, present: with honor_labels Prometheus would otherwise attach the
         # enricher's own pod to memory that belongs to no pod.
-        w.sample(UNATTR, (*ident(key), *_NO_POD, ("reason", reason)), unattr[(key, reason)])
+        w.sample(UNATTR, (*ident(key), *NO_POD, ("reason", reason)), unattr[(key, reason)])
 
     label_names = _unique_sanitized("label_", options.label_keys)
     annotation_names = _unique_sanitized("annotation_", options.annotation_keys)

@@ -19,7 +19,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .enrich import REASON_MPS_SERVER, AllocatedDevice, Attribution
+from .enrich import (
+    NO_POD,
+    REASON_MPS_SERVER,
+    AllocatedDevice,
+    Attribution,
+    attributed_to,
+    device_labels,
+)
 from .labels import DeviceKey, device_key
 from .model import GpuSnapshot, PowerReading
 from .promclient import MetricWriter
@@ -48,7 +55,6 @@ SOURCE_NVML = "nvml"
 # Bounds on what a hostile or broken upstream can make us keep.
 MAX_UPSTREAM_DEVICES = 4096
 _MIG_SLICES = re.compile(r"(\d{1,2})g\.")
-_NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
 
 Who = tuple[str, str, str]  # (namespace, pod, container) as written
 
@@ -83,7 +89,7 @@ class Part:
     who: Who | None
     reason: str
     share: float  # of the whole GPU's power, 0..1
-    rule: str  # which split rule gave it: see RULES
+    rule: str  # which split rule gave it: one of the RULE_* names
 
 
 # The rules split_power applies, as they appear in Part.rule (and on the node page).
@@ -93,7 +99,6 @@ RULE_MEMORY = "memory held"
 RULE_EQUAL = "equal per process"
 RULE_ALLOCATED = "allocation"
 RULE_IDLE = "idle"
-RULES = (RULE_OWNER, RULE_SM, RULE_MEMORY, RULE_EQUAL, RULE_ALLOCATED, RULE_IDLE)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -214,17 +219,13 @@ def who_of(a: Attribution) -> Who | None:
     """The (namespace, pod, container) a process's power goes to, cut as the labels are
     written, so two names that only differ past the cut are one container; None when the
     process is unattributed."""
-    if a.pod is not None:
-        who = (a.pod.namespace, a.pod.name, a.container)
-    elif a.docker is not None:
-        who = ("", "", a.container)
-    else:
-        return None
-    return (
-        who[0][:MAX_LABEL_VALUE_LENGTH],
-        who[1][:MAX_LABEL_VALUE_LENGTH],
-        who[2][:MAX_LABEL_VALUE_LENGTH],
-    )
+    who = attributed_to(a)
+    return None if who is None else _cut(*who)
+
+
+def _cut(namespace: str, pod: str, container: str) -> Who:
+    n = MAX_LABEL_VALUE_LENGTH
+    return (namespace[:n], pod[:n], container[:n])
 
 
 def split_power(
@@ -300,7 +301,7 @@ def _split_scope(
     allocs: Sequence[AllocatedDevice],
 ) -> list[Part]:
     if procs:
-        groups = [(who_of(a), a.reason if who_of(a) is None else "", a) for a in procs]
+        groups = [(w, a.reason if w is None else "", a) for a in procs for w in (who_of(a),)]
         owners = {g[0] for g in groups}
         if len(owners) == 1 and None not in owners:
             return [Part(key, groups[0][0], "", weight, RULE_OWNER)]
@@ -321,11 +322,7 @@ def _split_scope(
     if allocs:
         held: dict[Who, int] = {}
         for d in allocs:
-            who = (
-                d.namespace[:MAX_LABEL_VALUE_LENGTH],
-                d.pod[:MAX_LABEL_VALUE_LENGTH],
-                d.container[:MAX_LABEL_VALUE_LENGTH],
-            )
+            who = _cut(d.namespace, d.pod, d.container)
             held[who] = held.get(who, 0) + 1
         count = sum(held.values())
         return [Part(key, who, "", weight * n / count, RULE_ALLOCATED) for who, n in held.items()]
@@ -422,8 +419,11 @@ def render_power(
     parts: Mapping[str, Sequence[Part]],
     ledger: Mapping[EnergyKey, float],
     identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
+    families: tuple[Mapping[tuple[DeviceKey, Who], float], Mapping[tuple[DeviceKey, str], float]]
+    | None = None,
 ) -> str:
-    """The three power families (HELP and TYPE even when empty)."""
+    """The three power families (HELP and TYPE even when empty). ``families``: what
+    :func:`power_families` gives for ``draws`` and ``parts``, when the caller has it."""
     w = MetricWriter()
     w.family(
         POWER,
@@ -443,11 +443,9 @@ def render_power(
     )
 
     def ident(key: DeviceKey) -> tuple[tuple[str, str], ...]:
-        return identities.get(key) or (("UUID", key[0]),) + (
-            (("GPU_I_ID", key[1]),) if key[1] else ()
-        )
+        return device_labels(identities, key)
 
-    container, unattr = power_families(draws, parts)
+    container, unattr = families if families is not None else power_families(draws, parts)
     for (key, who), value in sorted(container.items()):
         labels = (*ident(key), ("namespace", who[0]), ("pod", who[1]), ("container", who[2]))
         w.sample(POWER, labels, value)
@@ -456,5 +454,5 @@ def render_power(
         labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", c))
         w.sample(ENERGY, labels, ledger[ek])
     for (key, reason), value in sorted(unattr.items()):
-        w.sample(UNATTR_POWER, (*ident(key), *_NO_POD, ("reason", reason)), value)
+        w.sample(UNATTR_POWER, (*ident(key), *NO_POD, ("reason", reason)), value)
     return w.render()

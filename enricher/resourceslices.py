@@ -173,11 +173,6 @@ class ResourceSliceSource:
         self._attempted = float("-inf")
         self._version = ""  # the API version that answered last
         self.errors_total = 0
-        self.lists_total = 0
-
-    @property
-    def index(self) -> SliceIndex:
-        return self._index
 
     def read(self, wanted: Iterable[SliceKey] = ()) -> Reading[SliceIndex]:
         """The index, listed again first when ``wanted`` needs it (blocking). Never raises."""
@@ -194,19 +189,16 @@ class ResourceSliceSource:
             self._attempted = now
             try:
                 self._index = self._fetch(now)
-            except ResourceSliceError as exc:
-                self.errors_total += 1
-                return Reading(index, False, str(exc))
             except Exception as exc:  # a malformed answer must never take the scrape down
                 self.errors_total += 1
-                return Reading(index, False, f"{type(exc).__name__}: {exc}")
+                said = str(exc) if isinstance(exc, ResourceSliceError) else None
+                return Reading(index, False, said or f"{type(exc).__name__}: {exc}")
             return Reading(self._index)
 
     def _fetch(self, now: float) -> SliceIndex:
         versions = [self._version] if self._version else list(API_VERSIONS)
         last = ""
         for version in versions:
-            self.lists_total += 1
             try:
                 body = self._list(version, self.node_name, self.timeout)
             except NotServedError as exc:
