@@ -70,7 +70,8 @@ class EngineUnavailable(RuntimeError):
     """What the daemon or the CLI said when it did not work."""
 
 
-def _skip_or_fail(message: str) -> None:
+def skip_or_fail(message: str) -> None:
+    """Fail in CI (CI set: .ci/system-deps and .ci/image-base provide the parts), skip elsewhere."""
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
@@ -218,11 +219,11 @@ def _stop(engine: Engine) -> None:
 def docker_daemon() -> Iterator[Engine]:
     """Start a private dockerd with the busybox image imported; stop it afterwards."""
     if os.geteuid() != 0:
-        _skip_or_fail("the real Docker Engine tests run dockerd, which needs root")
+        skip_or_fail("the real Docker Engine tests run dockerd, which needs root")
     dockerd = require_tool("dockerd", "apt-get install docker.io (.ci/system-deps does)")
     cli = require_tool("docker", "apt-get install docker.io (.ci/system-deps does)")
     if not _BUSYBOX.exists() or not _is_static(_BUSYBOX):
-        _skip_or_fail("no static /bin/busybox: apt-get install busybox-static (.ci/system-deps)")
+        skip_or_fail("no static /bin/busybox: apt-get install busybox-static (.ci/system-deps)")
     root = Path(tempfile.mkdtemp(prefix="dkd-", dir="/tmp"))  # a unix socket path stays short
     log_path = root / "dockerd.log"
     argv = [

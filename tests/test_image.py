@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -37,10 +36,10 @@ import yaml
 
 from .composefile import load_compose
 from .conftest import ROOT
-from .dockerengine import COMPOSE, SLEEP, Engine, upstream_body
-from .harness import TextServer, free_port
+from .dockerengine import COMPOSE, SLEEP, Engine, skip_or_fail, upstream_body
+from .harness import TextServer, free_port, stop_process
 from .nvmlfake import FakeNvmlState, default_gpu_uuid
-from .tools import require_tool
+from .promreleases import releases, require
 
 pytestmark = pytest.mark.image
 
@@ -69,10 +68,9 @@ class Built:
 def built_image(docker_engine_session: Engine) -> Built:
     engine = docker_engine_session
     if not BASE_TARBALL.is_file():
-        message = f"no stand-in base image at {BASE_TARBALL}: run .ci/image-base (make test does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail(
+            f"no stand-in base image at {BASE_TARBALL}: run .ci/image-base (make test does)"
+        )
     with BASE_TARBALL.open("rb") as tar:
         engine.docker("import", "-", BASE_IMAGE, input=tar.read(), timeout=300)
     started = time.monotonic()
@@ -214,7 +212,7 @@ class Prometheus:
 def prometheus_scraping(target: str, tmp: Path) -> Iterator[Prometheus]:
     """Debian's Prometheus scraping ``target`` every second, as the shipped config does
     (honor_labels: the enricher's pod labels are the ones to keep)."""
-    binary = require_tool("prometheus", "apt-get install prometheus (.ci/system-deps does)")
+    binary = require(releases()[0]).prometheus
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [
@@ -243,12 +241,7 @@ def prometheus_scraping(target: str, tmp: Path) -> Iterator[Prometheus]:
     try:
         yield Prometheus(f"http://127.0.0.1:{port}", log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def proc_status(pid: int) -> dict[str, str]:
