@@ -27,7 +27,6 @@ from .test_chart import render as render_chart
 from .test_manifests import (
     DEFAULT_POD_SELECTOR,
     DEFAULT_UPSTREAM_URL,
-    KUBECTL,
     build,
     enricher_of,
     enricher_setting,
@@ -35,6 +34,7 @@ from .test_manifests import (
     pod_spec,
     selects,
 )
+from .tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = ROOT.parent / "shared" / "fixtures" / "charts" / "gpu-operator" / "state-dcgm-exporter"
@@ -70,8 +70,7 @@ def operator_exporter() -> Doc:
 def ours(request: pytest.FixtureRequest) -> Docs:
     """Our gpu-operator mode, from each source that renders it."""
     if request.param == "kustomize":
-        if KUBECTL is None:
-            pytest.skip("kubectl is missing")
+        require_tool("kubectl", "apt-get install kubectl (.ci/system-deps does)")
         return build("overlays/gpu-operator")
     release = require(releases()[0 if request.param == "chart-helm3" else 1])
     return render_chart(release, "gpu-operator")
@@ -134,6 +133,7 @@ def test_no_cross_scrapes(ours: Docs) -> None:
     theirs_monitor = operator_one("ServiceMonitor")
     theirs_service = operator_one("Service")
     their_selector = theirs_monitor["spec"]["selector"]["matchLabels"]
+    assert of_kind(ours, "Service") and of_kind(ours, "ServiceMonitor", "PodMonitor")
     for service in of_kind(ours, "Service"):
         assert not selects(their_selector, service["metadata"].get("labels", {}))
         assert not selects(service["spec"]["selector"], theirs_service["spec"]["selector"])

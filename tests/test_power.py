@@ -404,6 +404,17 @@ def test_invariant_parts_add_up_to_the_device_power(node: Any) -> None:
     assert all(v >= 0.0 for v in values)
 
 
+def test_two_containers_of_one_pod_split_by_their_own_sm_time() -> None:
+    """The table above sums a pod's containers; here each container's own share: SM time
+    0.3 and 0.1 of one pod's two containers give 3/4 and 1/4."""
+    parts = split_power(
+        ONE_GPU, [att(1, A, container="x", sm=0.3), att(2, A, container="y", sm=0.1)], [], {}
+    )
+    got = {p.who[2]: round(p.share, 6) for p in parts[U0] if p.who is not None}
+    assert got == {"x": 0.75, "y": 0.25}
+    assert {p.rule for p in parts[U0]} == {RULE_SM}
+
+
 @settings(deadline=None)
 @given(
     st.lists(

@@ -543,6 +543,7 @@ async def test_learning_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     print(f"{len(learning)} polls in the first four collections")
     assert len(learning) <= 4 * interval + 2 * 40  # 1 a second, and two windows of 4 s x 10
     assert max(t for n, t in run.late if n >= 3) <= step + 1e-9
+    assert sorted(n for n, _ in run.late) == list(range(30))  # every collection seen
     assert len([p for p in run.polls if p >= 300]) <= 2.5 * 20
 
 
@@ -566,6 +567,7 @@ async def test_a_lost_rhythm_costs_a_bounded_number_of_polls(
     assert len(during) <= (interval + window) / step + 2 + stall / 1.0
     regained = [t for n, t in run.late if n > stall_after + 2]
     assert regained and max(regained) <= step + 1e-9
+    assert sorted(n for n, _ in run.late if n > stall_after + 2) == list(range(53, 151))
     after = [p for p in run.polls if made(stall_after + 3) < p <= made(150)]
     assert len(after) / (150 - stall_after - 3) <= 2.5
 
@@ -584,5 +586,6 @@ async def test_a_new_interval_is_learnt_again(monkeypatch: pytest.MonkeyPatch) -
     assert run.follower.interval == pytest.approx(5.0, abs=0.01)
     late = [t for n, t in run.late if n > 60]
     assert late and max(late) <= step + 1e-9
+    assert sorted(n for n, _ in run.late if n > 60) == list(range(61, 121))  # every one seen
     steady = [p for p in run.polls if made(60) < p <= made(120)]
     assert len(steady) / 60 <= 2.5
