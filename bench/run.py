@@ -579,10 +579,39 @@ def run_e2e(mode: Mode, upstream: Child, spec: Any) -> dict[str, Any]:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (its threads included), from /proc/<pid>/stat."""
+    """utime + stime of ``pid`` (its threads included, living or gone), from /proc/<pid>/stat:
+    in clock ticks (10 ms)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Each living thread of ``pid``: the nanoseconds it ran, from /proc/<pid>/task/*/schedstat
+    (the scheduler's own count, not rounded to ticks)."""
+    out: dict[int, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+def _cpu_between(
+    before: tuple[float, dict[int, int]], after: tuple[float, dict[int, int]]
+) -> tuple[float, str]:
+    """CPU seconds between two readings (``_cpu_seconds``, ``_thread_cpu_ns``) and how they
+    were counted: the threads' nanoseconds when the same threads ran from start to end, else
+    the ticks (a thread that ended took its nanoseconds with it; the ticks keep them)."""
+    if before[1].keys() == after[1].keys():
+        return sum(after[1][t] - before[1][t] for t in after[1]) / 1e9, "schedstat"
+    return after[0] - before[0], "ticks"
+
+
+def _cpu_reading(pid: int) -> tuple[float, dict[int, int]]:
+    return _cpu_seconds(pid), _thread_cpu_ns(pid)
 
 
 async def _cost_scrapes(
@@ -658,12 +687,14 @@ def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
         before: dict[str, Any] = {}
 
         def mark() -> None:
-            before["cpu"] = {n: _cpu_seconds(c.proc.pid) for n, c in children.items()}
+            before["cpu"] = {n: _cpu_reading(c.proc.pid) for n, c in children.items()}
             before["requests"] = upstream.ask(("requests", 0)) or {}
             before["t"] = time.time()
 
         rows = asyncio.run(_cost_scrapes(urls, mode.cost_window, mark))
-        cpu = {n: _cpu_seconds(c.proc.pid) - before["cpu"][n] for n, c in children.items()}
+        cpu = {
+            n: _cpu_between(before["cpu"][n], _cpu_reading(c.proc.pid)) for n, c in children.items()
+        }
         requests = upstream.ask(("requests", 0)) or {}
         elapsed = time.time() - before["t"]
 
@@ -691,8 +722,10 @@ def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
         requested = requests.get(name, 0) - before["requests"].get(name, 0)
         out[name] = {
             **row,
-            "cpu_s": round(cpu[name], 3),
-            "cpu_ms_per_scrape": round(cpu[name] * 1000 / max(1, row["scrapes"]), 3),
+            "cpu_s": round(cpu[name][0], 4),
+            "cpu_counted_by": cpu[name][1],
+            "cpu_ms_per_scrape": round(cpu[name][0] * 1000 / max(1, row["scrapes"]), 3),
+            "cpu_ms_per_collection": round(cpu[name][0] * 1000 / collections, 3),
             "upstream_requests": requested,
             "upstream_requests_per_collection": round(requested / collections, 2),
             "wire_bytes_per_scrape": row["wire_bytes"] // max(1, row["scrapes"]),

@@ -7,13 +7,19 @@ so the output so far is whole bytes, and keeps the compressor; :meth:`GzipHead.f
 continues a copy of it with the tail and closes the stream. The result is one ordinary gzip
 member (one header, one CRC and length over the whole body), as if the body had been
 compressed at once, for the price of compressing a few KiB per scrape.
+
+The compressor is zlib-ng's (the ``zlib-ng`` package, a drop-in for the standard ``zlib``
+module): it writes the same DEFLATE format, readable by any gzip reader, 3 to 4 times as fast
+as zlib on exposition text (``make bench``, cost part).
 """
 
 from __future__ import annotations
 
-import zlib
+from zlib_ng import zlib_ng
 
-GZIP_LEVEL = 1  # ~1.3 ms for 800 KiB here (6: ~2.5 ms, 27 KiB instead of 39), once per collection
+# mig56's 800 KiB upstream body, here: level 2 takes 0.30 ms and gives 37 KiB (zlib level 1:
+# 1.0 ms, 39 KiB; zlib-ng level 1: 0.23 ms, 47 KiB; level 6: 1.3 ms, 25 KiB). Once per collection.
+GZIP_LEVEL = 2
 _GZIP_WBITS = 31  # 16 + 15: a gzip header and trailer, a 32 KiB window
 
 
@@ -51,12 +57,13 @@ class GzipHead:
     __slots__ = ("_compressor", "data", "size")
 
     def __init__(self, head: bytes, level: int = GZIP_LEVEL) -> None:
-        compressor = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS)
-        self.data = compressor.compress(head) + compressor.flush(zlib.Z_SYNC_FLUSH)
+        compressor = zlib_ng.compressobj(level, zlib_ng.DEFLATED, _GZIP_WBITS)
+        self.data = compressor.compress(head) + compressor.flush(zlib_ng.Z_SYNC_FLUSH)
         self.size = len(head)
         self._compressor = compressor
 
     def finish(self, tail: bytes) -> bytes:
         """The whole body (head, then ``tail``) as one gzip member."""
-        compressor = self._compressor.copy()
-        return self.data + compressor.compress(tail) + compressor.flush(zlib.Z_FINISH)
+        # zlib-ng's stub leaves out copy(), which its compressor has (as zlib's does).
+        compressor: zlib_ng._Compress = self._compressor.copy()  # type: ignore[attr-defined]
+        return self.data + compressor.compress(tail) + compressor.flush(zlib_ng.Z_FINISH)

@@ -121,20 +121,44 @@ class LatestMetrics(Collector):
     its registry."""
 
     def __init__(self) -> None:
-        self.current: Collector | None = None
+        self.current: MetricWriter | None = None
 
     def collect(self) -> Iterable[Metric]:
         return list(self.current.collect()) if self.current is not None else []
 
+    def render(self) -> str:
+        """What ``render_metrics(self.collect())`` writes, through ``MetricWriter.render``."""
+        return self.current.render() if self.current is not None else ""
 
-def make_registry(own: Collector, procfs: str = OWN_PROCFS) -> CollectorRegistry:
-    """A registry of its own (never prometheus_client's global one): ``own`` first, then the
-    process (from ``procfs``/self), platform and garbage collector families."""
+
+class _Families(Collector):
+    """Another registry's families, as one collector of this one."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return self._registry.collect()
+
+
+def make_runtime_registry(procfs: str = OWN_PROCFS) -> CollectorRegistry:
+    """The process (from ``procfs``/self), platform and garbage collector families, in a
+    registry of their own (never prometheus_client's global one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(own)
     ProcessCollector(proc=procfs, registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)  # CPython only: registers itself nowhere elsewhere
+    return registry
+
+
+def make_registry(
+    own: Collector, procfs: str = OWN_PROCFS, runtime: CollectorRegistry | None = None
+) -> CollectorRegistry:
+    """A registry of its own: ``own`` first, then the runtime families (``runtime``, or a new
+    ``make_runtime_registry(procfs)``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(own)
+    registry.register(_Families(runtime if runtime is not None else make_runtime_registry(procfs)))
     return registry
 
 
