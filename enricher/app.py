@@ -41,6 +41,7 @@ from .model import (
 )
 from .podresources import ListResult
 from .power import (
+    UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
     Part,
@@ -226,7 +227,7 @@ class Scraper:
         self._latest = LatestMetrics()
         self._runtime = make_runtime_registry(own_procfs)
         self.registry = make_registry(self._latest, runtime=self._runtime)
-        self._rewriter = Rewriter()
+        self._rewriter = Rewriter(watch=UPSTREAM_NAMES)
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
         self._inflight: asyncio.Future[ScrapeResult] | None = None
         self.upstream = UpstreamSource(
@@ -437,7 +438,9 @@ class Scraper:
         identities = {**node.fallback, **self._identities}
         families = self._families(node, identities, self._options)
         # The power split of this collection (its energy accounted once) and its families.
-        power_body, power = self._power(text, node, identities)
+        power_body, power = self._power(
+            text, rewritten.watched if rewritten is not None else "", node, identities
+        )
         out = rewritten.text if rewritten is not None else None
         if (
             head is not None
@@ -581,15 +584,16 @@ class Scraper:
         )
 
     def _account_power(
-        self, text: str | None, node: NodeView
+        self, text: str | None, watched: str, node: NodeView
     ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
         """Split each GPU's power for this collection and add its energy-counter increase to
         the containers (enricher.power); returns the draws and the parts. The same collection
-        again is not accounted twice (it would add nothing: its energy reading is the same)."""
+        again is not accounted twice (it would add nothing: its energy reading is the same).
+        ``watched``: the rewrite's lines of the upstream power families in ``text``."""
         memo = self._power_memo
         if memo is not None and memo[0] is text and memo[1] is node:
             return memo[2], memo[3]
-        upstream = parse_upstream_power(text) if text is not None else UpstreamPower()
+        upstream = parse_upstream_power(watched) if text is not None else UpstreamPower()
         draws = choose_readings(upstream, node.snapshot)
         parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
         self._energy.advance(draws, parts)
@@ -597,10 +601,10 @@ class Scraper:
         return draws, parts
 
     def _power(
-        self, text: str | None, node: NodeView, identities: dict[DeviceKey, Any]
+        self, text: str | None, watched: str, node: NodeView, identities: dict[DeviceKey, Any]
     ) -> tuple[bytes, PowerView]:
         """The power families of this scrape and their values for the node page."""
-        draws, parts = self._account_power(text, node)
+        draws, parts = self._account_power(text, watched, node)
         memo = self._power_out_memo
         if memo is not None and memo[0] is draws and memo[1] == identities:
             return memo[2], memo[3]

@@ -34,12 +34,16 @@ from .textformat import (
     MAX_LABEL_VALUE_LENGTH,
     first_blank,
     parse_label_block,
+    sample_line_spans,
     valid_value,
 )
 
 UPSTREAM_POWER = "DCGM_FI_DEV_POWER_USAGE"  # W
 UPSTREAM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since boot
 UPSTREAM_GR_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # 0..1, per MIG instance where profiled
+# The upstream families parse_upstream_power reads: the Rewriter hands their lines over
+# (RewriteResult.watched), so the power split does not search the whole body again.
+UPSTREAM_NAMES = (UPSTREAM_POWER, UPSTREAM_ENERGY, UPSTREAM_GR_ACTIVE)
 
 POWER = "gpu_container_power_watts"
 ENERGY = "gpu_container_energy_joules_total"
@@ -113,6 +117,9 @@ def parse_upstream_power(text: str) -> UpstreamPower:
     fields: the GPU's sample without ``GPU_I_ID`` is its reading; where the upstream writes a
     MIG GPU's device fields only per ``GPU_I_ID`` (copies of the device's value), the first
     copy is. A series repeated (vGPU copies) counts once: the first.
+
+    ``text`` may be the whole body or only those lines (``RewriteResult.watched`` of a Rewriter
+    that watches ``UPSTREAM_NAMES``): the result is the same.
     """
     power: dict[str, float] = {}
     energy: dict[str, float] = {}
@@ -139,20 +146,8 @@ def parse_upstream_power(text: str) -> UpstreamPower:
 
 def _lines_of(text: str, name: str) -> Iterator[str]:
     """The lines of ``text`` that are samples of ``name`` (not of a longer name)."""
-    start = 0 if text.startswith(name) else _next_line_of(text, name, 0)
-    while start >= 0:
-        end = text.find("\n", start)
-        stop = len(text) if end < 0 else end
-        if text[start + len(name) : start + len(name) + 1] in ("{", " ", "\t"):
-            yield text[start:stop]
-        if end < 0:
-            return
-        start = _next_line_of(text, name, end)
-
-
-def _next_line_of(text: str, name: str, pos: int) -> int:
-    found = text.find("\n" + name, pos)
-    return found + 1 if found >= 0 else -1
+    for start, stop in sample_line_spans(text, name):
+        yield text[start:stop]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -39,12 +39,13 @@ class MetricWriter(Collector):
 
     Label values are cut to the enricher's bound and made writable (``written_value``) before
     prometheus_client sees them: it escapes them but neither cuts them nor can encode a lone
-    surrogate.
+    surrogate. prometheus_client's objects are built only when collected: ``render`` (every
+    scrape) writes the same text from the samples as given.
     """
 
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
-        # The samples as given, for render(): (family, labels as given, value).
+        # name -> (the name prometheus_client keeps, HELP, type); the samples as given.
+        self._families: dict[str, tuple[str, str, str]] = {}
         self._raw: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
 
     def family(self, name: str, help_text: str, typ: str = "gauge") -> None:
@@ -56,10 +57,13 @@ class MetricWriter(Collector):
         if typ == "counter":
             if not name.endswith("_total"):
                 raise ValueError(f"counter {name!r}: the name must end in _total")
-            metric = Metric(name[: -len("_total")], help_text, typ)
+            self._families[name] = (name[: -len("_total")], help_text, typ)
+        elif typ in _TYPES:
+            self._families[name] = (name, help_text, typ)
         else:
-            metric = Metric(name, help_text, typ)
-        self._families[name] = metric
+            raise ValueError(
+                f"{name!r}: a MetricWriter family is a counter or a gauge, not {typ!r}"
+            )
         self._raw[name] = []
 
     def sample(self, name: str, labels: Iterable[tuple[str, str]], value: float) -> None:
@@ -70,8 +74,8 @@ class MetricWriter(Collector):
 
     def collect(self) -> Iterable[Metric]:
         out = []
-        for name, declared in self._families.items():
-            metric = Metric(declared.name, declared.documentation, declared.type)
+        for name, (kept, documentation, typ) in self._families.items():
+            metric = Metric(kept, documentation, typ)
             for pairs, value in self._raw[name]:
                 metric.add_sample(name, {k: written_value(v) for k, v in pairs}, value)
             out.append(metric)
@@ -79,21 +83,28 @@ class MetricWriter(Collector):
 
     def render(self) -> str:
         """The families as text exposition (empty when none was declared): what
-        ``render_metrics(self.collect())`` writes, each distinct label set formatted once
-        (``label_text``, bounded cache): the power and container families repeat the same
-        device labels from one collection to the next."""
+        ``render_metrics(self.collect())`` writes, each family's HELP and TYPE lines and each
+        distinct label set formatted once (bounded caches): the same families and device
+        labels come back on every scrape and collection."""
         out: list[str] = []
-        for name, metric in self._families.items():
-            mtype = _TYPES[metric.type]
-            exposed = _metric_name(metric.name + _SUFFIX.get(metric.type, ""))
-            doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-            out.append(f"# HELP {exposed} {doc}\n# TYPE {exposed} {mtype}\n")
+        for name, spec in self._families.items():
+            out.append(_family_head(*spec))
             sname = _metric_name(name)
             for pairs, value in self._raw[name]:
                 block = label_text(pairs)
                 head = f"{sname}{{{block}}}" if block else sname
                 out.append(f"{head} {floatToGoString(value)}\n")
         return "".join(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _family_head(kept: str, documentation: str, typ: str) -> str:
+    """A family's HELP and TYPE lines as prometheus_client writes them. Checks the name as
+    prometheus_client's Metric does (a ValueError for a name it refuses)."""
+    Metric(kept, documentation, typ)
+    exposed = _metric_name(kept + _SUFFIX.get(typ, ""))
+    doc = documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {exposed} {doc}\n# TYPE {exposed} {_TYPES[typ]}\n"
 
 
 # A collection's own series are a few hundred label sets; pods that come and go must not

@@ -24,6 +24,7 @@ from .textformat import (
     first_blank,
     parse_label_block,
     render_labels,
+    sample_line_spans,
     split_comment,
     valid_help,
     valid_value,
@@ -40,6 +41,10 @@ class RewriteResult:
     dropped_duplicates: int
     dropped_reserved: int
     fast: bool = False  # served without the line-by-line pass (template or repeated text)
+    # The input's sample lines of the watched names (Rewriter(watch=...)), each name's in input
+    # order, names in watch order, each line ending in a newline: what a reader of those
+    # families needs, without searching the whole text again.
+    watched: str = ""
 
 
 @dataclass(slots=True)
@@ -108,6 +113,8 @@ class _Template:
     invalid_lines: int
     dropped_duplicates: int
     dropped_reserved: int
+    # The watched lines: (text before the value, slot) per line; slot -1: the whole line.
+    watch_parts: list[tuple[str, int]] = field(default_factory=list)
     hits: int = 0
 
     def apply(self, text: str, plan: RewritePlan) -> RewriteResult | None:
@@ -139,6 +146,10 @@ class _Template:
             dropped_duplicates=self.dropped_duplicates,
             dropped_reserved=self.dropped_reserved,
             fast=True,
+            watched="".join(
+                f"{head}{values[slot]}\n" if slot >= 0 else f"{head}\n"
+                for head, slot in self.watch_parts
+            ),
         )
 
 
@@ -152,6 +163,7 @@ def _copy_result(result: RewriteResult, fast: bool) -> RewriteResult:
         dropped_duplicates=result.dropped_duplicates,
         dropped_reserved=result.dropped_reserved,
         fast=fast,
+        watched=result.watched,
     )
 
 
@@ -171,12 +183,46 @@ def _interleave(outer: list[str]) -> list[str]:
     return buf
 
 
+def _watched_spans(text: str, names: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The spans of the sample lines of ``names``: each name's in input order, in ``names``
+    order (what RewriteResult.watched holds)."""
+    return [span for name in names for span in sample_line_spans(text, name)]
+
+
+def _watch_parts(
+    text: str, spans: list[tuple[int, int]], slot_of_line: dict[int, int], values: list[str]
+) -> list[tuple[str, int]] | None:
+    """Each watched line as (its text before the value, its slot), or (the line, -1) when it
+    has no value slot (the template proves such a line unchanged); None if a slot line does
+    not end with its value (it always does: a slot runs to the end of its line)."""
+    lines = [0] * len(spans)  # each span's input line number, as text.split("\n") numbers them
+    pos = count = 0
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+        start = spans[i][0]
+        count += text.count("\n", pos, start)
+        pos = start
+        lines[i] = count
+    parts: list[tuple[str, int]] = []
+    for (start, stop), line_no in zip(spans, lines, strict=True):
+        line = text[start:stop]
+        slot = slot_of_line.get(line_no)
+        if slot is None:
+            parts.append((line, -1))
+            continue
+        value = values[slot]
+        if not value or not line.endswith(value):
+            return None
+        parts.append((line[: len(line) - len(value)], slot))
+    return parts
+
+
 def _build_template(
     text: str,
     plan: RewritePlan,
     result: RewriteResult,
     out_lines: list[str],
     out_sources: list[int],
+    watched: list[tuple[int, int]],
 ) -> _Template | None:
     """A template from one line-by-line rewrite, or None when this text cannot have one.
 
@@ -224,6 +270,9 @@ def _build_template(
     picker: Callable[[list[str]], Iterable[str]] | None = None
     if order != list(range(n)):  # families were regrouped (so n > 1: a tuple comes back)
         picker = operator.itemgetter(*order)
+    watch_parts = _watch_parts(text, watched, slot_of_line, values)
+    if watch_parts is None:
+        return None
     return _Template(
         plan=plan,
         frame=_interleave(frame),
@@ -234,6 +283,7 @@ def _build_template(
         invalid_lines=result.invalid_lines,
         dropped_duplicates=result.dropped_duplicates,
         dropped_reserved=result.dropped_reserved,
+        watch_parts=watch_parts,
     )
 
 
@@ -257,7 +307,12 @@ class Rewriter:
     most 4 limit passes on ``mig56`` (bench/README.md), the template meets it.
     """
 
-    def __init__(self, cache_limit: int = 200_000, *, templates: bool = True) -> None:
+    def __init__(
+        self, cache_limit: int = 200_000, *, templates: bool = True, watch: tuple[str, ...] = ()
+    ) -> None:
+        """``watch``: metric names whose sample lines each result also hands over as they came
+        (``RewriteResult.watched``)."""
+        self._watch = watch
         self._parsed: dict[str, tuple[list[tuple[str, str]], DeviceKey | None] | None] = {}
         self._blocks: dict[str, _Block | None] = {}
         self._plan: RewritePlan | None = None
@@ -326,12 +381,16 @@ class Rewriter:
         if result is None:
             self.slow_rewrites += 1
             result, out_lines, out_sources = self._rewrite_lines(text, plan)
+            spans = _watched_spans(text, self._watch)
+            result.watched = "".join(f"{text[start:stop]}\n" for start, stop in spans)
             if self._templates:
                 self._slow_since_build += 1
                 if self._wasted < _TEMPLATE_MISSES or self._slow_since_build >= _TEMPLATE_RETRY:
                     self._slow_since_build = 0
                     self.templates_built += 1
-                    self._template = _build_template(text, plan, result, out_lines, out_sources)
+                    self._template = _build_template(
+                        text, plan, result, out_lines, out_sources, spans
+                    )
         if self._templates:
             self._last = (text, plan, result)
             return _copy_result(result, fast=result.fast)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 # The text format's grammar, as Prometheus's own parsers read it (the scrape parser of
@@ -216,3 +216,24 @@ class FamilyWriter:
             out.append(f"# TYPE {name} {typ}")
             out.extend(sorted(lines, key=sort_key) if sort_key else lines)
         return "\n".join(out) + "\n" if out else ""
+
+
+def sample_line_spans(text: str, name: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line of ``text`` that starts with the metric name ``name`` followed
+    by ``{`` or a blank (a sample of ``name``, not of a longer name), ``end`` at its newline (or
+    the end of ``text``). Found with ``str.find``, so the other lines cost nothing."""
+    start = 0 if text.startswith(name) else _next_line_of(text, name, 0)
+    size = len(name)
+    while start >= 0:
+        end = text.find("\n", start)
+        stop = len(text) if end < 0 else end
+        if text[start + size : start + size + 1] in ("{", " ", "\t"):
+            yield start, stop
+        if end < 0:
+            return
+        start = _next_line_of(text, name, end)
+
+
+def _next_line_of(text: str, name: str, pos: int) -> int:
+    found = text.find("\n" + name, pos)
+    return found + 1 if found >= 0 else -1

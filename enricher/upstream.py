@@ -57,6 +57,12 @@ async def fetch_upstream(
             ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if ctype not in _ACCEPTED_TYPES:
                 raise UpstreamError("content_type", ctype)
+            if resp.content_length is not None and "Content-Encoding" not in resp.headers:
+                # The size is known before the body comes (and the body cannot outgrow it):
+                # read it at once, as a plain proxy would.
+                if resp.content_length > max_bytes:
+                    raise UpstreamError("too_large", f"over {max_bytes} bytes")
+                return decode_body(await resp.read())
             chunks: list[bytes] = []
             size = 0
             while True:

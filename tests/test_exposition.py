@@ -810,3 +810,37 @@ def test_unwritable_characters_in_our_values() -> None:
     assert escape_label_value("a\x00b\ud800") == "a\x00b\ufffd"
     assert render_labels([("x", "\udfff")]).encode("utf-8") == '{x="\ufffd"}'.encode()
     assert unescape_label_value('a\\\\b\\"c\\nd') == 'a\\b"c\nd'
+
+
+def _watched_lines(text: str, names: tuple[str, ...]) -> str:
+    """The reference for RewriteResult.watched: each name's sample lines, split the plain way."""
+    lines = text.split("\n")
+    return "".join(
+        line + "\n"
+        for name in names
+        for line in lines
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ", "\t")
+    )
+
+
+@settings(max_examples=min(settings.default.max_examples, 300))
+@given(collections(), st.data())
+def test_watched_lines_are_the_inputs_on_every_path(
+    case: tuple[list[str], list[dict[tuple[str, str], Owner]], bool], data: st.DataObject
+) -> None:
+    """What a result hands over of the watched families (the power split reads them instead of
+    the whole body) is exactly the input's lines of those names, whether the line-by-line
+    path, the template or the repeated-text cache answered; a name that is only a prefix of
+    another, or absent, selects nothing of the other."""
+    texts, plans, _clean = case
+    names = sorted({line.split("{", 1)[0].split(" ", 1)[0] for line in texts[0].split("\n")})
+    names = [n for n in names if n and not n.startswith("#")]
+    watch = tuple(data.draw(st.lists(st.sampled_from(names), unique=True))) if names else ()
+    watch += (*tuple(n[:-1] for n in names[:1] if len(n) > 1), "absent_family")
+    rw = Rewriter(watch=watch)
+    paths = set()
+    for text, owners in zip([*texts, texts[-1]], [*plans, plans[-1]], strict=True):
+        got = rw.rewrite(text, RewritePlan(owners=dict(owners)))
+        assert got.watched == _watched_lines(text, watch)
+        paths.add(got.fast)
+    event(f"paths: {sorted(paths)}")

@@ -20,8 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import payloads
 from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
 from enricher.enrich import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
+from enricher.labels import RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
 from enricher.power import (
     ENERGY,
@@ -36,6 +38,7 @@ from enricher.power import (
     SOURCE_NVML,
     SOURCE_UPSTREAM,
     UNATTR_POWER,
+    UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
     UpstreamPower,
@@ -45,6 +48,7 @@ from enricher.power import (
     render_power,
     split_power,
 )
+from enricher.rewrite import Rewriter
 
 from .conftest import assert_valid_exposition
 from .harness import MakeStack, api_pod, cid, nvml_state_of, series
@@ -624,3 +628,20 @@ async def test_nvml_power_when_the_upstream_has_none(
     # The node page shows each container's watts.
     page = await (await node.client.get("/")).text()
     assert "187.5 W" in page and "62.5 W" in page and "55.5 W" in page
+
+
+def test_the_rewrites_watched_lines_give_the_whole_bodys_power() -> None:
+    """The power split reads the upstream's power families from the lines the Rewriter hands
+    over (RewriteResult.watched) instead of the whole body: on dcgm-exporter's shapes, over
+    collections served by the line-by-line path and by the template, the same readings."""
+    for shape in ("node8", "mig56"):
+        rw = Rewriter(watch=UPSTREAM_NAMES)
+        fast = []
+        for variant in range(3):
+            text = payloads.generate(shape, variant, 0)
+            got = rw.rewrite(text, RewritePlan())
+            fast.append(got.fast)
+            whole = parse_upstream_power(text)
+            assert whole.power_watts and parse_upstream_power(got.watched) == whole
+            assert len(got.watched) < len(text) // 10
+        assert fast == [False, True, True]

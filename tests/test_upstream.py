@@ -116,6 +116,42 @@ async def test_upstream_faults(
     assert info.value.reason == reason
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "gzip"])
+@pytest.mark.parametrize("extra", [0, 1], ids=["at-limit", "one-over"])
+async def test_size_limit_is_exact_however_the_body_is_framed(
+    serve: Callable[[Handler], Awaitable[str]], framing: str, extra: int
+) -> None:
+    """A body of a known length is read at once (checked against the limit before it comes),
+    one of unknown length chunk by chunk; gzip's is counted after decompression. Either way a
+    body of exactly ``max_bytes`` passes and one byte more is too large."""
+    limit = 64 * 1024
+    body = (b"x 1\n" * limit)[: limit + extra]
+
+    async def h(request: web.Request) -> web.StreamResponse:
+        if framing == "content-length":
+            return web.Response(body=body, content_type="text/plain")
+        if framing == "gzip":
+            return web.Response(
+                body=gzip.compress(body),
+                content_type="text/plain",
+                headers={"Content-Encoding": "gzip"},
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        for at in range(0, len(body), 10_000):
+            await resp.write(body[at : at + 10_000])
+        await resp.write_eof()
+        return resp
+
+    url = await serve(h)
+    if extra:
+        with pytest.raises(UpstreamError) as info:
+            await _fetch(url, max_bytes=limit)
+        assert info.value.reason == "too_large"
+    else:
+        assert await _fetch(url, max_bytes=limit) == body.decode()
+
+
 async def test_connection_refused() -> None:
     with pytest.raises(UpstreamError) as info:
         await _fetch("http://127.0.0.1:9/metrics")
