@@ -28,6 +28,7 @@ from .enrich import (
     render_families,
     resolve_allocations,
     self_metrics,
+    value_families,
 )
 from .labels import DeviceKey, RewritePlan
 from .model import (
@@ -56,9 +57,9 @@ from .power import (
 from .promclient import (
     OWN_PROCFS,
     LatestMetrics,
+    MetricWriter,
+    RuntimeFamilies,
     make_registry,
-    make_runtime_registry,
-    render_registry,
 )
 from .refresh import Follower, Refresher
 from .resourceslices import SliceIndex
@@ -225,8 +226,11 @@ class Scraper:
         self._clock = clock
         # The enricher's self-metrics, process_* and python_*: a registry per Scraper.
         self._latest = LatestMetrics()
-        self._runtime = make_runtime_registry(own_procfs)
+        self._runtime = RuntimeFamilies(own_procfs)
         self.registry = make_registry(self._latest, runtime=self._runtime)
+        # The self-metrics that change once per collection (not per scrape), written once:
+        # (node view, upstream answer, head, before the per-scrape families, after them).
+        self._tail_memo: tuple[Any, ...] | None = None
         self._rewriter = Rewriter(watch=UPSTREAM_NAMES)
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
         self._inflight: asyncio.Future[ScrapeResult] | None = None
@@ -657,18 +661,84 @@ class Scraper:
         samples, invalid_lines = head.samples, head.invalid_lines
 
         statuses = [upstream.status, *node.statuses]
+        memo = self._tail_memo
+        if memo is None or memo[0] is not node or memo[1] is not upstream or memo[2] is not head:
+            before, after = self._collection_metrics(statuses, node, samples, invalid_lines)
+            texts = (before.render().encode("utf-8"), after.render().encode("utf-8"))
+            memo = self._tail_memo = (node, upstream, head, before, after, *texts)
+        per_scrape = self._scrape_metrics()
+        self._latest.parts = (memo[3], per_scrape, memo[4])
+        # What render_registry(self.registry) writes: the collection's families written once,
+        # the per-scrape counters and the process's own figures on every scrape.
+        tail = memo[5] + per_scrape.render().encode("utf-8") + memo[6] + self._runtime.render()
+        self._last_duration = self._clock() - started
+        return ScrapeResult(
+            None,
+            node.attributions,
+            node.snapshot,
+            statuses,
+            time.time(),
+            head.identities,
+            node.allocated,
+            head.power,
+            head,
+            tail,
+        )
+
+    def _collection_metrics(
+        self,
+        statuses: list[SourceStatus],
+        node: NodeView,
+        samples: int,
+        invalid_lines: int,
+    ) -> tuple[MetricWriter, MetricWriter]:
+        """The self-metrics of one node view and upstream answer: those written before the
+        per-scrape counters, and those after them (the order of the families on /metrics)."""
+        before = self_metrics(
+            statuses,
+            node.attributions,
+            version=None,
+            extra={
+                "dcgm_enricher_upstream_samples": (
+                    "Upstream samples passed through on this scrape.",
+                    "gauge",
+                    samples,
+                ),
+                "dcgm_enricher_upstream_invalid_lines": (
+                    "Upstream lines dropped on this scrape because they were not valid "
+                    "exposition (or repeated a series).",
+                    "gauge",
+                    invalid_lines,
+                ),
+            },
+        )
+        extra: dict[str, tuple[str, str, float]] = {}
+        if self.pods is not None:
+            extra["dcgm_enricher_kubernetes_pods"] = (
+                "Pods of this node in the watch cache.",
+                "gauge",
+                len({p.uid for p in node.index.by_uid.values()}),
+            )
+        if self.podresources is not None:
+            extra["dcgm_enricher_podresources_allocated_devices"] = (
+                "GPU device IDs (or shared replicas) the kubelet reported allocated to containers "
+                "on this scrape and that name a device of this node.",
+                "gauge",
+                len(node.allocated),
+            )
+            extra["dcgm_enricher_podresources_unmapped_devices"] = (
+                "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
+                "or MIG device NVML reported (unknown ID scheme, or NVML down), DRA devices no "
+                "ResourceSlice gives such a UUID, or entries skipped as malformed; their "
+                "containers get no gpu_container_allocated series.",
+                "gauge",
+                node.unmapped + node.listed.skipped,
+            )
+        return before, value_families(extra, version=__version__)
+
+    def _scrape_metrics(self) -> MetricWriter:
+        """The self-metrics that move with every scrape."""
         extra: dict[str, tuple[str, str, float]] = {
-            "dcgm_enricher_upstream_samples": (
-                "Upstream samples passed through on this scrape.",
-                "gauge",
-                samples,
-            ),
-            "dcgm_enricher_upstream_invalid_lines": (
-                "Upstream lines dropped on this scrape because they were not valid exposition "
-                "(or repeated a series).",
-                "gauge",
-                invalid_lines,
-            ),
             "dcgm_enricher_upstream_requests_total": (
                 "Requests sent to the upstream.",
                 "counter",
@@ -703,45 +773,7 @@ class Scraper:
                 "gauge",
                 self.pods.last_sync,
             )
-            extra["dcgm_enricher_kubernetes_pods"] = (
-                "Pods of this node in the watch cache.",
-                "gauge",
-                len({p.uid for p in node.index.by_uid.values()}),
-            )
-        if self.podresources is not None:
-            extra["dcgm_enricher_podresources_allocated_devices"] = (
-                "GPU device IDs (or shared replicas) the kubelet reported allocated to containers "
-                "on this scrape and that name a device of this node.",
-                "gauge",
-                len(node.allocated),
-            )
-            extra["dcgm_enricher_podresources_unmapped_devices"] = (
-                "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
-                "or MIG device NVML reported (unknown ID scheme, or NVML down), DRA devices no "
-                "ResourceSlice gives such a UUID, or entries skipped as malformed; their "
-                "containers get no gpu_container_allocated series.",
-                "gauge",
-                node.unmapped + node.listed.skipped,
-            )
-        self._latest.current = self_metrics(
-            statuses, node.attributions, version=__version__, extra=extra
-        )
-        # What render_registry(self.registry) writes, the own families without building
-        # prometheus_client's objects for them.
-        tail = self._latest.render().encode("utf-8") + render_registry(self._runtime)
-        self._last_duration = self._clock() - started
-        return ScrapeResult(
-            None,
-            node.attributions,
-            node.snapshot,
-            statuses,
-            time.time(),
-            head.identities,
-            node.allocated,
-            head.power,
-            head,
-            tail,
-        )
+        return value_families(extra)
 
     def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:
         """Keep the upstream's device labels so our families keep the same label set when the

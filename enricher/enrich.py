@@ -620,10 +620,11 @@ def self_metrics(
     statuses: Sequence[SourceStatus],
     attributions: Sequence[Attribution],
     *,
-    version: str,
+    version: str | None,
     extra: Mapping[str, tuple[str, str, float]] | None = None,
 ) -> MetricWriter:
-    """The dcgm_enricher_* families of ``render_self_metrics``, for a registry."""
+    """The dcgm_enricher_* families of ``render_self_metrics``, for a registry (without
+    dcgm_enricher_build_info when ``version`` is None)."""
     w = MetricWriter()
     w.family(
         "dcgm_enricher_source_up",
@@ -661,9 +662,22 @@ def self_metrics(
         (("state", "unattributed"),),
         len(attributions) - attributed,
     )
-    for name, (help_text, typ, value) in (extra or {}).items():
+    return value_families(extra or {}, version=version, writer=w)
+
+
+def value_families(
+    extra: Mapping[str, tuple[str, str, float]],
+    *,
+    version: str | None = None,
+    writer: MetricWriter | None = None,
+) -> MetricWriter:
+    """Single-value families (``extra``: name -> (help, type, value)), then
+    dcgm_enricher_build_info when ``version`` is given, added to ``writer`` (or a new one)."""
+    w = writer if writer is not None else MetricWriter()
+    for name, (help_text, typ, value) in extra.items():
         w.family(name, help_text, typ)
         w.sample(name, (), value)
-    w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
-    w.sample("dcgm_enricher_build_info", (("version", version),), 1)
+    if version is not None:
+        w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
+        w.sample("dcgm_enricher_build_info", (("version", version),), 1)
     return w

@@ -158,6 +158,11 @@ def _block_device(block: str) -> DeviceKey | None:
     return None if pairs is None else device_key(pairs)
 
 
+# A value as exporters write it (an integer or a %f float), alone after the label block: every
+# string it matches is one valid_value accepts as it is.
+_PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
+
+
 def _parse_sample(line: str, name_len: int) -> tuple[DeviceKey, float] | None:
     rest = line[name_len:].rstrip("\r")
     if not rest.startswith("{"):
@@ -166,14 +171,19 @@ def _parse_sample(line: str, name_len: int) -> tuple[DeviceKey, float] | None:
     if close < 0:
         return None
     key = _block_device(rest[1:close])
-    tail = valid_value(rest[close + 1 :])
-    if key is None or not key[0] or tail is None:
+    if key is None or not key[0]:
         return None
-    token = tail[: first_blank(tail)]
-    try:
-        value = float(token)
-    except ValueError:
-        return None
+    plain = _PLAIN_TAIL.fullmatch(rest, close + 1)
+    if plain is not None:  # what dcgm-exporter writes: one check instead of the grammar's
+        value = float(plain.group(1))
+    else:
+        tail = valid_value(rest[close + 1 :])
+        if tail is None:
+            return None
+        try:
+            value = float(tail[: first_blank(tail)])
+        except ValueError:
+            return None
     if not value >= 0.0 or value == float("inf"):  # NaN fails the first test
         return None
     return key, value

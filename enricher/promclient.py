@@ -128,48 +128,55 @@ def _label_block(labels: dict[str, str]) -> str:
 
 
 class LatestMetrics(Collector):
-    """Serves the families of the latest scrape: the Scraper sets ``current`` before it renders
-    its registry."""
+    """Serves the families of the latest scrape: the Scraper sets ``parts`` (writers of
+    distinct families, in order) before it renders its registry."""
 
     def __init__(self) -> None:
-        self.current: MetricWriter | None = None
+        self.parts: tuple[MetricWriter, ...] = ()
 
     def collect(self) -> Iterable[Metric]:
-        return list(self.current.collect()) if self.current is not None else []
+        return [metric for part in self.parts for metric in part.collect()]
 
     def render(self) -> str:
         """What ``render_metrics(self.collect())`` writes, through ``MetricWriter.render``."""
-        return self.current.render() if self.current is not None else ""
+        return "".join(part.render() for part in self.parts)
 
 
-class _Families(Collector):
-    """Another registry's families, as one collector of this one."""
+class RuntimeFamilies(Collector):
+    """prometheus_client's process (from ``procfs``/self), platform and garbage collector
+    families, registered nowhere (never in prometheus_client's global registry): a Collector
+    for a registry, and :meth:`render`, which writes the platform's (fixed at start) once."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
+    def __init__(self, procfs: str = OWN_PROCFS) -> None:
+        self._process = ProcessCollector(proc=procfs, registry=None)
+        self._platform = PlatformCollector(registry=None)
+        # GCCollector registers itself (it needs a registry), and only on CPython.
+        holder = CollectorRegistry(auto_describe=False)
+        collector = GCCollector(registry=holder)
+        self._gc: Collector | None = collector if list(holder.collect()) else None
+        self._platform_text = render_metrics(self._platform.collect())
 
     def collect(self) -> Iterable[Metric]:
-        return self._registry.collect()
+        out = [*self._process.collect(), *self._platform.collect()]
+        if self._gc is not None:
+            out.extend(self._gc.collect())
+        return out
 
-
-def make_runtime_registry(procfs: str = OWN_PROCFS) -> CollectorRegistry:
-    """The process (from ``procfs``/self), platform and garbage collector families, in a
-    registry of their own (never prometheus_client's global one)."""
-    registry = CollectorRegistry(auto_describe=False)
-    ProcessCollector(proc=procfs, registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)  # CPython only: registers itself nowhere elsewhere
-    return registry
+    def render(self) -> bytes:
+        """What ``render_metrics(self.collect())`` writes, as UTF-8."""
+        gc_text = render_metrics(self._gc.collect()) if self._gc is not None else ""
+        text = render_metrics(self._process.collect()) + self._platform_text + gc_text
+        return text.encode("utf-8")
 
 
 def make_registry(
-    own: Collector, procfs: str = OWN_PROCFS, runtime: CollectorRegistry | None = None
+    own: Collector, procfs: str = OWN_PROCFS, runtime: RuntimeFamilies | None = None
 ) -> CollectorRegistry:
-    """A registry of its own: ``own`` first, then the runtime families (``runtime``, or a new
-    ``make_runtime_registry(procfs)``)."""
+    """A registry of its own (never prometheus_client's global one): ``own`` first, then the
+    runtime families (``runtime``, or new ones from ``procfs``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(own)
-    registry.register(_Families(runtime if runtime is not None else make_runtime_registry(procfs)))
+    registry.register(runtime if runtime is not None else RuntimeFamilies(procfs))
     return registry
 
 

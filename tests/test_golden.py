@@ -8,6 +8,7 @@ cluster here). ``pytest --update-golden`` rewrites tests/golden/*.out.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,57 @@ async def test_node_golden_in_the_default_following_mode(
     counter = "\ndcgm_enricher_scrapes_total "
     assert counter + "2.0\n" in prepared
     check_golden("node", prepared.replace(counter + "2.0\n", counter + "1.0\n"), update=False)
+
+
+# The self-metrics that move with every scrape; the others are written once per collection.
+PER_SCRAPE_FAMILIES = (
+    "dcgm_enricher_upstream_requests_total",
+    "dcgm_enricher_scrapes_total",
+    "dcgm_enricher_shared_scrapes_total",
+    "dcgm_enricher_node_page_requests_total",
+    "dcgm_enricher_scrape_duration_seconds",
+    "dcgm_enricher_kubernetes_last_sync_timestamp_seconds",
+)
+
+
+def _own(text: str) -> tuple[list[str], list[str]]:
+    """The dcgm_enricher_* lines of a body: (written per collection, written per scrape)."""
+    own = [line for line in text.split("\n") if "dcgm_enricher_" in line]
+    moving = [line for line in own if any(name in line for name in PER_SCRAPE_FAMILIES)]
+    return [line for line in own if line not in moving], moving
+
+
+async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
+    node_factory: Any,
+) -> None:
+    """Following the upstream, a collection's self-metrics are written once and served to
+    each of its scrapes; the per-scrape counters are current on every scrape; a new collection
+    writes them again. Each body's own families are what the registry collects then."""
+    from prometheus_client.exposition import generate_latest
+
+    upstream = (FIXTURES / "node.prom").read_text()
+    node = await node_factory(upstream, upstream_follow_step=Config().upstream_follow_step)
+    bodies = [await scrape(node) for _ in range(3)]
+    fixed = [_own(body)[0] for body in bodies]
+    assert fixed[0] == fixed[1] == fixed[2] and fixed[0]
+    counts = [series(body, "dcgm_enricher_scrapes_total")[0]["__value__"] for body in bodies]
+    assert counts == ["1.0", "2.0", "3.0"]
+    registry = generate_latest(node.scraper.registry).decode()
+    assert _own(registry) == _own(bodies[-1])
+
+    def samples(body: str) -> str:
+        return series(body, "dcgm_enricher_upstream_samples")[0]["__value__"]
+
+    assert node.upstream is not None
+    node.upstream.body = upstream + 'DCGM_FI_DEV_GPU_TEMP{gpu="99",UUID="GPU-new"} 30\n'
+    before = samples(bodies[-1])
+    for _ in range(100):  # the follower sees the new collection within its rhythm
+        body = await scrape(node)
+        if samples(body) != before:
+            break
+        await asyncio.sleep(0.05)
+    assert float(samples(body)) == float(before) + 1
+    assert _own(generate_latest(node.scraper.registry).decode()) == _own(body)
 
 
 async def test_node_attribution(node_factory: Any) -> None:

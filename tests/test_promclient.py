@@ -369,7 +369,7 @@ def test_render_metrics_writes_what_generate_latest_writes() -> None:
     assert render_metrics(writer.collect()) == generate_latest(writer).decode()
     assert writer.render() == generate_latest(writer).decode()
     latest = LatestMetrics()
-    latest.current = writer
+    latest.parts = (writer,)
     registry = make_registry(latest)
     # Two renders of a live registry differ in the process's own figures: compare shapes of
     # both and the bytes of everything but the process_* values.
