@@ -663,13 +663,14 @@ async def _cost_scrapes(
     return out
 
 
-def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
+def bench_cost(mode: Mode, spec: Any, *, breakdown: bool = False) -> dict[str, Any]:
     """What the enricher costs the node, next to a plain pass-through proxy serving the same
     scrapes: CPU seconds of each process, requests to the upstream per collection, bytes on
     the wire. The shipped app (its defaults, as ``dcgm-enricher serve`` runs it) and the
     proxy run as separate processes at the same time against one upstream that collects every
     COST_PERIOD seconds; after ``mode.cost_learn`` seconds (the enricher learns the rhythm),
-    a steady window of ``mode.cost_window`` seconds is measured."""
+    a steady window of ``mode.cost_window`` seconds is measured. ``breakdown``: the enricher
+    counts where its CPU goes (bench.breakdown), a run whose CPU figures are not the verdict's."""
     from . import servers
 
     upstream = _start(servers.run_upstream, "mig56")
@@ -679,7 +680,8 @@ def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
             raise RuntimeError("the upstream did not switch its collection rhythm")
         children["proxy"] = _start(servers.run_proxy, f"{upstream.url}?client=proxy")
         children["enricher"] = _start(
-            servers.run_enricher, replace(spec, upstream_url=f"{upstream.url}?client=enricher")
+            servers.run_enricher,
+            replace(spec, upstream_url=f"{upstream.url}?client=enricher", breakdown=breakdown),
         )
         urls = {name: child.url for name, child in children.items()}
         # Learning, with the scrapes going on (as on a node).
@@ -687,6 +689,7 @@ def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
         before: dict[str, Any] = {}
 
         def mark() -> None:
+            children["enricher"].conn.send("clear-timings")
             before["cpu"] = {n: _cpu_reading(c.proc.pid) for n, c in children.items()}
             before["requests"] = upstream.ask(("requests", 0)) or {}
             before["t"] = time.time()
@@ -704,6 +707,7 @@ def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
                 async with session.get(url, headers={"Accept-Encoding": "identity"}) as resp:
                     return len(await resp.read())
 
+        where = children["enricher"].ask("breakdown") if breakdown else None
         identity = asyncio.run(identity_size())
     finally:
         for child in children.values():
@@ -730,6 +734,11 @@ def bench_cost(mode: Mode, spec: Any) -> dict[str, Any]:
             "upstream_requests_per_collection": round(requested / collections, 2),
             "wire_bytes_per_scrape": row["wire_bytes"] // max(1, row["scrapes"]),
             "age_max_s": round(max(ages), 4) if ages else None,
+        }
+    if where is not None:
+        out["breakdown_ms_per_collection"] = {
+            table: {k: round(v / collections, 3) for k, v in rows.items()}
+            for table, rows in where.items()
         }
     enricher, proxy = out["enricher"], out["proxy"]
     out["cpu_ratio"] = round(enricher["cpu_s"] / max(proxy["cpu_s"], 1e-9), 3)
@@ -1230,6 +1239,27 @@ def render_cost(cost: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_breakdown(where: dict[str, Any]) -> list[str]:
+    """The instrumented cost run: milliseconds of CPU per collection, by event-loop callback
+    (these add up to the loop's time), by function (inside those, or in worker threads) and
+    in the garbage collector (inside both)."""
+    lines = [
+        "Where the enricher's CPU goes (ms per collection, instrumented run; "
+        f"{where['enricher_cpu_ms_per_collection']:.3f} in all, every thread)"
+    ]
+    for table, title in (
+        ("loop", "event loop, by callback"),
+        ("functions", "by function (inside the above, or in threads)"),
+        ("gc", "garbage collector"),
+    ):
+        lines.append(f"  {title}")
+        for name, ms in list(where[table].items())[:12]:
+            lines.append(f"    {ms:>8.3f}  {name}")
+        if not where[table]:
+            lines.append("    (none in the window)")
+    return lines
+
+
 def render_loop(loop: dict[str, Any]) -> list[str]:
     lines = [
         f"Event loop: GET /healthz (ms; one every {loop['healthz_every_ms']:g} ms) while "
@@ -1274,6 +1304,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=ALL_PARTS,
         action="append",
         help="run only these parts (repeatable); targets are checked on the full run",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="run the cost part once more with the enricher counting where its CPU goes",
     )
     parser.add_argument(
         "--long",
@@ -1355,6 +1390,15 @@ def main(argv: list[str] | None = None) -> int:
                     if "cost" in parts:
                         print("cost ...", file=sys.stderr, flush=True)
                         results["cost"] = bench_cost(mode, spec)
+                        if args.breakdown:
+                            print("cost, instrumented ...", file=sys.stderr, flush=True)
+                            counted = bench_cost(mode, spec, breakdown=True)
+                            results["cost_breakdown"] = {
+                                "enricher_cpu_ms_per_collection": counted["enricher"][
+                                    "cpu_ms_per_collection"
+                                ],
+                                **counted["breakdown_ms_per_collection"],
+                            }
                 finally:
                     upstream.stop()
     results["seconds"] = round(time.perf_counter() - started, 1)
@@ -1367,6 +1411,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         if "loop" in results:
             print("\n" + "\n".join(render_loop(results["loop"])))
+    if "cost_breakdown" in results:
+        print("\n" + "\n".join(render_breakdown(results["cost_breakdown"])))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten: {args.out} ({results['seconds']} s)")

@@ -190,6 +190,8 @@ class EnricherSpec:
     kubelet_socket: str = ""
     # True: every rewrite on the event loop, as before the rewrite worker (for comparison).
     rewrite_on_loop: bool = False
+    # True: count where the process's CPU goes (bench.breakdown; an instrumented run).
+    breakdown: bool = False
 
 
 # Installed by the test extras only, and imported by libraries the enricher uses when present
@@ -339,6 +341,12 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
         pods=pods,
         podresources=make_podresources_source(config),
     )
+    cpu: Any = None
+    if spec.breakdown:  # before the timings, which keep the rewrite's bound method
+        from .breakdown import CpuBreakdown
+
+        cpu = CpuBreakdown()
+        cpu.install()
     timings = _Timings()
     timings.install(app_module, scraper)
     runner = await serve(
@@ -355,6 +363,10 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
             conn.send(("timings", timings.medians_ms()))
         elif msg == "clear-timings":
             timings.clear()
+            if cpu is not None:
+                cpu.clear()
+        elif msg == "breakdown":
+            conn.send(("breakdown", cpu.report() if cpu is not None else None))
         elif msg == "stats":
             rw = scraper._rewriter
             conn.send(

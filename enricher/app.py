@@ -229,7 +229,8 @@ class Scraper:
         self._runtime = RuntimeFamilies(own_procfs)
         self.registry = make_registry(self._latest, runtime=self._runtime)
         # The self-metrics that change once per collection (not per scrape), written once:
-        # (node view, upstream answer, head, before the per-scrape families, after them).
+        # (node view, upstream answer, head, the writers before and after the per-scrape
+        # families, their text, the runtime families' text).
         self._tail_memo: tuple[Any, ...] | None = None
         self._rewriter = Rewriter(watch=UPSTREAM_NAMES)
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
@@ -665,12 +666,15 @@ class Scraper:
         if memo is None or memo[0] is not node or memo[1] is not upstream or memo[2] is not head:
             before, after = self._collection_metrics(statuses, node, samples, invalid_lines)
             texts = (before.render().encode("utf-8"), after.render().encode("utf-8"))
-            memo = self._tail_memo = (node, upstream, head, before, after, *texts)
+            # The process's own figures (process_*, python_*) are read with them: once per
+            # collection, not per scrape (docs/metrics.md).
+            runtime = self._runtime.render()
+            memo = self._tail_memo = (node, upstream, head, before, after, *texts, runtime)
         per_scrape = self._scrape_metrics()
         self._latest.parts = (memo[3], per_scrape, memo[4])
         # What render_registry(self.registry) writes: the collection's families written once,
-        # the per-scrape counters and the process's own figures on every scrape.
-        tail = memo[5] + per_scrape.render().encode("utf-8") + memo[6] + self._runtime.render()
+        # the per-scrape counters on every scrape.
+        tail = memo[5] + per_scrape.render().encode("utf-8") + memo[6] + memo[7]
         self._last_duration = self._clock() - started
         return ScrapeResult(
             None,

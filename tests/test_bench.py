@@ -272,3 +272,42 @@ async def test_background_modes_serve_what_the_app_serves(
         finally:
             await plain.close()
             await proposed.close()
+
+
+_BREAKDOWN_PROBE = """
+import asyncio, json
+from bench import payloads
+from bench.breakdown import CpuBreakdown
+cpu = CpuBreakdown()
+cpu.install()  # every path in FUNCTIONS must exist
+from enricher.compress import GzipHead
+from enricher.labels import RewritePlan
+from enricher.rewrite import Rewriter
+async def work():
+    text = payloads.generate("mig56")
+    for _ in range(3):
+        GzipHead(Rewriter().rewrite(text, RewritePlan()).text.encode()).finish(b"")
+asyncio.run(work())
+print(json.dumps(cpu.report()))
+"""
+
+
+def test_cpu_breakdown_counts_the_pipeline_by_part() -> None:
+    """bench.breakdown (``python -m bench --only cost --breakdown``) wraps the functions it
+    names (a name the code lost fails the install) and the event loop's callbacks, in a
+    process of its own (it replaces them for the whole process)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BREAKDOWN_PROBE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    functions = report["functions"]
+    assert functions["rewrite"] > 0 and functions["gzip of a collection's body"] > 0
+    assert "gzip of each scrape's tail" in functions
+    # The whole coroutine ran as one task: its time is the loop's, and holds the functions'.
+    assert report["loop"]["task work"] >= functions["rewrite"]

@@ -231,7 +231,8 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
 ) -> None:
     """Following the upstream, a collection's self-metrics are written once and served to
     each of its scrapes; the per-scrape counters are current on every scrape; a new collection
-    writes them again. Each body's own families are what the registry collects then."""
+    writes them again, with the process's own figures. Each body's own families are what the
+    registry collects then."""
     from prometheus_client.exposition import generate_latest
 
     upstream = (FIXTURES / "node.prom").read_text()
@@ -241,6 +242,11 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
     assert fixed[0] == fixed[1] == fixed[2] and fixed[0]
     counts = [series(body, "dcgm_enricher_scrapes_total")[0]["__value__"] for body in bodies]
     assert counts == ["1.0", "2.0", "3.0"]
+    # The process's own figures are read with the collection's (docs/metrics.md).
+    runtime = [
+        [ln for ln in b.split("\n") if ln.startswith(("process_", "python_"))] for b in bodies
+    ]
+    assert runtime[0] == runtime[1] == runtime[2] and runtime[0]
     registry = generate_latest(node.scraper.registry).decode()
     assert _own(registry) == _own(bodies[-1])
 
