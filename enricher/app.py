@@ -104,7 +104,10 @@ class Head:
     text: str | None  # the upstream body it was made from (compared by identity)
     node: NodeView
     identities: dict[DeviceKey, tuple[tuple[str, str], ...]]
-    body: bytes
+    # The body in parts (the rewritten upstream, our families, the power families), encoded:
+    # gzip reads them in turn and an identity body joins them with its tail, so the whole
+    # body is never copied into one buffer of its own.
+    chunks: tuple[bytes, ...]
     samples: int
     invalid_lines: int
     rewritten: str | None  # the rewritten upstream body (the Rewriter's, compared by identity)
@@ -112,6 +115,10 @@ class Head:
     power_body: bytes  # the power families, as written
     power: PowerView | None  # the power split they were written from
     gzip: GzipHead | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
 
 
 class ScrapeResult:
@@ -145,7 +152,7 @@ class ScrapeResult:
         head: Head | None = None,
         tail: bytes = b"",
     ) -> None:
-        """``body`` None: ``head.body`` followed by ``tail``."""
+        """``body`` None: ``head``'s chunks followed by ``tail``."""
         self._body = body
         self.attributions = attributions
         self.snapshot = snapshot
@@ -160,7 +167,8 @@ class ScrapeResult:
     @property
     def body(self) -> bytes:
         if self._body is None:
-            self._body = (self.head.body if self.head is not None else b"") + self.tail
+            chunks = self.head.chunks if self.head is not None else ()
+            self._body = b"".join((*chunks, self.tail))
         return self._body
 
 
@@ -464,12 +472,11 @@ class Scraper:
                 encoded = out.encode("utf-8")
             else:
                 encoded = await self._rewrite_worker.run(lambda: out.encode("utf-8"))
-        body = encoded + families.encode("utf-8") + power_body
         head = Head(
             text,
             node,
             identities,
-            body,
+            (encoded, families.encode("utf-8"), power_body),
             rewritten.samples if rewritten is not None else 0,
             rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten is not None else 0,
             out,
@@ -483,10 +490,10 @@ class Scraper:
     async def _gzip(self, head: Head) -> GzipHead:
         """``head`` gzipped, once per head."""
         if head.gzip is None:
-            if len(head.body) <= GZIP_INLINE_MAX_BYTES or not self._rewrite_worker.idle:
-                gz = GzipHead(head.body)
+            if head.size <= GZIP_INLINE_MAX_BYTES or not self._rewrite_worker.idle:
+                gz = GzipHead(*head.chunks)
             else:
-                gz = await self._rewrite_worker.run(lambda: GzipHead(head.body))
+                gz = await self._rewrite_worker.run(lambda: GzipHead(*head.chunks))
             if head.gzip is None:
                 head.gzip = gz
                 self.gzip_heads_total += 1

@@ -52,14 +52,19 @@ def accepts_gzip(accept_encoding: str) -> bool:
 
 
 class GzipHead:
-    """``head`` compressed once; :meth:`finish` appends a tail and closes the stream."""
+    """``head`` (its chunks) compressed once; :meth:`finish` appends a tail and closes the
+    stream."""
 
     __slots__ = ("_compressor", "data", "size")
 
-    def __init__(self, head: bytes, level: int = GZIP_LEVEL) -> None:
+    def __init__(self, *head: bytes, level: int = GZIP_LEVEL) -> None:
+        """``head``: the body's first part, in one or more chunks (compressed in turn, as if
+        they were one)."""
         compressor = zlib_ng.compressobj(level, zlib_ng.DEFLATED, _GZIP_WBITS)
-        self.data = compressor.compress(head) + compressor.flush(zlib_ng.Z_SYNC_FLUSH)
-        self.size = len(head)
+        out = [compressor.compress(chunk) for chunk in head]
+        out.append(compressor.flush(zlib_ng.Z_SYNC_FLUSH))
+        self.data = b"".join(out)
+        self.size = sum(len(chunk) for chunk in head)
         self._compressor = compressor
 
     def finish(self, tail: bytes) -> bytes:
