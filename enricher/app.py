@@ -49,10 +49,10 @@ from .power import (
     UpstreamPower,
     Who,
     choose_readings,
-    parse_upstream_power,
     power_families,
     render_power,
     split_power,
+    upstream_power,
 )
 from .promclient import (
     OWN_PROCFS,
@@ -65,6 +65,7 @@ from .refresh import Follower, Refresher
 from .resourceslices import SliceIndex
 from .rewrite import Rewriter, RewriteResult
 from .sources import Measured, Off, Outcome, Source, close_all
+from .textformat import WatchedLine
 from .upstream import UpstreamSource, url_for_pod_ip
 from .worker import Worker
 
@@ -452,7 +453,7 @@ class Scraper:
         families = self._families(node, identities, self._options)
         # The power split of this collection (its energy accounted once) and its families.
         power_body, power = self._power(
-            text, rewritten.watched if rewritten is not None else "", node, identities
+            text, rewritten.watched if rewritten is not None else (), node, identities
         )
         out = rewritten.text if rewritten is not None else None
         if (
@@ -596,7 +597,7 @@ class Scraper:
         )
 
     def _account_power(
-        self, text: str | None, watched: str, node: NodeView
+        self, text: str | None, watched: tuple[WatchedLine, ...], node: NodeView
     ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
         """Split each GPU's power for this collection and add its energy-counter increase to
         the containers (enricher.power); returns the draws and the parts. The same collection
@@ -605,7 +606,7 @@ class Scraper:
         memo = self._power_memo
         if memo is not None and memo[0] is text and memo[1] is node:
             return memo[2], memo[3]
-        upstream = parse_upstream_power(watched) if text is not None else UpstreamPower()
+        upstream = upstream_power(watched) if text is not None else UpstreamPower()
         draws = choose_readings(upstream, node.snapshot)
         parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
         self._energy.advance(draws, parts)
@@ -613,7 +614,11 @@ class Scraper:
         return draws, parts
 
     def _power(
-        self, text: str | None, watched: str, node: NodeView, identities: dict[DeviceKey, Any]
+        self,
+        text: str | None,
+        watched: tuple[WatchedLine, ...],
+        node: NodeView,
+        identities: dict[DeviceKey, Any],
     ) -> tuple[bytes, PowerView]:
         """The power families of this scrape and their values for the node page."""
         draws, parts = self._account_power(text, watched, node)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .enrich import (
@@ -32,16 +32,17 @@ from .model import GpuSnapshot, PowerReading
 from .promclient import MetricWriter
 from .textformat import (
     MAX_LABEL_VALUE_LENGTH,
+    WatchedLine,
     first_blank,
     parse_label_block,
-    sample_line_spans,
     valid_value,
+    watched_lines,
 )
 
 UPSTREAM_POWER = "DCGM_FI_DEV_POWER_USAGE"  # W
 UPSTREAM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since boot
 UPSTREAM_GR_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # 0..1, per MIG instance where profiled
-# The upstream families parse_upstream_power reads: the Rewriter hands their lines over
+# The upstream families upstream_power reads: the Rewriter hands their lines over
 # (RewriteResult.watched), so the power split does not search the whole body again.
 UPSTREAM_NAMES = (UPSTREAM_POWER, UPSTREAM_ENERGY, UPSTREAM_GR_ACTIVE)
 
@@ -109,53 +110,59 @@ RULE_IDLE = "idle"
 
 
 def parse_upstream_power(text: str) -> UpstreamPower:
-    """The power, energy and per-instance activity samples of dcgm-exporter's text.
+    """The power, energy and per-instance activity samples of dcgm-exporter's text: what
+    :func:`upstream_power` reads from its lines of the three names (found with ``str.find``,
+    so the rest of the body costs nothing)."""
+    return upstream_power(watched_lines(text, UPSTREAM_NAMES))
 
-    Only lines that start with one of the three names are looked at (found with ``str.find``,
-    so the rest of the body costs nothing); a line that is not valid exposition, or names no
-    GPU, is skipped, and so are non-finite and negative values. Power and energy are device
-    fields: the GPU's sample without ``GPU_I_ID`` is its reading; where the upstream writes a
-    MIG GPU's device fields only per ``GPU_I_ID`` (copies of the device's value), the first
-    copy is. A series repeated (vGPU copies) counts once: the first.
 
-    ``text`` may be the whole body or only those lines (``RewriteResult.watched`` of a Rewriter
-    that watches ``UPSTREAM_NAMES``): the result is the same.
+def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
+    """The power, energy and per-instance activity samples among ``lines``: the upstream's
+    sample lines of ``UPSTREAM_NAMES`` (``RewriteResult.watched`` of a Rewriter that watches
+    them, or ``textformat.watched_lines``), each name's in the body's order.
+
+    A line that is not valid exposition, or names no GPU, is skipped, and so are non-finite
+    and negative values. Power and energy are device fields: the GPU's sample without
+    ``GPU_I_ID`` is its reading; where the upstream writes a MIG GPU's device fields only per
+    ``GPU_I_ID`` (copies of the device's value), the first copy is. A series repeated (vGPU
+    copies) counts once: the first.
     """
     power: dict[str, float] = {}
     energy: dict[str, float] = {}
     activity: dict[DeviceKey, float] = {}
-    for name, device_level in ((UPSTREAM_POWER, power), (UPSTREAM_ENERGY, energy)):
-        copies: dict[str, float] = {}
-        for line in _lines_of(text, name):
-            parsed = _parse_sample(line, len(name))
-            if parsed is None:
-                continue
-            (uuid, gi), value = parsed
-            seen = copies if gi else device_level
-            if uuid in seen or len(seen) < MAX_UPSTREAM_DEVICES:
-                seen.setdefault(uuid, value)
-        for uuid, value in copies.items():
-            if uuid not in device_level and len(device_level) < MAX_UPSTREAM_DEVICES:
-                device_level[uuid] = value
-    for line in _lines_of(text, UPSTREAM_GR_ACTIVE):
-        parsed = _parse_sample(line, len(UPSTREAM_GR_ACTIVE))
-        if parsed is not None and len(activity) < MAX_UPSTREAM_DEVICES:
-            activity[parsed[0]] = min(1.0, parsed[1])
+    copies: dict[str, dict[str, float]] = {UPSTREAM_POWER: {}, UPSTREAM_ENERGY: {}}
+    device_level = {UPSTREAM_POWER: power, UPSTREAM_ENERGY: energy}
+    for name, head, tail in lines:
+        parsed = _parse_sample(name, head, tail)
+        if parsed is None:
+            continue
+        (uuid, gi), value = parsed
+        if name == UPSTREAM_GR_ACTIVE:
+            if len(activity) < MAX_UPSTREAM_DEVICES:
+                activity[(uuid, gi)] = min(1.0, value)
+            continue
+        seen = copies[name] if gi else device_level[name]
+        if uuid in seen or len(seen) < MAX_UPSTREAM_DEVICES:
+            seen.setdefault(uuid, value)
+    for name, level in device_level.items():
+        for uuid, value in copies[name].items():
+            if uuid not in level and len(level) < MAX_UPSTREAM_DEVICES:
+                level[uuid] = value
     return UpstreamPower(power, energy, activity)
 
 
-def _lines_of(text: str, name: str) -> Iterator[str]:
-    """The lines of ``text`` that are samples of ``name`` (not of a longer name)."""
-    for start, stop in sample_line_spans(text, name):
-        yield text[start:stop]
-
-
 @functools.lru_cache(maxsize=1024)
-def _block_device(block: str) -> DeviceKey | None:
-    """The device a label block names (None: not valid exposition, or no device). The blocks
-    are the same from one collection to the next, so each is parsed once (bounded cache)."""
-    pairs = parse_label_block(block)
-    return None if pairs is None else device_key(pairs)
+def _head_device(name: str, head: str) -> DeviceKey | None:
+    """The device a sample line's head (its name and label block) names (None: not valid
+    exposition, or no device). The heads are the same from one collection to the next (the
+    Rewriter's template hands over the same strings), so each is parsed once (bounded cache)."""
+    if not head.startswith(name + "{"):
+        return None  # a device field without labels names no GPU
+    pairs = parse_label_block(head[len(name) + 1 : -1])
+    if pairs is None:
+        return None
+    key = device_key(pairs)
+    return key if key is not None and key[0] else None
 
 
 # A value as exporters write it (an integer or a %f float), alone after the label block: every
@@ -163,25 +170,19 @@ def _block_device(block: str) -> DeviceKey | None:
 _PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
 
 
-def _parse_sample(line: str, name_len: int) -> tuple[DeviceKey, float] | None:
-    rest = line[name_len:].rstrip("\r")
-    if not rest.startswith("{"):
-        return None  # a device field without labels names no GPU
-    close = rest.rfind("}")
-    if close < 0:
+def _parse_sample(name: str, head: str, tail: str) -> tuple[DeviceKey, float] | None:
+    key = _head_device(name, head)
+    if key is None:
         return None
-    key = _block_device(rest[1:close])
-    if key is None or not key[0]:
-        return None
-    plain = _PLAIN_TAIL.fullmatch(rest, close + 1)
+    plain = _PLAIN_TAIL.fullmatch(tail)
     if plain is not None:  # what dcgm-exporter writes: one check instead of the grammar's
         value = float(plain.group(1))
     else:
-        tail = valid_value(rest[close + 1 :])
-        if tail is None:
+        checked = valid_value(tail)
+        if checked is None:
             return None
         try:
-            value = float(tail[: first_blank(tail)])
+            value = float(checked[: first_blank(checked)])
         except ValueError:
             return None
     if not value >= 0.0 or value == float("inf"):  # NaN fails the first test

@@ -21,11 +21,13 @@ from .textformat import (
     FAMILY_SUFFIXES,
     METRIC_NAME_RE,
     VALID_TYPES,
+    WatchedLine,
     first_blank,
     parse_label_block,
     render_labels,
     sample_line_spans,
     split_comment,
+    split_sample_line,
     valid_help,
     valid_value,
     written_value,
@@ -42,9 +44,9 @@ class RewriteResult:
     dropped_reserved: int
     fast: bool = False  # served without the line-by-line pass (template or repeated text)
     # The input's sample lines of the watched names (Rewriter(watch=...)), each name's in input
-    # order, names in watch order, each line ending in a newline: what a reader of those
+    # order, names in watch order, split (textformat.WatchedLine): what a reader of those
     # families needs, without searching the whole text again.
-    watched: str = ""
+    watched: tuple[WatchedLine, ...] = ()
 
 
 @dataclass(slots=True)
@@ -113,8 +115,9 @@ class _Template:
     invalid_lines: int
     dropped_duplicates: int
     dropped_reserved: int
-    # The watched lines: (text before the value, slot) per line; slot -1: the whole line.
-    watch_parts: list[tuple[str, int]] = field(default_factory=list)
+    # The watched lines: (name, head, tail before the value, slot) per line; slot -1: the
+    # line is (name, head, tail) as it is. The heads are the same strings on every apply.
+    watch_parts: list[tuple[str, str, str, int]] = field(default_factory=list)
     hits: int = 0
 
     def apply(self, text: str, plan: RewritePlan) -> RewriteResult | None:
@@ -146,9 +149,9 @@ class _Template:
             dropped_duplicates=self.dropped_duplicates,
             dropped_reserved=self.dropped_reserved,
             fast=True,
-            watched="".join(
-                f"{head}{values[slot]}\n" if slot >= 0 else f"{head}\n"
-                for head, slot in self.watch_parts
+            watched=tuple(
+                (name, head, tail + values[slot] if slot >= 0 else tail)
+                for name, head, tail, slot in self.watch_parts
             ),
         )
 
@@ -183,36 +186,40 @@ def _interleave(outer: list[str]) -> list[str]:
     return buf
 
 
-def _watched_spans(text: str, names: tuple[str, ...]) -> list[tuple[int, int]]:
-    """The spans of the sample lines of ``names``: each name's in input order, in ``names``
-    order (what RewriteResult.watched holds)."""
-    return [span for name in names for span in sample_line_spans(text, name)]
+def _watched_spans(text: str, names: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """(name, start, end) of the sample lines of ``names``: each name's in input order, in
+    ``names`` order (what RewriteResult.watched holds)."""
+    return [(name, *span) for name in names for span in sample_line_spans(text, name)]
 
 
 def _watch_parts(
-    text: str, spans: list[tuple[int, int]], slot_of_line: dict[int, int], values: list[str]
-) -> list[tuple[str, int]] | None:
-    """Each watched line as (its text before the value, its slot), or (the line, -1) when it
-    has no value slot (the template proves such a line unchanged); None if a slot line does
-    not end with its value (it always does: a slot runs to the end of its line)."""
+    text: str,
+    spans: list[tuple[str, int, int]],
+    slot_of_line: dict[int, int],
+    values: list[str],
+) -> list[tuple[str, str, str, int]] | None:
+    """Each watched line as (name, head, the tail before the value, its slot), or as its
+    WatchedLine with slot -1 when it has no value slot (the template proves such a line
+    unchanged); None if a slot line does not split before its value (it always does: a
+    value slot runs from the line's first "} " to its end, and holds no brace)."""
     lines = [0] * len(spans)  # each span's input line number, as text.split("\n") numbers them
     pos = count = 0
-    for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
-        start = spans[i][0]
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][1]):
+        start = spans[i][1]
         count += text.count("\n", pos, start)
         pos = start
         lines[i] = count
-    parts: list[tuple[str, int]] = []
-    for (start, stop), line_no in zip(spans, lines, strict=True):
-        line = text[start:stop]
+    parts: list[tuple[str, str, str, int]] = []
+    for (name, start, stop), line_no in zip(spans, lines, strict=True):
+        name, head, tail = split_sample_line(name, text[start:stop])
         slot = slot_of_line.get(line_no)
         if slot is None:
-            parts.append((line, -1))
+            parts.append((name, head, tail, -1))
             continue
         value = values[slot]
-        if not value or not line.endswith(value):
+        if not value or not tail.endswith(value):
             return None
-        parts.append((line[: len(line) - len(value)], slot))
+        parts.append((name, head, tail[: len(tail) - len(value)], slot))
     return parts
 
 
@@ -222,7 +229,7 @@ def _build_template(
     result: RewriteResult,
     out_lines: list[str],
     out_sources: list[int],
-    watched: list[tuple[int, int]],
+    watched: list[tuple[str, int, int]],
 ) -> _Template | None:
     """A template from one line-by-line rewrite, or None when this text cannot have one.
 
@@ -382,7 +389,9 @@ class Rewriter:
             self.slow_rewrites += 1
             result, out_lines, out_sources = self._rewrite_lines(text, plan)
             spans = _watched_spans(text, self._watch)
-            result.watched = "".join(f"{text[start:stop]}\n" for start, stop in spans)
+            result.watched = tuple(
+                split_sample_line(name, text[start:stop]) for name, start, stop in spans
+            )
             if self._templates:
                 self._slow_since_build += 1
                 if self._wasted < _TEMPLATE_MISSES or self._slow_since_build >= _TEMPLATE_RETRY:

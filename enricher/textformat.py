@@ -218,6 +218,29 @@ class FamilyWriter:
         return "\n".join(out) + "\n" if out else ""
 
 
+# A sample line of a watched family, split for its reader: (name, head, tail), where
+# head + tail is the line without a trailing carriage return, cut after its last "}" (head ""
+# when it has none): the label block and the value part, without parsing either.
+WatchedLine = tuple[str, str, str]
+
+
+def split_sample_line(name: str, line: str) -> WatchedLine:
+    """``line`` (a sample of ``name``) as a WatchedLine (pure)."""
+    line = line.rstrip("\r")
+    close = line.rfind("}") + 1
+    return name, line[:close], line[close:]
+
+
+def watched_lines(text: str, names: Iterable[str]) -> list[WatchedLine]:
+    """The sample lines of ``names`` in ``text``, each name's in text order, names in the
+    order given (pure)."""
+    return [
+        split_sample_line(name, text[start:stop])
+        for name in names
+        for start, stop in sample_line_spans(text, name)
+    ]
+
+
 def sample_line_spans(text: str, name: str) -> Iterator[tuple[int, int]]:
     """(start, end) of each line of ``text`` that starts with the metric name ``name`` followed
     by ``{`` or a blank (a sample of ``name``, not of a longer name), ``end`` at its newline (or

@@ -812,15 +812,18 @@ def test_unwritable_characters_in_our_values() -> None:
     assert unescape_label_value('a\\\\b\\"c\\nd') == 'a\\b"c\nd'
 
 
-def _watched_lines(text: str, names: tuple[str, ...]) -> str:
-    """The reference for RewriteResult.watched: each name's sample lines, split the plain way."""
+def _watched_lines(text: str, names: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """The reference for RewriteResult.watched: each name's sample lines, split the plain way,
+    each cut after its last brace (a carriage return at its end dropped)."""
     lines = text.split("\n")
-    return "".join(
-        line + "\n"
-        for name in names
-        for line in lines
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ", "\t")
-    )
+    out = []
+    for name in names:
+        for line in lines:
+            if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ", "\t"):
+                line = line.rstrip("\r")
+                cut = line.rfind("}") + 1
+                out.append((name, line[:cut], line[cut:]))
+    return tuple(out)
 
 
 @settings(max_examples=min(settings.default.max_examples, 300))
