@@ -19,6 +19,8 @@ against an anchor measured in the same run, so a slow or noisy machine cannot fa
   CPU seconds of each, upstream requests per collection, bytes on the wire.
 
 ``--long`` runs the memory part to 30,000 scrapes (the RSS drift from scrape 3,000).
+``--breakdown`` runs the cost part once more with the enricher counting where its CPU goes
+(bench/breakdown.py); that run's figures give no verdict.
 
 It prints a table and writes the figures as JSON (default bench/results/latest.json).
 ``--quick`` runs every part briefly: CI runs it to check the benchmark still works, and
