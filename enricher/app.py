@@ -9,7 +9,7 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 
@@ -120,6 +120,20 @@ class Head:
     @property
     def size(self) -> int:
         return sum(len(chunk) for chunk in self.chunks)
+
+
+class _CollectionTail(NamedTuple):
+    """The self-metrics of one node view, upstream answer and head, written once: the families
+    before the per-scrape counters and after them, and process_* and python_*."""
+
+    node: NodeView
+    upstream: Outcome[str | None]
+    head: Head
+    before: MetricWriter
+    after: MetricWriter
+    before_text: bytes
+    after_text: bytes
+    runtime_text: bytes
 
 
 class ScrapeResult:
@@ -237,10 +251,8 @@ class Scraper:
         self._latest = LatestMetrics()
         self._runtime = RuntimeFamilies(own_procfs)
         self.registry = make_registry(self._latest, runtime=self._runtime)
-        # The self-metrics that change once per collection (not per scrape), written once:
-        # (node view, upstream answer, head, the writers before and after the per-scrape
-        # families, their text, the runtime families' text).
-        self._tail_memo: tuple[Any, ...] | None = None
+        # The self-metrics that change once per collection (not per scrape), written once.
+        self._tail_memo: _CollectionTail | None = None
         self._rewriter = Rewriter(watch=UPSTREAM_NAMES)
         self._identities: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
         self._inflight: asyncio.Future[ScrapeResult] | None = None
@@ -675,18 +687,31 @@ class Scraper:
 
         statuses = [upstream.status, *node.statuses]
         memo = self._tail_memo
-        if memo is None or memo[0] is not node or memo[1] is not upstream or memo[2] is not head:
+        if (
+            memo is None
+            or memo.node is not node
+            or memo.upstream is not upstream
+            or memo.head is not head
+        ):
             before, after = self._collection_metrics(statuses, node, samples, invalid_lines)
-            texts = (before.render().encode("utf-8"), after.render().encode("utf-8"))
-            # The process's own figures (process_*, python_*) are read with them: once per
-            # collection, not per scrape (docs/metrics.md).
-            runtime = self._runtime.render()
-            memo = self._tail_memo = (node, upstream, head, before, after, *texts, runtime)
+            memo = self._tail_memo = _CollectionTail(
+                node,
+                upstream,
+                head,
+                before,
+                after,
+                before.render().encode("utf-8"),
+                after.render().encode("utf-8"),
+                # The process's own figures are read with them: once per collection, not per
+                # scrape (docs/metrics.md).
+                self._runtime.render(),
+            )
         per_scrape = self._scrape_metrics()
-        self._latest.parts = (memo[3], per_scrape, memo[4])
+        self._latest.parts = (memo.before, per_scrape, memo.after)
         # What render_registry(self.registry) writes: the collection's families written once,
         # the per-scrape counters on every scrape.
-        tail = memo[5] + per_scrape.render().encode("utf-8") + memo[6] + memo[7]
+        tail = memo.before_text + per_scrape.render().encode("utf-8") + memo.after_text
+        tail += memo.runtime_text
         self._last_duration = self._clock() - started
         return ScrapeResult(
             None,
