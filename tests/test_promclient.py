@@ -26,12 +26,14 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from enricher.app import Scraper, make_app
 from enricher.enrich import plan_devices
 from enricher.promclient import (
     LatestMetrics,
     MetricWriter,
+    RuntimeFamilies,
     make_registry,
     render_metrics,
     render_registry,
@@ -379,6 +381,24 @@ def test_render_metrics_writes_what_generate_latest_writes() -> None:
     ]
     assert [line for line in fast.split("\n") if not line.startswith("process_")] == [
         line for line in slow.split("\n") if not line.startswith("process_")
+    ]
+
+
+def test_runtime_families_render_what_they_collect() -> None:
+    """RuntimeFamilies.render (the platform family written once) against prometheus_client's
+    exposition of the same collectors: the same lines; the process's own figures may move
+    between the two, so those compare without values."""
+    runtime = RuntimeFamilies()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(runtime)
+    fast, slow = runtime.render().decode(), generate_latest(registry).decode()
+    assert [line.rsplit(" ", 1)[0] for line in fast.split("\n")] == [
+        line.rsplit(" ", 1)[0] for line in slow.split("\n")
+    ]
+    assert "python_info{" in fast and "process_cpu_seconds_total " in fast
+    moving = ("process_", "python_gc_")
+    assert [ln for ln in fast.split("\n") if not ln.startswith(moving)] == [
+        ln for ln in slow.split("\n") if not ln.startswith(moving)
     ]
 
 
