@@ -38,6 +38,11 @@ MAX_DEVICES = 256
 MAX_MIG_SLOTS = 64
 MAX_PROCESSES_PER_LIST = 16384
 MAX_TRACKED_TIMESTAMPS = 1024
+# A device whose process utilization NVML does not support (every MIG device: "On MIG-enabled
+# GPUs, querying process utilization is not currently supported") is asked again only after
+# this many seconds: one call per MIG device and collection saved, and a driver that learns it
+# is still found.
+UTILIZATION_RETRY_SECONDS = 300.0
 
 # The reasons NvmlUnavailable carries; the app may use them as label values.
 REASON_LIBRARY_NOT_FOUND = "library_not_found"
@@ -335,6 +340,8 @@ class NvmlSource:
         # (target kind, list) -> the version that answered; 0 when none does.
         self._list_version: dict[tuple[str, ProcessKind], int] = {}
         self._last_seen: dict[str, int] = {}  # target uuid -> newest utilization timestamp
+        # target uuid -> when to ask again for its process utilization, which it does not support
+        self._util_unsupported: dict[str, float] = {}
         # What cannot change while NVML stays initialised (indices are fixed at init; a GPU's
         # UUID and name are its own; a MIG UUID names one instance for its whole life): read
         # once per init instead of on every fetch. Forgotten on re-init and, per GPU, when a
@@ -397,6 +404,7 @@ class NvmlSource:
 
     def _forget(self) -> None:
         self._driver = None
+        self._util_unsupported.clear()
         self._gpus.clear()
         self._max_migs.clear()
         self._mig_info.clear()
@@ -667,6 +675,9 @@ class NvmlSource:
 
     def _read_utilization(self, target: _Target) -> list[UtilSample] | None:
         """Samples since the last read; [] for none, None where NVML cannot tell."""
+        retry_at = self._util_unsupported.get(target.uuid)
+        if retry_at is not None and self._clock() < retry_at:
+            return None
         since = self._last_seen.get(target.uuid, 0)
         symbol = "nvmlDeviceGetProcessUtilization"
         try:
@@ -681,10 +692,14 @@ class NvmlSource:
         ret, rows = _fill(
             symbol, _ROWS_SAMPLE, lambda buf, count: fn(handle, buf, count, last_seen)
         )
+        if ret in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+            if len(self._util_unsupported) >= MAX_TRACKED_TIMESTAMPS:
+                self._util_unsupported.clear()
+            self._util_unsupported[target.uuid] = self._clock() + UTILIZATION_RETRY_SECONDS
+            return None
+        self._util_unsupported.pop(target.uuid, None)
         if ret == _ERROR_NOT_FOUND:
             return []  # no sample newer than ``since``: idle, not unknown
-        if ret in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
-            return None
         if ret != _SUCCESS:
             raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
         samples = [UtilSample(pid, stamp, sm) for pid, stamp, sm, _m, _e, _d in rows]

@@ -29,6 +29,7 @@ from enricher.nvml import (
     REASON_NO_PERMISSION,
     REASON_READ_FAILED,
     REASON_UNINITIALIZED,
+    UTILIZATION_RETRY_SECONDS,
     NvmlUnavailable,
     ProcessEntry,
     UtilSample,
@@ -319,6 +320,48 @@ def test_utilization_mean_clamp_and_missing_samples(fake: FakeNvml) -> None:
     assert ratios == pytest.approx(
         {(0, 10): 0.6, (0, 11): 1.0, (0, 12): 0.0, (1, 20): 0.0, (2, 30): None, (3, 40): None}
     )
+
+
+def test_unsupported_utilization_is_asked_again_only_after_a_while(fake: FakeNvml) -> None:
+    """A device whose process utilization NVML does not support (every MIG device on real
+    NVML) is not asked on every fetch: once per UTILIZATION_RETRY_SECONDS (its processes have
+    no SM ratio meanwhile); a device that answers is asked every time, and one that starts
+    answering is asked every time again."""
+    now = [1000.0]
+
+    def node() -> FakeNvmlState:  # the builder adds to itself: a new one each time
+        return (
+            FakeNvmlState()
+            .gpu()
+            .gpu(mig=True)
+            .mig(1, gi=1)
+            .process(10, gpu=0)
+            .util(10, timestamp=100, sm=50, gpu=0)
+            .process(40, gpu=1, gi=1)
+        )
+
+    fake.write(node().fail("nvmlDeviceGetProcessUtilization", nvmlfake.ERROR_NOT_SUPPORTED, 1, 1))
+    src = fake.source(clock=lambda: now[0])
+
+    def asked() -> list[str]:
+        calls = fake.calls_of("nvmlDeviceGetProcessUtilization")
+        fake.clear_log()
+        return sorted({c[1] for c in calls})
+
+    def ratios() -> dict[int, float | None]:
+        return {p.pid: p.sm_util_ratio for p in src.fetch().processes}
+
+    assert ratios() == {10: pytest.approx(0.5), 40: None}
+    assert asked() == ["gpu0", "gpu1/mig0"]
+    now[0] += UTILIZATION_RETRY_SECONDS - 1
+    assert ratios() == {10: 0.0, 40: None}  # nothing newer on GPU 0: idle
+    assert asked() == ["gpu0"]
+    now[0] += 2
+    fake.write(node().util(40, timestamp=500, sm=30, gpu=1, gi=1))  # the driver learnt it
+    assert ratios() == {10: 0.0, 40: pytest.approx(0.3)}
+    assert asked() == ["gpu0", "gpu1/mig0"]
+    assert ratios() == {10: 0.0, 40: 0.0}
+    assert asked() == ["gpu0", "gpu1/mig0"]
 
 
 def test_utilization_last_seen_timestamp_advances(fake: FakeNvml) -> None:
