@@ -692,12 +692,14 @@ class NvmlSource:
         ret, rows = _fill(
             symbol, _ROWS_SAMPLE, lambda buf, count: fn(handle, buf, count, last_seen)
         )
-        if ret in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+        if ret == _ERROR_NOT_SUPPORTED:  # the device's answer (a MIG device's), kept a while
             if len(self._util_unsupported) >= MAX_TRACKED_TIMESTAMPS:
                 self._util_unsupported.clear()
             self._util_unsupported[target.uuid] = self._clock() + UTILIZATION_RETRY_SECONDS
             return None
         self._util_unsupported.pop(target.uuid, None)
+        if ret == _ERROR_FUNCTION_NOT_FOUND:
+            return None
         if ret == _ERROR_NOT_FOUND:
             return []  # no sample newer than ``since``: idle, not unknown
         if ret != _SUCCESS:
