@@ -691,7 +691,8 @@ def bench_cost(mode: Mode, spec: Any, *, breakdown: bool = False) -> dict[str, A
         before: dict[str, Any] = {}
 
         def mark() -> None:
-            children["enricher"].conn.send("clear-timings")
+            if breakdown:  # count from the window's start
+                children["enricher"].conn.send("clear-timings")
             before["cpu"] = {n: _cpu_reading(c.proc.pid) for n, c in children.items()}
             before["requests"] = upstream.ask(("requests", 0)) or {}
             before["t"] = time.time()

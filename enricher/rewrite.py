@@ -25,11 +25,12 @@ from .textformat import (
     first_blank,
     parse_label_block,
     render_labels,
-    sample_line_spans,
     split_comment,
     split_sample_line,
     valid_help,
     valid_value,
+    watched_lines,
+    watched_spans,
     written_value,
 )
 
@@ -184,12 +185,6 @@ def _interleave(outer: list[str]) -> list[str]:
     buf = [""] * (2 * len(outer) - 1)
     buf[0::2] = outer
     return buf
-
-
-def _watched_spans(text: str, names: tuple[str, ...]) -> list[tuple[str, int, int]]:
-    """(name, start, end) of the sample lines of ``names``: each name's in input order, in
-    ``names`` order (what RewriteResult.watched holds)."""
-    return [(name, *span) for name in names for span in sample_line_spans(text, name)]
 
 
 def _watch_parts(
@@ -388,10 +383,8 @@ class Rewriter:
         if result is None:
             self.slow_rewrites += 1
             result, out_lines, out_sources = self._rewrite_lines(text, plan)
-            spans = _watched_spans(text, self._watch)
-            result.watched = tuple(
-                split_sample_line(name, text[start:stop]) for name, start, stop in spans
-            )
+            spans = watched_spans(text, self._watch)
+            result.watched = tuple(watched_lines(text, self._watch, spans))
             if self._templates:
                 self._slow_since_build += 1
                 if self._wasted < _TEMPLATE_MISSES or self._slow_since_build >= _TEMPLATE_RETRY:

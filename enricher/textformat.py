@@ -231,14 +231,19 @@ def split_sample_line(name: str, line: str) -> WatchedLine:
     return name, line[:close], line[close:]
 
 
-def watched_lines(text: str, names: Iterable[str]) -> list[WatchedLine]:
-    """The sample lines of ``names`` in ``text``, each name's in text order, names in the
-    order given (pure)."""
-    return [
-        split_sample_line(name, text[start:stop])
-        for name in names
-        for start, stop in sample_line_spans(text, name)
-    ]
+def watched_spans(text: str, names: Iterable[str]) -> list[tuple[str, int, int]]:
+    """(name, start, end) of the sample lines of ``names`` in ``text``, each name's in text
+    order, names in the order given (pure)."""
+    return [(name, *span) for name in names for span in sample_line_spans(text, name)]
+
+
+def watched_lines(
+    text: str, names: Iterable[str], spans: list[tuple[str, int, int]] | None = None
+) -> list[WatchedLine]:
+    """The sample lines of ``names`` in ``text`` (at ``spans``, when the caller has found
+    them with :func:`watched_spans`), split (pure)."""
+    found = watched_spans(text, names) if spans is None else spans
+    return [split_sample_line(name, text[start:stop]) for name, start, stop in found]
 
 
 def sample_line_spans(text: str, name: str) -> Iterator[tuple[int, int]]:

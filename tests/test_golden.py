@@ -237,6 +237,14 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
 
     upstream = (FIXTURES / "node.prom").read_text()
     node = await node_factory(upstream, upstream_follow_step=Config().upstream_follow_step)
+    runtime_reads = []
+    render = node.scraper._runtime.render
+
+    def counted() -> bytes:
+        runtime_reads.append(1)
+        return render()
+
+    node.scraper._runtime.render = counted  # type: ignore[method-assign]
     bodies = [await scrape(node) for _ in range(3)]
     fixed = [_own(body)[0] for body in bodies]
     assert fixed[0] == fixed[1] == fixed[2] and fixed[0]
@@ -247,6 +255,8 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
         [ln for ln in b.split("\n") if ln.startswith(("process_", "python_"))] for b in bodies
     ]
     assert runtime[0] == runtime[1] == runtime[2] and runtime[0]
+    # Read with the collection (again only if a poll came between the scrapes), not per scrape.
+    assert 1 <= len(runtime_reads) < len(bodies)
     registry = generate_latest(node.scraper.registry).decode()
     assert _own(registry) == _own(bodies[-1])
 
