@@ -350,6 +350,7 @@ class Scraper:
             if config.upstream_follow_step > 0
             else None
         )
+        self._last_upstream: str | None = None  # the body the upstream answered last
         self._families_memo: tuple[NodeView, dict[DeviceKey, Any], str] | None = None
         self._head: Head | None = None
         self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
@@ -435,7 +436,16 @@ class Scraper:
         return None
 
     async def _fetch_upstream(self) -> Outcome[str | None]:
-        return await self._upstream.read(default=None)
+        """The upstream's answer. A body equal to the previous one (dcgm-exporter has not
+        collected since) comes back as the previous one's object: one copy of the body is
+        kept, not one per poll, and what was prepared for it is found by identity (the
+        head, the power split) instead of being compared or worked out again."""
+        answer: Outcome[str | None] = await self._upstream.read(default=None)
+        text, last = answer.value, self._last_upstream
+        if text is not None and last is not None and text is not last and text == last:
+            return Outcome(last, answer.status)
+        self._last_upstream = text
+        return answer
 
     async def _prepare(self, answer: Outcome[str | None]) -> None:
         """A new upstream collection: read the node side now when aligned with the upstream,

@@ -190,3 +190,31 @@ async def test_upstream_failure_is_never_served_from_the_cache(env: Env) -> None
     requests = env.exporter.requests
     assert await env.scrape() == {"upstream": 2, "memory": 1 * GIB, "upstream_up": 1}
     assert env.exporter.requests > requests
+
+
+async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
+    """Between two collections dcgm-exporter serves the same body: each poll's copy is dropped
+    for the one already prepared, so the enricher keeps one copy of it, and a scrape finds the
+    prepared head by identity (the body is neither compared nor rewritten again)."""
+    await env.scrape()
+    head = env.scraper._head
+    assert head is not None
+    polls = env.exporter.requests
+    deadline = time.monotonic() + WAIT
+    while env.exporter.requests < polls + 3:  # the follower polls every step while learning
+        assert time.monotonic() < deadline, "the follower stopped polling"
+        await asyncio.sleep(STEP)
+    follower = env.scraper._follower
+    assert follower is not None
+    latest, _started = await follower.latest()
+    assert latest.value is head.text
+    repeated = env.scraper._rewriter.repeated_rewrites
+    assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
+    assert env.scraper._head is head
+    assert env.scraper._rewriter.repeated_rewrites == repeated
+
+    # A new collection is a new body: prepared anew, and kept from then on.
+    env.exporter.collection = 2
+    await eventually(env, lambda v: v["upstream"] == 2)
+    assert env.scraper._head is not head
+    assert (await follower.latest())[0].value is env.scraper._head.text
