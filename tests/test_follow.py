@@ -209,9 +209,11 @@ async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     latest, _started = await follower.latest()
     assert latest.value is head.text
     repeated = env.scraper._rewriter.repeated_rewrites
+    power = env.scraper._power_memo  # the power split worked out for the prepared head
     assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
     assert env.scraper._head is head
     assert env.scraper._rewriter.repeated_rewrites == repeated
+    assert env.scraper._power_memo is power
 
     # A new collection is a new body: prepared anew, and kept from then on.
     env.exporter.collection = 2
