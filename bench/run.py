@@ -392,6 +392,67 @@ def _status_kib(pid: int, key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/{pid}/status")
 
 
+def parse_smaps(text: str) -> dict[str, int]:
+    """RSS in KiB by what is mapped, from ``/proc/<pid>/smaps``: a file by its base name (a
+    library's touched pages), ``[heap]``, ``[stack]`` and the like as the kernel names them,
+    and ``[anon]`` for anonymous mappings (pymalloc's arenas, large allocations, thread
+    arenas and stacks)."""
+    out: dict[str, int] = {}
+    name = "[anon]"
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if not fields[0].endswith(":"):  # a mapping: range, perms, offset, dev, inode, path
+            path = line.split(None, 5)[5].strip() if len(fields) > 5 else ""
+            name = path.rsplit("/", 1)[-1] if path and not path.startswith("[") else path
+            name = name or "[anon]"
+        elif fields[0] == "Rss:":
+            out[name] = out.get(name, 0) + int(fields[1])
+    return out
+
+
+def rss_by_mapping(pid: int) -> dict[str, int]:
+    """:func:`parse_smaps` of a running process."""
+    with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as f:
+        return parse_smaps(f.read())
+
+
+def rss_over_floor(
+    floor: dict[str, int], start: dict[str, int], end: dict[str, int], top: int = 6
+) -> list[dict[str, Any]]:
+    """The mappings that hold most of the enricher's RSS over the floor's at the end (MiB;
+    the rest summed in one row), with their RSS at the floor, at start and at the end."""
+    names = set(floor) | set(start) | set(end)
+
+    def mib(kib: int) -> float:
+        return round(kib / 1024.0, 2)
+
+    ranked = sorted(names, key=lambda n: -(end.get(n, 0) - floor.get(n, 0)))
+    rows = [
+        {
+            "mapping": n,
+            "floor": mib(floor.get(n, 0)),
+            "start": mib(start.get(n, 0)),
+            "end": mib(end.get(n, 0)),
+            "over_floor": mib(end.get(n, 0) - floor.get(n, 0)),
+        }
+        for n in ranked[:top]
+    ]
+    rest = ranked[top:]
+    rows.append(
+        {
+            "mapping": "the rest",
+            **{
+                k: mib(sum(table.get(n, 0) for n in rest))
+                for k, table in (("floor", floor), ("start", start), ("end", end))
+            },
+            "over_floor": mib(sum(end.get(n, 0) - floor.get(n, 0) for n in rest)),
+        }
+    )
+    return rows
+
+
 def _start(target: Callable[..., None], *args: Any) -> Child:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -865,7 +926,7 @@ def _rss_without_kube(mode: Mode, start_enricher: Callable[[], Child]) -> float:
         enricher.stop()
 
 
-def import_floors() -> dict[str, float]:
+def import_floors(mappings: dict[str, dict[str, int]] | None = None) -> dict[str, float]:
     """RSS of processes that import what the enricher imports and do nothing else: the part of
     its RSS that is Python, aiohttp, pynvml, the kubernetes client (and, on a node with the
     kubelet source, gRPC) rather than the enricher's own data."""
@@ -881,6 +942,8 @@ def import_floors() -> dict[str, float]:
         try:
             time.sleep(0.3)
             out[name] = round(child.rss_mib(), 1)
+            if mappings is not None:
+                mappings[name] = rss_by_mapping(child.proc.pid)
         finally:
             child.stop()
     return out
@@ -895,12 +958,14 @@ def bench_memory(
     start_without_kube: Callable[[], Child],
 ) -> dict[str, Any]:
     upstream.ask(("every", 1))  # new values on every scrape: the rewrite runs every time
-    floors = import_floors()
+    floor_maps: dict[str, dict[str, int]] = {}
+    floors = import_floors(floor_maps)
     without_kube = _rss_without_kube(mode, start_without_kube)
     enricher = start_enricher()
     try:
         time.sleep(0.5)
         rss: dict[str, float] = {"start": enricher.rss_mib()}
+        start_maps = rss_by_mapping(enricher.proc.pid)
         modules = enricher.ask("modules") or []
         foreign = sorted(set(modules) & {"pytest", "_pytest", "hypothesis", "tests", "bench"})
         first, last = mode.memory_checkpoints
@@ -925,6 +990,7 @@ def bench_memory(
         asyncio.run(run())
         elapsed = time.perf_counter() - t0
         growth = (rss[str(last)] - rss[str(first)]) / rss[str(first)]
+        end_maps = rss_by_mapping(enricher.proc.pid)
         return {
             "scrapes": last,
             "churns": last // mode.churn_every - (1 if last % mode.churn_every == 0 else 0),
@@ -937,6 +1003,10 @@ def bench_memory(
             "foreign_modules": foreign,
             "rss_without_kube_mib": without_kube,
             "floor_rss_mib": floors,
+            # Where the RSS over the floor with gRPC is, by mapping, at start and at the end.
+            "rss_over_floor_by_mapping": rss_over_floor(
+                floor_maps["imports_with_kubelet_grpc"], start_maps, end_maps
+            ),
         }
     finally:
         enricher.stop()
@@ -1206,6 +1276,15 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
         f"{floor['imports']} (without the kubernetes client {floor['imports_without_kubernetes']}"
         f"; with the kubelet source's gRPC, as on a node: {floor['imports_with_kubelet_grpc']})"
     )
+    lines.append(
+        f"  where the RSS over the floor with gRPC is (MiB; at start, after {mem['scrapes']} "
+        "scrapes):"
+    )
+    for row in mem["rss_over_floor_by_mapping"]:
+        lines.append(
+            f"    {row['mapping'][:40]:40} floor {row['floor']:7.2f}  start {row['start']:7.2f}"
+            f"  end {row['end']:7.2f}  over {row['over_floor']:+7.2f}"
+        )
     if "loop" in results:
         lines.append("")
         lines.extend(render_loop(results["loop"]))
