@@ -361,7 +361,9 @@ async def test_daemon_trouble_keeps_names_and_shows_in_health(
 async def test_slow_daemon_does_not_hold_the_scrape(host_factory: Any, dockerd: DockerAPI) -> None:
     """A hung inspect costs at most twice --docker.timeout; the scrape still answers."""
     dockerd.delay[TRAIN.id] = 30
-    host = await host_factory(docker_timeout=0.2)
+    # 1 s, far under the hung inspect's 30 s: 0.2 s left the others' answers (and the
+    # version check) too little room on a loaded CI machine (CI, 2026-12-01).
+    host = await host_factory(docker_timeout=1.0)
     text = await scrape(host)
     mem = {s["UUID"]: s["container"] for s in series(text, "gpu_container_memory_used_bytes")}
     assert mem[U[0]] == short_id(TRAIN.id)  # not answered in time: its ID
