@@ -350,7 +350,6 @@ class Scraper:
             if config.upstream_follow_step > 0
             else None
         )
-        self._last_upstream: str | None = None  # the body the upstream answered last
         self._families_memo: tuple[NodeView, dict[DeviceKey, Any], str] | None = None
         self._head: Head | None = None
         self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
@@ -436,15 +435,15 @@ class Scraper:
         return None
 
     async def _fetch_upstream(self) -> Outcome[str | None]:
-        """The upstream's answer. A body equal to the previous one (dcgm-exporter has not
-        collected since) comes back as the previous one's object: one copy of the body is
-        kept, not one per poll, and what was prepared for it is found by identity (the
-        head, the power split) instead of being compared or worked out again."""
+        """The upstream's answer. A body equal to the one the newest head was made from
+        (dcgm-exporter has not collected since) comes back as that head's object: one copy
+        of the body is kept, not one per poll, and what was prepared for it is found by
+        identity (the head, the power split) instead of being compared or worked out again."""
         answer: Outcome[str | None] = await self._upstream.read(default=None)
-        text, last = answer.value, self._last_upstream
+        text = answer.value
+        last = self._head.text if self._head is not None else None
         if text is not None and last is not None and text is not last and text == last:
             return Outcome(last, answer.status)
-        self._last_upstream = text
         return answer
 
     async def _prepare(self, answer: Outcome[str | None]) -> None:
