@@ -30,6 +30,10 @@ from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
 from .tools import require_tool
 
+# The benchmark is a developer's tool on one Python: `make test` runs this file in the highest
+# Python's suite only (the marker's text in pyproject.toml).
+pytestmark = pytest.mark.one_python
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # dcgm-exporter's label order; the optional groups are MIG instances and allocated devices.

@@ -62,6 +62,10 @@ HELM_LABELS = frozenset(
     }
 )
 
+# Checks a real part against what does not depend on the Python running the tests: `make test`
+# runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
+pytestmark = pytest.mark.one_python
+
 Doc = dict[str, Any]
 Docs = tuple[Doc, ...]
 

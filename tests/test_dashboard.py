@@ -38,6 +38,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from .harness import free_port, stop_process
 from .promreleases import PromRelease
 
+# Checks a real part against what does not depend on the Python running the tests: `make test`
+# runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
+pytestmark = pytest.mark.one_python
+
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"

@@ -34,6 +34,10 @@ import yaml
 from tests.harness import TextServer, free_port, stop_process
 from tests.promreleases import PromRelease
 
+# Checks a real part against what does not depend on the Python running the tests: `make test`
+# runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
+pytestmark = pytest.mark.one_python
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Lines Prometheus rejects though Python's float(), isdigit(), split() or isspace() accept

@@ -25,6 +25,10 @@ import yaml
 
 from .schemas import PROMETHEUS_RULE_SCHEMA
 
+# Checks a real part against what does not depend on the Python running the tests: `make test`
+# runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
+pytestmark = pytest.mark.one_python
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = ROOT / "rules"
 RULES = RULES_DIR / "dcgm-enricher.rules.yaml"
