@@ -9,6 +9,7 @@ which ask for gzip) scrapes the app in tests/test_dashboard.py and tests/test_ma
 from __future__ import annotations
 
 import gzip
+import subprocess
 import zlib
 from typing import Any
 
@@ -19,6 +20,7 @@ from bench import payloads
 from enricher.compress import GzipHead, accepts_gzip
 
 from .harness import MakeStack, Stack
+from .tools import require_tool
 
 
 @pytest.mark.parametrize(
@@ -55,6 +57,21 @@ def test_head_and_tail_are_one_gzip_member(tail: bytes) -> None:
     # One member: a reader that stops at the end of the first member gets it all.
     reader = zlib.decompressobj(31)
     assert reader.decompress(data) == head + tail and reader.eof and not reader.unused_data
+
+
+def test_gnu_gzip_reads_and_checks_the_member() -> None:
+    """A reader that is not zlib's: GNU gzip checks the trailer's CRC-32 and length over the
+    head's blocks and the tail's, and rejects the member when either is off."""
+    gnu = require_tool("gzip", "apt-get install gzip")
+    head = payloads.generate("node8").encode()
+    tail = b"dcgm_enricher_scrapes_total 7\n" * 300  # longer than the tail's 4 KiB window
+    data = GzipHead(head).finish(tail)
+    out = subprocess.run([gnu, "-dc"], input=data, capture_output=True, check=True)
+    assert out.stdout == head + tail
+    for at in (-8, -4):  # the CRC, then the length
+        bad = bytearray(data)
+        bad[at] ^= 1
+        assert subprocess.run([gnu, "-t"], input=bytes(bad), capture_output=True).returncode != 0
 
 
 def test_a_head_in_chunks_is_the_head_joined() -> None:
