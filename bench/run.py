@@ -329,6 +329,11 @@ def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
         # The floor under procfs: one open/read/close of each stat file, nothing else.
         stat_files = [str(sim.proc_root / str(p.pid) / "stat") for p in sim.processes]
         floor = [_time_once(partial(_read_all, stat_files)) for _ in range(mode.attribution_reps)]
+        # The floor under NVML (node8: no MIG): the library calls one read makes, bare. Shown,
+        # not a target.
+        nvml_floor = (
+            _bare_nvml_floor(str(nvml_lib), mode.attribution_reps) if not sim.shape.migs else []
+        )
         out[shape_name] = {
             "gpus": sim.shape.gpus,
             "devices": len(payloads.devices(sim.shape)),
@@ -338,8 +343,55 @@ def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
             "p99_ms": _ms(_pct(times, 0.99)),
             **{f"{name}_p50_ms": _ms(statistics.median(v)) for name, v in parts.items()},
             "stat_reads_floor_p50_ms": _ms(statistics.median(floor)),
+            "nvml_calls_floor_p50_ms": _ms(statistics.median(nvml_floor)) if nvml_floor else None,
         }
     return out
+
+
+def _bare_nvml_floor(library: str, reps: int) -> list[float]:
+    """Timings of the driver calls one NVML read of a node without MIG makes (the count; per
+    GPU the MIG mode, the three process lists, the utilization samples, power and energy),
+    each through its ctypes function pointer into buffers made beforehand: what reading NVML
+    costs from Python before any of the enricher's own work."""
+    import ctypes
+
+    import pynvml
+
+    pynvml.nvmlInit()  # the library the source loaded (library_path): pynvml keeps it
+    try:
+        fn = pynvml._nvmlGetFunctionPointer
+        count = fn("nvmlDeviceGetCount_v2")
+        mig_mode = fn("nvmlDeviceGetMigMode")
+        lists = [
+            fn(f"nvmlDeviceGet{kind}RunningProcesses_v3")
+            for kind in ("Compute", "Graphics", "MPSCompute")
+        ]
+        util = fn("nvmlDeviceGetProcessUtilization")
+        power = fn("nvmlDeviceGetPowerUsage")
+        energy = fn("nvmlDeviceGetTotalEnergyConsumption")
+        n = ctypes.c_uint()
+        count(ctypes.byref(n))
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n.value)]
+        rows = (ctypes.c_ubyte * 4096)()
+        size, current, pending = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+        milliwatts, millijoules = ctypes.c_uint(), ctypes.c_ulonglong()
+        since = ctypes.c_ulonglong()
+
+        def calls() -> None:
+            count(ctypes.byref(n))
+            for handle in handles:
+                mig_mode(handle, ctypes.byref(current), ctypes.byref(pending))
+                for list_fn in lists:
+                    size.value = 32
+                    list_fn(handle, ctypes.byref(size), rows)
+                size.value = 32
+                util(handle, rows, ctypes.byref(size), since)
+                power(handle, ctypes.byref(milliwatts))
+                energy(handle, ctypes.byref(millijoules))
+
+        return [_time_once(calls) for _ in range(reps)]
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _read_all(paths: list[str]) -> None:
@@ -1249,11 +1301,14 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
     lines.append("")
     lines.append("Attribution (NVML fake + procfs + pod lookup, ms)")
     for name, a in results["attribution"].items():
+        bare = a.get("nvml_calls_floor_p50_ms") if name == "node8" else None
+        nvml_floor = "" if bare is None else f" (its driver calls bare: {bare:.3f})"
         lines.append(
             f"{name:8} {a['processes']} processes on {a['devices']} devices of {a['gpus']} GPUs: "
             f"p50 {a['p50_ms']:.3f}, p99 {a['p99_ms']:.3f} ({a['attributed']} attributed); "
-            f"p50 of NVML {a['nvml_p50_ms']:.3f}, procfs {a['procfs_p50_ms']:.3f} (bare reads of "
-            f"the stat files: {a['stat_reads_floor_p50_ms']:.3f}), lookup {a['lookup_p50_ms']:.3f}"
+            f"p50 of NVML {a['nvml_p50_ms']:.3f}{nvml_floor}, procfs {a['procfs_p50_ms']:.3f} "
+            f"(bare reads of the stat files: {a['stat_reads_floor_p50_ms']:.3f}), "
+            f"lookup {a['lookup_p50_ms']:.3f}"
         )
     mem = results["memory"]
     lines.append("")

@@ -237,19 +237,29 @@ _ROWS_V2 = struct.Struct("@IQII")
 _ROWS_SAMPLE = struct.Struct("@IQIIII")
 
 _FIRST_CAPACITY = 32  # rows offered on the first call; most lists fit, so one call does
+_LARGEST_ROW = max(_ROWS_V1.size, _ROWS_V2.size, _ROWS_SAMPLE.size)
+_UUID_BUFFER_SIZE = ctypes.c_uint(pynvml.NVML_DEVICE_UUID_V2_BUFFER_SIZE)  # 96: what pynvml gives
 
 
 def _fill(
-    symbol: str, rows: struct.Struct, call: Callable[[Any, Any], int]
+    symbol: str,
+    rows: struct.Struct,
+    call: Callable[[Any, Any], int],
+    first: Any | None = None,
 ) -> tuple[int, list[tuple[Any, ...]]]:
     """Call an NVML "count in, rows out" function with room for _FIRST_CAPACITY rows; on
     NVML_ERROR_INSUFFICIENT_SIZE once more with room for what it asked (plus headroom for
     rows that appear between the calls, as pynvml allows), bounded by
-    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. Returns the return
-    code and the rows filled, unpacked (none unless the call succeeded)."""
+    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. ``first``: a buffer
+    of at least _FIRST_CAPACITY rows for the first call, reused across calls by a caller
+    that makes one at a time (only the rows the call reports filled are read back). Returns
+    the return code and the rows filled, unpacked (none unless the call succeeded)."""
     capacity = _FIRST_CAPACITY
-    for _attempt in range(2):
-        buffer = (ctypes.c_ubyte * (capacity * rows.size))()
+    for attempt in range(2):
+        if attempt == 0 and first is not None:
+            buffer = first
+        else:
+            buffer = (ctypes.c_ubyte * (capacity * rows.size))()
         count = ctypes.c_uint(capacity)
         ret = call(buffer, ctypes.byref(count))
         if ret != _ERROR_INSUFFICIENT_SIZE:
@@ -351,6 +361,13 @@ class NvmlSource:
         self._max_migs: dict[int, int] = {}  # index -> MIG slots
         self._mig_info: dict[str, tuple[int, int, str]] = {}  # MIG uuid -> (gi, ci, profile)
         self._functions: dict[str, Any] = {}  # symbol -> pynvml function pointer
+        # (target kind, list) -> the function pointer and row layout of the version that
+        # answered, once one has: the list is read without looking the version up again.
+        self._list_fast: dict[tuple[str, ProcessKind], tuple[str, Any, struct.Struct]] = {}
+        # The first call's buffer of every list and sample read (the lock makes them one at a
+        # time): room for _FIRST_CAPACITY rows of the largest layout, made once.
+        self._first_buffer = (ctypes.c_ubyte * (_FIRST_CAPACITY * _LARGEST_ROW))()
+        self._uuid_buffer = ctypes.create_string_buffer(_UUID_BUFFER_SIZE.value)
 
     # ------------------------------------------------------------------ public
 
@@ -400,6 +417,7 @@ class NvmlSource:
         self._failure = None
         # A re-init may follow a driver upgrade: learn the symbol versions again.
         self._list_version.clear()
+        self._list_fast.clear()
         self._forget()
 
     def _forget(self) -> None:
@@ -585,18 +603,27 @@ class NvmlSource:
                     "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle
                 )
             )
+        handle_fn = self._function("nvmlDeviceGetMigDeviceHandleByIndex")
+        uuid_fn = self._function("nvmlDeviceGetUUID")
+        uuid_buffer = self._uuid_buffer
         for slot in range(min(slots, MAX_MIG_SLOTS)):
-            try:
-                mig_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except pynvml.NVMLError as err:
-                if _code(err) == _ERROR_NOT_FOUND:
-                    continue  # an empty slot
-                raise _DeviceError(
-                    f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): {_describe(err)}"
-                ) from err
             # The slot is read on every fetch (instances come and go while the GPU runs);
-            # what an instance is never changes under its UUID.
-            uuid = str(self._call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig_handle))
+            # what an instance is never changes under its UUID. Both calls go through their
+            # function pointers, as pynvml's wrappers would (they run for every instance on
+            # every read: the wrappers' lookups cost more than the calls).
+            mig_handle = pynvml.c_nvmlDevice_t()
+            ret = handle_fn(handle, ctypes.c_uint(slot), ctypes.byref(mig_handle))
+            if ret == _ERROR_NOT_FOUND:
+                continue  # an empty slot
+            if ret != _SUCCESS:
+                raise _DeviceError(
+                    f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): "
+                    f"{_describe(pynvml.NVMLError(ret))}"
+                )
+            ret = uuid_fn(mig_handle, uuid_buffer, _UUID_BUFFER_SIZE)
+            if ret != _SUCCESS:
+                raise _DeviceError(f"nvmlDeviceGetUUID: {_describe(pynvml.NVMLError(ret))}")
+            uuid = uuid_buffer.value.decode()  # strict, as pynvml decodes: bad bytes fail the GPU
             info = self._mig_info.get(uuid)
             if info is None:
                 info = self._read_mig_info(mig_handle)
@@ -631,6 +658,17 @@ class NvmlSource:
     def _read_list(self, target: _Target, kind: ProcessKind) -> list[tuple[int, int | None]]:
         """One process list of one handle, trying older symbol versions where needed."""
         key = (target.kind, kind)
+        fast = self._list_fast.get(key)
+        if fast is not None:
+            # The version that answered last time, called directly (it runs for every device
+            # on every read); any answer but success falls back to the path below.
+            symbol, fn, layout = fast
+            handle = target.handle
+            ret, rows = _fill(
+                symbol, layout, lambda buf, count: fn(handle, count, buf), self._first_buffer
+            )
+            if ret == _SUCCESS:
+                return [(r[0], None if r[1] == _VALUE_NOT_AVAILABLE_ULL else r[1]) for r in rows]
         start = self._list_version.get(key, _LIST_VERSIONS[0])
         for version in _LIST_VERSIONS:
             if version > start:
@@ -646,6 +684,8 @@ class NvmlSource:
                     return []
                 raise _DeviceError(f"{symbol}: {_describe(err)}") from err
             self._list_version[key] = version
+            layout = _ROWS_V1 if version == 1 else _ROWS_V2
+            self._list_fast[key] = (symbol, self._function(symbol), layout)
             return rows
         if self._list_version.get(key) != 0:
             log.warning("NVML has no usable %s for %s devices", _LIST_SYMBOLS[kind], target.kind)
@@ -656,7 +696,9 @@ class NvmlSource:
         """One process list; raises NVMLError with the library's code when it fails."""
         fn = self._function(symbol)
         layout = _ROWS_V1 if version == 1 else _ROWS_V2
-        ret, rows = _fill(symbol, layout, lambda buf, count: fn(handle, count, buf))
+        ret, rows = _fill(
+            symbol, layout, lambda buf, count: fn(handle, count, buf), self._first_buffer
+        )
         if ret != _SUCCESS:
             raise pynvml.NVMLError(ret)
         return [(row[0], None if row[1] == _VALUE_NOT_AVAILABLE_ULL else row[1]) for row in rows]
@@ -690,7 +732,10 @@ class NvmlSource:
         handle = target.handle
         # New samples can arrive between two calls: _fill retries once with more room.
         ret, rows = _fill(
-            symbol, _ROWS_SAMPLE, lambda buf, count: fn(handle, buf, count, last_seen)
+            symbol,
+            _ROWS_SAMPLE,
+            lambda buf, count: fn(handle, buf, count, last_seen),
+            self._first_buffer,
         )
         if ret == _ERROR_NOT_SUPPORTED:  # the device's answer (a MIG device's), kept a while
             if len(self._util_unsupported) >= MAX_TRACKED_TIMESTAMPS:

@@ -494,6 +494,45 @@ def test_lists_and_samples_longer_than_the_first_buffer(fake: FakeNvml) -> None:
         assert per_gpu == ["gpu0", "gpu0", "gpu1"], symbol  # 80 rows: asked twice; 1 row: once
 
 
+def test_the_reused_first_buffer_gives_each_list_only_its_own_rows(fake: FakeNvml) -> None:
+    """The lists of one read share the first call's buffer (the source reads one at a time):
+    a short list after a long one, or a list that shrinks between reads, must not bring back
+    rows the buffer still holds from before."""
+    long = FakeNvmlState().gpu().gpu().gpu()
+    for pid in range(100, 120):
+        long.process(pid, gpu=0, memory=pid).util(pid, timestamp=pid, sm=50, gpu=0)
+    long.process(7, gpu=1, memory=7).util(7, timestamp=5, sm=40, gpu=1)
+    fake.write(long)
+    src = fake.source()
+    for _ in range(2):  # the first read learns each list's version; the second reads directly
+        snap = src.fetch()
+        assert snap.errors == ()
+        by_gpu = {i: sorted(p.pid for p in snap.processes if p.gpu_index == i) for i in range(3)}
+        assert by_gpu == {0: list(range(100, 120)), 1: [7], 2: []}
+    fake.write(FakeNvmlState().gpu().gpu().gpu().process(100, gpu=0, memory=1))
+    snap = src.fetch()
+    assert [(p.gpu_index, p.pid, p.used_memory_bytes) for p in snap.processes] == [(0, 100, 1)]
+
+
+def test_a_list_that_fails_after_its_version_was_learnt(fake: FakeNvml) -> None:
+    """Once a list's version has answered it is called directly; a failure there takes the
+    full path again, which reports it as before (the symbol, the GPU) and keeps the others."""
+    state = FakeNvmlState().gpu().gpu().process(10, gpu=0).process(11, gpu=1)
+    fake.write(state)
+    src = fake.source()
+    assert [p.pid for p in src.fetch().processes] == [10, 11]
+    fake.write(
+        state.fail("nvmlDeviceGetComputeRunningProcesses_v3", nvmlfake.ERROR_GPU_IS_LOST, gpu=1)
+    )
+    snap = src.fetch()
+    assert [p.pid for p in snap.processes] == [10]
+    assert len(snap.errors) == 1 and snap.errors[0].startswith("gpu 1: ")
+    assert "nvmlDeviceGetComputeRunningProcesses_v3" in snap.errors[0]
+    assert "GPU is lost" in snap.errors[0]
+    fake.write(FakeNvmlState().gpu().gpu().process(10, gpu=0).process(11, gpu=1))
+    assert [p.pid for p in src.fetch().processes] == [10, 11]
+
+
 def test_identity_is_read_once_per_init(fake: FakeNvml) -> None:
     """Handle, UUID and name of a GPU, the driver version and MIG instances' identities do not
     change while NVML stays initialised: read on the first fetch, not on every one; slots,
