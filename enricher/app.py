@@ -703,6 +703,14 @@ class Scraper:
             or memo.head is not head
         ):
             before, after = self._collection_metrics(statuses, node, samples, invalid_lines)
+            # The process's own figures are read with the collection: once per node view and
+            # head, not again for each poll that found the upstream's body unchanged (a new
+            # answer, so new upstream figures, but the same collection; docs/metrics.md).
+            runtime = (
+                memo.runtime_text
+                if memo is not None and memo.node is node and memo.head is head
+                else self._runtime.render()
+            )
             memo = self._tail_memo = _CollectionTail(
                 node,
                 upstream,
@@ -711,9 +719,7 @@ class Scraper:
                 after,
                 before.render().encode("utf-8"),
                 after.render().encode("utf-8"),
-                # The process's own figures are read with them: once per collection, not per
-                # scrape (docs/metrics.md).
-                self._runtime.render(),
+                runtime,
             )
         per_scrape = self._scrape_metrics()
         self._latest.parts = (memo.before, per_scrape, memo.after)

@@ -192,6 +192,38 @@ async def test_upstream_failure_is_never_served_from_the_cache(env: Env) -> None
     assert env.exporter.requests > requests
 
 
+async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """process_* and python_* are read with a collection (docs/metrics.md): a poll that finds
+    dcgm-exporter's body unchanged brings new upstream figures, but not a new collection, so
+    the scrapes after it serve the process figures read with the collection."""
+    await env.scrape()
+    runtime = env.scraper._runtime
+    reads: list[bytes] = []
+    render = runtime.render
+
+    def counted() -> bytes:
+        reads.append(render())
+        return reads[-1]
+
+    monkeypatch.setattr(runtime, "render", counted)
+    polls = env.exporter.requests
+    deadline = time.monotonic() + WAIT
+    while env.exporter.requests < polls + 3:
+        assert time.monotonic() < deadline, "the follower stopped polling"
+        await asyncio.sleep(STEP)
+    head = env.scraper._head
+    await env.scrape()
+    await env.scrape()
+    assert env.scraper._head is head
+    assert reads == []
+    # A new collection: read again, once, with it.
+    env.exporter.collection = 2
+    await eventually(env, lambda v: v["upstream"] == 2)
+    assert len(reads) >= 1
+
+
 async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     """Between two collections dcgm-exporter serves the same body: each poll's copy is dropped
     for the one already prepared, so the enricher keeps one copy of it, and a scrape finds the
