@@ -145,7 +145,7 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     assert attribution["mig56"]["attributed"] == 64
     # The floors under procfs and, without MIG, under NVML: measured, and below the parts.
     node8 = attribution["node8"]
-    assert 0 < node8["stat_reads_floor_p50_ms"] and 0 < node8["nvml_calls_floor_p50_ms"]
+    assert node8["stat_reads_floor_p50_ms"] > 0 and node8["nvml_calls_floor_p50_ms"] > 0
     assert node8["nvml_calls_floor_p50_ms"] < node8["nvml_p50_ms"]
     assert attribution["mig56"]["nvml_calls_floor_p50_ms"] is None
 
