@@ -95,6 +95,14 @@ _LIST_SYMBOLS = {
 }
 _KINDS = tuple(ProcessKind)  # iterating the enum class itself costs more than the calls
 _LIST_VERSIONS = (3, 2, 1)
+# A learnt version (0: none answers) -> the versions to try, newest first.
+_VERSIONS_FROM = {v: tuple(w for w in _LIST_VERSIONS if w <= v) for v in (0, *_LIST_VERSIONS)}
+# (list, version) -> its symbol: looked up on every read of every device, not written anew.
+_LIST_SYMBOL = {
+    (kind, version): base + ("" if version == 1 else f"_v{version}")
+    for kind, base in _LIST_SYMBOLS.items()
+    for version in _LIST_VERSIONS
+}
 # A symbol that is absent, or present but built for another struct version: try an older one.
 _TRY_OLDER = frozenset({_ERROR_FUNCTION_NOT_FOUND, _ERROR_ARGUMENT_VERSION_MISMATCH})
 
@@ -245,21 +253,18 @@ def _fill(
     symbol: str,
     rows: struct.Struct,
     call: Callable[[Any, Any], int],
-    first: Any | None = None,
+    first: Any,
 ) -> tuple[int, list[tuple[Any, ...]]]:
     """Call an NVML "count in, rows out" function with room for _FIRST_CAPACITY rows; on
     NVML_ERROR_INSUFFICIENT_SIZE once more with room for what it asked (plus headroom for
     rows that appear between the calls, as pynvml allows), bounded by
-    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. ``first``: a buffer
-    of at least _FIRST_CAPACITY rows for the first call, reused across calls by a caller
-    that makes one at a time (only the rows the call reports filled are read back). Returns
+    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. ``first``: the buffer
+    of the first call (room for _FIRST_CAPACITY rows), reused across calls by a caller that
+    makes one at a time (only the rows the call reports filled are read back). Returns
     the return code and the rows filled, unpacked (none unless the call succeeded)."""
     capacity = _FIRST_CAPACITY
     for attempt in range(2):
-        if attempt == 0 and first is not None:
-            buffer = first
-        else:
-            buffer = (ctypes.c_ubyte * (capacity * rows.size))()
+        buffer = first if attempt == 0 else (ctypes.c_ubyte * (capacity * rows.size))()
         count = ctypes.c_uint(capacity)
         ret = call(buffer, ctypes.byref(count))
         if ret != _ERROR_INSUFFICIENT_SIZE:
@@ -361,9 +366,6 @@ class NvmlSource:
         self._max_migs: dict[int, int] = {}  # index -> MIG slots
         self._mig_info: dict[str, tuple[int, int, str]] = {}  # MIG uuid -> (gi, ci, profile)
         self._functions: dict[str, Any] = {}  # symbol -> pynvml function pointer
-        # (target kind, list) -> the function pointer and row layout of the version that
-        # answered, once one has: the list is read without looking the version up again.
-        self._list_fast: dict[tuple[str, ProcessKind], tuple[str, Any, struct.Struct]] = {}
         # The first call's buffer of every list and sample read (the lock makes them one at a
         # time): room for _FIRST_CAPACITY rows of the largest layout, made once.
         self._first_buffer = (ctypes.c_ubyte * (_FIRST_CAPACITY * _LARGEST_ROW))()
@@ -417,7 +419,6 @@ class NvmlSource:
         self._failure = None
         # A re-init may follow a driver upgrade: learn the symbol versions again.
         self._list_version.clear()
-        self._list_fast.clear()
         self._forget()
 
     def _forget(self) -> None:
@@ -656,52 +657,34 @@ class NvmlSource:
         return gi_id, ci_id, parse_mig_profile(name)
 
     def _read_list(self, target: _Target, kind: ProcessKind) -> list[tuple[int, int | None]]:
-        """One process list of one handle, trying older symbol versions where needed."""
+        """One process list of one handle, trying older symbol versions where needed (from
+        the one that answered last: on every later read, the first try is the one)."""
         key = (target.kind, kind)
-        fast = self._list_fast.get(key)
-        if fast is not None:
-            # The version that answered last time, called directly (it runs for every device
-            # on every read); any answer but success falls back to the path below.
-            symbol, fn, layout = fast
-            handle = target.handle
-            ret, rows = _fill(
-                symbol, layout, lambda buf, count: fn(handle, count, buf), self._first_buffer
-            )
-            if ret == _SUCCESS:
-                return [(r[0], None if r[1] == _VALUE_NOT_AVAILABLE_ULL else r[1]) for r in rows]
-        start = self._list_version.get(key, _LIST_VERSIONS[0])
-        for version in _LIST_VERSIONS:
-            if version > start:
-                continue
-            symbol = _LIST_SYMBOLS[kind] + ("" if version == 1 else f"_v{version}")
+        handle = target.handle
+        for version in _VERSIONS_FROM[self._list_version.get(key, _LIST_VERSIONS[0])]:
+            symbol = _LIST_SYMBOL[kind, version]
+            rows: list[tuple[Any, ...]] = []
             try:
-                rows = self._list_call(symbol, version, target.handle)
-            except pynvml.NVMLError as err:
-                code = _code(err)
-                if code in _TRY_OLDER:
-                    continue
-                if code == _ERROR_NOT_SUPPORTED:
-                    return []
-                raise _DeviceError(f"{symbol}: {_describe(err)}") from err
-            self._list_version[key] = version
-            layout = _ROWS_V1 if version == 1 else _ROWS_V2
-            self._list_fast[key] = (symbol, self._function(symbol), layout)
-            return rows
+                fn = self._function(symbol)
+            except pynvml.NVMLError as err:  # the library has no such symbol
+                ret = _code(err)
+            else:
+                layout = _ROWS_V1 if version == 1 else _ROWS_V2
+                # Called at once, in this iteration: the lambda sees this iteration's fn.
+                call = lambda buf, count: fn(handle, count, buf)  # noqa: B023, E731
+                ret, rows = _fill(symbol, layout, call, self._first_buffer)
+            if ret == _SUCCESS:
+                self._list_version[key] = version
+                return [(r[0], None if r[1] == _VALUE_NOT_AVAILABLE_ULL else r[1]) for r in rows]
+            if ret in _TRY_OLDER:
+                continue
+            if ret == _ERROR_NOT_SUPPORTED:
+                return []
+            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
         if self._list_version.get(key) != 0:
             log.warning("NVML has no usable %s for %s devices", _LIST_SYMBOLS[kind], target.kind)
             self._list_version[key] = 0
         return []
-
-    def _list_call(self, symbol: str, version: int, handle: Any) -> list[tuple[int, int | None]]:
-        """One process list; raises NVMLError with the library's code when it fails."""
-        fn = self._function(symbol)
-        layout = _ROWS_V1 if version == 1 else _ROWS_V2
-        ret, rows = _fill(
-            symbol, layout, lambda buf, count: fn(handle, count, buf), self._first_buffer
-        )
-        if ret != _SUCCESS:
-            raise pynvml.NVMLError(ret)
-        return [(row[0], None if row[1] == _VALUE_NOT_AVAILABLE_ULL else row[1]) for row in rows]
 
     def _with_utilization(self, gpu: _GpuRead) -> tuple[GpuProcess, ...]:
         # Samples are pooled per GPU instance: a GI split into several compute instances

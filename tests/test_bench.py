@@ -143,10 +143,10 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     attribution = data["attribution"]
     assert attribution["node8"]["processes"] == attribution["node8"]["attributed"] == 64
     assert attribution["mig56"]["attributed"] == 64
-    # The floors under procfs and, without MIG, under NVML: measured, and below the parts.
+    # The floors under procfs and, without MIG, under NVML: measured (no timing is compared
+    # here: that is the benchmark's business).
     node8 = attribution["node8"]
     assert node8["stat_reads_floor_p50_ms"] > 0 and node8["nvml_calls_floor_p50_ms"] > 0
-    assert node8["nvml_calls_floor_p50_ms"] < node8["nvml_p50_ms"]
     assert attribution["mig56"]["nvml_calls_floor_p50_ms"] is None
 
     memory = data["memory"]

@@ -218,7 +218,7 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
     await env.scrape()
     assert env.scraper._head is head
     assert reads == []
-    # A new collection: read again, once, with it.
+    # A new collection: read again, with it.
     env.exporter.collection = 2
     await eventually(env, lambda v: v["upstream"] == 2)
     assert len(reads) >= 1
