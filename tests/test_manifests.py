@@ -458,6 +458,7 @@ def enricher_problems(workload: Doc, container: Doc, uid: int = ENRICHER_UID) ->
         problems.append("seccompProfile is not RuntimeDefault")
 
     problems += resource_problems(container)
+    problems += sizing_problems(container)
 
     image = container.get("image", "")
     if image != f"{ENRICHER_IMAGE_REPO}:{project_version()}":
@@ -511,6 +512,60 @@ def resource_problems(container: Doc) -> list[str]:
         for name in ("cpu", "memory")
         if name not in resources.get(kind, {})
     ]
+
+
+_QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi)?")
+_BINARY_SUFFIX = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+# The bodies an enricher may hold at once beside its steady state, at --upstream.max-bytes: the
+# body as it came, its decoded text and its rewrite.
+LIMIT_BODIES = 3
+
+
+def memory_bytes(quantity: object) -> int | None:
+    """A memory quantity as the manifests write it (``128Mi``, ``256Mi``, bytes), in bytes;
+    None for any other form (the sizing check then reports it)."""
+    m = _QUANTITY.fullmatch(str(quantity))
+    return int(m.group(1)) * _BINARY_SUFFIX[m.group(2)] if m is not None else None
+
+
+@functools.cache
+def measured_peak_rss_bytes() -> int:
+    """The peak RSS of the enricher in the benchmark run bench/README.md records (mig56, the
+    largest node the benchmark has, every source on: the pod watch and the kubelet over
+    gRPC), from its Memory block."""
+    text = (ROOT / "bench" / "README.md").read_text()
+    m = re.search(r"(?m)^Memory \(enricher RSS MiB.*\n.*; peak ([0-9.]+);", text)
+    assert m is not None, "bench/README.md records no Memory block with a peak RSS"
+    return int(float(m.group(1)) * (1 << 20))
+
+
+def sizing_problems(container: Doc) -> list[str]:
+    """The enricher's memory request holds what it measurably uses (a container over its
+    request is the first the kubelet evicts under memory pressure: the node's metrics would
+    go with it), and its limit holds that plus LIMIT_BODIES bodies at --upstream.max-bytes."""
+    from enricher.config import Config
+
+    memory = {
+        kind: container.get("resources", {}).get(kind, {}).get("memory")
+        for kind in ("requests", "limits")
+    }
+    request, limit = memory_bytes(memory["requests"]), memory_bytes(memory["limits"])
+    if request is None or limit is None:
+        return [f"memory {memory}: not quantities in Ki, Mi, Gi or bytes"]
+    peak = measured_peak_rss_bytes()
+    problems = []
+    if request < peak:
+        problems.append(
+            f"memory request {memory['requests']} is below the measured peak RSS "
+            f"({peak / (1 << 20):.1f} MiB, bench/README.md)"
+        )
+    room = peak + LIMIT_BODIES * Config().upstream_max_bytes
+    if limit < room:
+        problems.append(
+            f"memory limit {memory['limits']} leaves no room for {LIMIT_BODIES} bodies at "
+            f"--upstream.max-bytes over the measured peak ({room / (1 << 20):.0f} MiB)"
+        )
+    return problems
 
 
 def other_container_problems(docs: Docs) -> list[str]:
@@ -1152,6 +1207,21 @@ MUTATIONS = [
         lambda d: _enricher(d)["resources"].pop("limits"),
         "limits",
         id="no-limits",
+    ),
+    pytest.param(
+        lambda d: _enricher(d)["resources"]["requests"].update(memory="64Mi"),
+        "below the measured peak RSS",
+        id="memory-request-under-the-rss",
+    ),
+    pytest.param(
+        lambda d: _enricher(d)["resources"]["limits"].update(memory="128Mi"),
+        "leaves no room",
+        id="memory-limit-without-room-for-a-body",
+    ),
+    pytest.param(
+        lambda d: _enricher(d)["resources"]["requests"].update(memory="0.1Gi"),
+        "not quantities",
+        id="memory-request-in-a-form-not-checked",
     ),
     pytest.param(
         lambda d: _enricher(d)["volumeMounts"][0].update(readOnly=False),
