@@ -13,7 +13,6 @@ so the containers' watts plus the unattributed watts are the device's watts.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -132,8 +131,17 @@ def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
     activity: dict[DeviceKey, float] = {}
     copies: dict[str, dict[str, float]] = {UPSTREAM_POWER: {}, UPSTREAM_ENERGY: {}}
     device_level = {UPSTREAM_POWER: power, UPSTREAM_ENERGY: energy}
+    global _last_heads
+    known = _last_heads
+    heads: dict[tuple[str, str], DeviceKey | None] = {}
     for name, head, tail in lines:
-        parsed = _parse_sample(name, head, tail)
+        if (name, head) in heads:
+            key = heads[(name, head)]
+        else:
+            key = known[(name, head)] if (name, head) in known else _head_device(name, head)
+            if len(heads) < 2 * MAX_UPSTREAM_DEVICES:
+                heads[(name, head)] = key
+        parsed = _parse_sample(key, tail)
         if parsed is None:
             continue
         (uuid, gi), value = parsed
@@ -148,14 +156,13 @@ def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
         for uuid, value in copies[name].items():
             if uuid not in level and len(level) < MAX_UPSTREAM_DEVICES:
                 level[uuid] = value
+    _last_heads = heads
     return UpstreamPower(power, energy, activity)
 
 
-@functools.lru_cache(maxsize=1024)
 def _head_device(name: str, head: str) -> DeviceKey | None:
     """The device a sample line's head (its name and label block) names (None: not valid
-    exposition, or no device). The heads are the same from one collection to the next (the
-    Rewriter's template hands over the same strings), so each is parsed once (bounded cache)."""
+    exposition, or no device)."""
     if not head.startswith(name + "{"):
         return None  # a device field without labels names no GPU
     pairs = parse_label_block(head[len(name) + 1 : -1])
@@ -165,13 +172,19 @@ def _head_device(name: str, head: str) -> DeviceKey | None:
     return key if key is not None and key[0] else None
 
 
+# The heads of the previous upstream_power call and their devices. The heads are the same
+# from one collection to the next (the Rewriter's template hands over the same strings), so
+# each is parsed once; only the last call's are kept, so a head of a pod that left (the
+# upstream's pod labels follow the pods) does not stay.
+_last_heads: dict[tuple[str, str], DeviceKey | None] = {}
+
+
 # A value as exporters write it (an integer or a %f float), alone after the label block: every
 # string it matches is one valid_value accepts as it is.
 _PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
 
 
-def _parse_sample(name: str, head: str, tail: str) -> tuple[DeviceKey, float] | None:
-    key = _head_device(name, head)
+def _parse_sample(key: DeviceKey | None, tail: str) -> tuple[DeviceKey, float] | None:
     if key is None:
         return None
     plain = _PLAIN_TAIL.fullmatch(tail)

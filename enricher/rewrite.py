@@ -293,8 +293,8 @@ class Rewriter:
     """Rewrites upstream exposition according to a plan, caching per distinct label block.
 
     One instance lives as long as the server. Its caches hold what the last text needed: the
-    rewritten blocks (dropped when the plan changes; the parse of a block survives), one
-    template and the last result, so memory follows the payload, not the uptime.
+    rewritten blocks (dropped when the plan changes; their parse survives that), one template
+    and the last result, so memory follows the payload, not the uptime.
 
     Consecutive scrapes of dcgm-exporter differ only in their values, so after each
     line-by-line rewrite the rewriter keeps one template (input and output with the values
@@ -514,9 +514,13 @@ class Rewriter:
             cur_fam.sources.append(index)
             samples += 1
 
+        # Both caches keep the blocks of this text only (a block of a pod that left is not
+        # kept for a return that may never come): under pod churn a bound of a fixed size
+        # would fill with departed pods' blocks over hours and show as growth.
         self._blocks = used
-        if len(self._parsed) > 2 * len(used) + 1024:
-            self._parsed = {k: self._parsed[k] for k in used if k in self._parsed}
+        if len(self._parsed) > len(used):
+            parsed = self._parsed
+            self._parsed = {k: parsed[k] for k in used if k in parsed}
 
         out: list[str] = []
         sources: list[int] = []

@@ -640,8 +640,9 @@ def test_caches_follow_the_payload_not_the_uptime() -> None:
         text = _dcgm(("1", "2", "3")).replace('pod="p"', f'pod="p-{epoch}"')
         rw.rewrite(text, plan)
     blocks, parsed = rw.cache_sizes()
-    assert blocks == 2  # the distinct label blocks of one text
-    assert parsed <= 2 * 2 + 1024 + 1  # 2,001 distinct blocks were seen
+    # The distinct label blocks of the last text, though 2,001 were seen: a bound of a fixed
+    # size would fill with departed pods' blocks and show as growth under churn.
+    assert (blocks, parsed) == (2, 2)
 
 
 # Consecutive collections: one structure, several sets of values, sometimes mutated.

@@ -161,6 +161,25 @@ def test_parse_upstream_power(
     assert dict(got.activity) == activity
 
 
+def test_the_parse_memo_follows_the_payload_not_the_uptime() -> None:
+    """The upstream's pod labels follow the pods: after 2,000 pods came and went, the devices
+    of only the last text's line heads are kept (white box: a bound of a fixed size would
+    fill with departed pods' heads and show as growth under churn), and each reading is
+    still the one of its own text."""
+    from enricher import power as power_module
+
+    for epoch in range(2_000):
+        got = parse_upstream_power(
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-{epoch}"}} {epoch}\n'
+            f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",pod="q"}} 7\n'
+        )
+        assert dict(got.power_watts) == {U0: float(epoch), U1: 7.0}
+    assert sorted(power_module._last_heads) == [
+        ("DCGM_FI_DEV_POWER_USAGE", f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-1999"}}'),
+        ("DCGM_FI_DEV_POWER_USAGE", f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",pod="q"}}'),
+    ]
+
+
 def test_upstream_reading_preferred_per_gpu_and_per_field() -> None:
     snap = GpuSnapshot(
         devices=(GpuDevice(0, U0, "A100"), GpuDevice(1, U1, "A100")),
