@@ -60,6 +60,7 @@ from .promclient import (
     MetricWriter,
     RuntimeFamilies,
     make_registry,
+    turn_label_sets,
 )
 from .refresh import Follower, Refresher
 from .resourceslices import SliceIndex
@@ -466,6 +467,9 @@ class Scraper:
             and head.identities == {**node.fallback, **self._identities}
         ):
             return head
+        # A new collection (or node view): label sets not written since the previous one (a
+        # pod that left) leave the label memo at the next.
+        turn_label_sets()
         rewritten: RewriteResult | None = None
         if text is not None:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)

@@ -107,14 +107,43 @@ def _family_head(kept: str, documentation: str, typ: str) -> str:
     return f"# HELP {exposed} {doc}\n# TYPE {exposed} {_TYPES[typ]}\n"
 
 
-# A collection's own series are a few hundred label sets; pods that come and go must not
-# fill the cache up to a larger bound (the memory bench's drift under churn).
-@functools.lru_cache(maxsize=1024)
+# label_text's memo: the label sets written since the last turn, and those of the turn before
+# (written again, one moves back to the current ones). The Scraper turns it once per
+# collection (turn_label_sets), so a set not written for a whole collection (a pod that left)
+# is gone at the next turn: the memo follows the series in use, with no fixed bound for pods
+# that come and go to fill (a bound of 1,024 sets did, over thousands of scrapes under
+# churn), nor for a node with more series than that to outgrow. A process that never turns
+# it turns it every LABEL_SETS_MAX new sets.
+LABEL_SETS_MAX = 8192
+_label_sets: dict[tuple[tuple[str, str], ...], str] = {}
+_label_sets_before: dict[tuple[tuple[str, str], ...], str] = {}
+
+
 def label_text(pairs: tuple[tuple[str, str], ...]) -> str:
     """The label block (without braces) prometheus_client writes for ``pairs``: values made
     writable (``written_value``), a repeated name keeping its last value, sorted by name,
     escaped by its rules."""
-    return _label_block({k: written_value(v) for k, v in pairs})
+    block = _label_sets.get(pairs)
+    if block is None:
+        block = _label_sets_before.pop(pairs, None)
+        if block is None:
+            block = _label_block({k: written_value(v) for k, v in pairs})
+        if len(_label_sets) >= LABEL_SETS_MAX:
+            turn_label_sets()
+        _label_sets[pairs] = block
+    return block
+
+
+def turn_label_sets() -> None:
+    """Start a new turn of label_text's memo: the sets written before the previous turn and
+    not since are dropped."""
+    global _label_sets, _label_sets_before
+    _label_sets_before, _label_sets = _label_sets, {}
+
+
+def label_sets_held() -> int:
+    """How many label sets label_text's memo holds (both turns)."""
+    return len(_label_sets) + len(_label_sets_before)
 
 
 def _label_block(labels: dict[str, str]) -> str:

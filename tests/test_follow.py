@@ -224,6 +224,30 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
     assert len(reads) >= 1
 
 
+async def test_each_collection_turns_the_label_memo_once(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The label memo (promclient.label_text) follows the series in use by one turn per
+    collection: a poll that finds the body unchanged, or a scrape, turns nothing; a new
+    collection turns it, before its families are written."""
+    from enricher import app as app_module
+
+    await env.scrape()
+    turns: list[object] = []
+    monkeypatch.setattr(app_module, "turn_label_sets", lambda: turns.append(env.scraper._head))
+    polls = env.exporter.requests
+    deadline = time.monotonic() + WAIT
+    while env.exporter.requests < polls + 3:
+        assert time.monotonic() < deadline, "the follower stopped polling"
+        await asyncio.sleep(STEP)
+    await env.scrape()
+    assert turns == []
+    head = env.scraper._head
+    env.exporter.collection = 2
+    await eventually(env, lambda v: v["upstream"] == 2)
+    assert turns[:1] == [head]  # turned while the head before was still the current one
+
+
 async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     """Between two collections dcgm-exporter serves the same body: each poll's copy is dropped
     for the one already prepared, so the enricher keeps one copy of it, and a scrape finds the

@@ -28,15 +28,19 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from enricher import promclient
 from enricher.app import Scraper, make_app
 from enricher.enrich import plan_devices
 from enricher.promclient import (
     LatestMetrics,
     MetricWriter,
     RuntimeFamilies,
+    label_sets_held,
+    label_text,
     make_registry,
     render_metrics,
     render_registry,
+    turn_label_sets,
 )
 from enricher.rewrite import Rewriter
 from enricher.textformat import FamilyWriter, written_value
@@ -335,6 +339,47 @@ def test_counters_keep_their_names_and_write_no_created() -> None:
     assert samples(ours) == samples(hand)
     with pytest.raises(ValueError, match="_total"):
         MetricWriter().family("t", "no suffix", "counter")
+
+
+def _pod_series(pods: range) -> MetricWriter:
+    w = MetricWriter()
+    w.family("t", "T.")
+    for i in pods:
+        w.sample("t", (("namespace", "ns"), ("pod", f"p-{i}")), i)
+    return w
+
+
+def test_the_label_memo_follows_the_series_in_use() -> None:
+    """Pods come and go, ten on the node at a time, one collection each: after 2,000 pods
+    the memo holds the sets of the last two turns only (a fixed bound would have filled with
+    departed pods'), and every line is still written as prometheus_client writes it."""
+    turn_label_sets()
+    turn_label_sets()
+    for collection in range(2_000):
+        turn_label_sets()
+        text = _pod_series(range(collection, collection + 10)).render()
+        assert f't{{namespace="ns",pod="p-{collection}"}} {float(collection)}\n' in text
+    assert label_sets_held() == 11  # this turn's ten and the one pod of the turn before
+
+
+def test_a_label_set_written_again_survives_its_turn() -> None:
+    turn_label_sets()
+    pairs = (("pod", 'a"b'),)
+    first = label_text(pairs)
+    turn_label_sets()
+    assert label_text(pairs) is first  # moved back from the turn before, not written anew
+    turn_label_sets()
+    turn_label_sets()
+    assert label_text(pairs) == first and label_text(pairs) is not first
+
+
+def test_the_label_memo_turns_itself_at_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that never turns it (no Scraper) still holds at most two bounds of sets."""
+    monkeypatch.setattr(promclient, "LABEL_SETS_MAX", 100)
+    turn_label_sets()
+    turn_label_sets()
+    _pod_series(range(1_000)).render()
+    assert label_sets_held() <= 200
 
 
 def test_families_keep_their_order_and_empty_ones_their_help() -> None:
