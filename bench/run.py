@@ -1509,14 +1509,18 @@ def main(argv: list[str] | None = None) -> int:
                         # Every source on: the pod watch and the kubelet's PodResources (gRPC).
                         kubelet = start_kubelet(sim, work / "kubelet.sock")
                         try:
-                            every = replace(spec, kubelet_socket=str(work / "kubelet.sock"))
+                            every = replace(
+                                spec, kubelet_socket=str(work / "kubelet.sock"), timings=False
+                            )
                             results["memory"] = bench_memory(
                                 mode,
                                 sim,
                                 kube,
                                 upstream,
                                 lambda: _start(servers.run_enricher, every),
-                                lambda: _start(servers.run_enricher, replace(spec, kube=False)),
+                                lambda: _start(
+                                    servers.run_enricher, replace(spec, kube=False, timings=False)
+                                ),
                             )
                             results["memory"]["kubelet_calls"] = kubelet.calls
                         finally:

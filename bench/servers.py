@@ -192,6 +192,9 @@ class EnricherSpec:
     rewrite_on_loop: bool = False
     # True: count where the process's CPU goes (bench.breakdown; an instrumented run).
     breakdown: bool = False
+    # False: no timings of the fetch, the rewrite and the scrape in the process (the memory
+    # part: their bounded lists, filling over its first 4,096 scrapes, would count as growth).
+    timings: bool = True
 
 
 # Installed by the test extras only, and imported by libraries the enricher uses when present
@@ -348,7 +351,8 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
         cpu = CpuBreakdown()
         cpu.install()
     timings = _Timings()
-    timings.install(app_module, scraper)
+    if spec.timings:
+        timings.install(app_module, scraper)
     runner = await serve(
         make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
     )
