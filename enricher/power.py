@@ -135,12 +135,13 @@ def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
     known = _last_heads
     heads: dict[tuple[str, str], DeviceKey | None] = {}
     for name, head, tail in lines:
-        if (name, head) in heads:
-            key = heads[(name, head)]
+        line_head = (name, head)
+        if line_head in heads:
+            key = heads[line_head]
         else:
-            key = known[(name, head)] if (name, head) in known else _head_device(name, head)
+            key = known[line_head] if line_head in known else _head_device(name, head)
             if len(heads) < 2 * MAX_UPSTREAM_DEVICES:
-                heads[(name, head)] = key
+                heads[line_head] = key
         parsed = _parse_sample(key, tail)
         if parsed is None:
             continue

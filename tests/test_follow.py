@@ -224,7 +224,7 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
     assert len(reads) >= 1
 
 
-async def test_each_collection_turns_the_label_memo_once(
+async def test_a_new_collection_turns_the_label_memo(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The label memo (promclient.label_text) follows the series in use by one turn per

@@ -540,9 +540,10 @@ def measured_peak_rss_bytes() -> int:
 
 
 def sizing_problems(container: Doc) -> list[str]:
-    """The enricher's memory request holds what it measurably uses (a container over its
-    request is the first the kubelet evicts under memory pressure: the node's metrics would
-    go with it), and its limit holds that plus LIMIT_BODIES bodies at --upstream.max-bytes."""
+    """The enricher's memory request holds what it measurably uses (a pod using more than
+    its requests is among the first the kubelet evicts under memory pressure: the node's
+    metrics would go with it), and its limit holds that plus LIMIT_BODIES bodies at
+    --upstream.max-bytes."""
     from enricher.config import Config
 
     memory = {
