@@ -311,6 +311,9 @@ class Scraper:
         self._rewrite_worker = Worker("enricher-rewrite")
         self.scrapes_total = 0
         self.shared_scrapes_total = 0
+        # Upstream bodies that differed from the one before: dcgm-exporter's collections as
+        # seen here (with upstream_requests_total, the upstream's load per collection).
+        self.upstream_collections_total = 0
         self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
         self.last: ScrapeResult | None = None
         self._last_duration = 0.0
@@ -467,6 +470,10 @@ class Scraper:
             and head.identities == {**node.fallback, **self._identities}
         ):
             return head
+        if text is not None and (head is None or text is not head.text):
+            # A body that differs from the last head's (_fetch_upstream hands an equal one
+            # back as that head's object): one upstream collection.
+            self.upstream_collections_total += 1
         # A new collection (or node view): label sets not written since the previous one (a
         # pod that left) leave the label memo at the next.
         turn_label_sets()
@@ -803,6 +810,12 @@ class Scraper:
                 "Requests sent to the upstream.",
                 "counter",
                 self.upstream.requests_total,
+            ),
+            "dcgm_enricher_upstream_collections_total": (
+                "Upstream bodies that differed from the one before: dcgm-exporter's "
+                "collections as the enricher saw them.",
+                "counter",
+                self.upstream_collections_total,
             ),
             "dcgm_enricher_scrapes_total": (
                 "Scrapes of /metrics served.",

@@ -276,3 +276,36 @@ async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     await eventually(env, lambda v: v["upstream"] == 2)
     assert env.scraper._head is not head
     assert (await follower.latest())[0].value is env.scraper._head.text
+
+
+def _counter(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                return float(s.value)
+    raise KeyError(name)
+
+
+async def test_collections_are_counted_once_each_beside_the_requests(env: Env) -> None:
+    """dcgm_enricher_upstream_collections_total counts the upstream bodies that differed from
+    the one before, however many polls and scrapes saw each; with
+    dcgm_enricher_upstream_requests_total it gives the upstream's load per collection on a
+    live node (docs/performance.md)."""
+    await env.scrape()
+    for collection in (2, 3):
+        polls = env.exporter.requests
+        deadline = time.monotonic() + WAIT
+        while env.exporter.requests < polls + 3:  # polls that find the body unchanged
+            assert time.monotonic() < deadline, "the follower stopped polling"
+            await asyncio.sleep(STEP)
+        await env.scrape()
+        env.exporter.collection = collection
+        await eventually(env, lambda v, c=collection: v["upstream"] == c)
+    env.exporter.down = True  # a failed answer is no collection
+    await eventually(env, lambda v: v["upstream_up"] == 0)
+    resp = await env.client.get("/metrics")
+    text = await resp.text()
+    assert _counter(text, "dcgm_enricher_upstream_collections_total") == 3
+    requests = _counter(text, "dcgm_enricher_upstream_requests_total")
+    assert requests > 3 * 3  # the unchanged polls were requests, not collections
+    assert requests <= env.exporter.requests

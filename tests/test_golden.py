@@ -211,6 +211,7 @@ async def test_node_golden_in_the_default_following_mode(
 # The self-metrics that move with every scrape; the others are written once per collection.
 PER_SCRAPE_FAMILIES = (
     "dcgm_enricher_upstream_requests_total",
+    "dcgm_enricher_upstream_collections_total",
     "dcgm_enricher_scrapes_total",
     "dcgm_enricher_shared_scrapes_total",
     "dcgm_enricher_node_page_requests_total",
