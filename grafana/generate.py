@@ -764,9 +764,87 @@ def rows() -> list[Row]:
                     ),
                     width=8,
                 ),
+                _series(
+                    "Enricher CPU (millicores)",
+                    "CPU the enricher itself uses, from its own process_cpu_seconds_total: the "
+                    "busiest enricher and the average over all of them. The manifests request "
+                    "50m and limit it to 500m; at dcgm-exporter's default rhythm (a collection "
+                    "every 30 s) it uses well under a millicore (docs/performance.md).",
+                    Target(
+                        f"max({own_process('rate(process_cpu_seconds_total[$__rate_interval])')})"
+                        " * 1000",
+                        "busiest enricher",
+                    ),
+                    Target(
+                        f"avg({own_process('rate(process_cpu_seconds_total[$__rate_interval])')})"
+                        " * 1000",
+                        "average",
+                    ),
+                ),
+                _series(
+                    "Enricher memory (RSS)",
+                    "Resident memory of the enricher itself, from its own "
+                    "process_resident_memory_bytes: the largest and the average over all "
+                    "enrichers. The manifests request 128Mi and limit it to 256Mi (the steady "
+                    "RSS plus one upstream body at --upstream.max-bytes; docs/performance.md).",
+                    Target(
+                        f"max({own_process('process_resident_memory_bytes')})", "largest enricher"
+                    ),
+                    Target(f"avg({own_process('process_resident_memory_bytes')})", "average"),
+                    unit="bytes",
+                ),
+                _series(
+                    "Upstream requests per collection",
+                    "Requests each enricher sends dcgm-exporter per collection it sees: about 2 "
+                    "when it follows the upstream (the default), one per scrape with "
+                    "--upstream.follow-step=0. Prometheus scraping dcgm-exporter directly would "
+                    "send one per scrape.",
+                    # No collection in the window (the upstream down: see the sources): no
+                    # value rather than +Inf.
+                    Target(
+                        f"sum({_rate('dcgm_enricher_upstream_requests_total')}) / "
+                        f"(sum({_rate('dcgm_enricher_upstream_collections_total')}) > 0)",
+                        "all enrichers",
+                    ),
+                    Target(
+                        f"max({_rate('dcgm_enricher_upstream_requests_total')} / "
+                        f"({_rate('dcgm_enricher_upstream_collections_total')} > 0))",
+                        "highest enricher",
+                    ),
+                    width=12,
+                ),
+                _series(
+                    "Scrapes, upstream requests and collections",
+                    "Per second, all enrichers together: scrapes of /metrics served, requests "
+                    "sent to dcgm-exporter and dcgm-exporter collections seen.",
+                    Target(f"sum({_rate('dcgm_enricher_scrapes_total')})", "scrapes"),
+                    Target(
+                        f"sum({_rate('dcgm_enricher_upstream_requests_total')})",
+                        "upstream requests",
+                    ),
+                    Target(
+                        f"sum({_rate('dcgm_enricher_upstream_collections_total')})",
+                        "collections",
+                    ),
+                    unit="reqps",
+                    width=12,
+                ),
             ],
         ),
     ]
+
+
+def _rate(counter: str) -> str:
+    """The per-second rate of one of the enricher's own counters."""
+    return f"rate({sel(counter, *SELF_FILTER)}[$__rate_interval])"
+
+
+def own_process(expr: str) -> str:
+    """``expr`` over process_* series kept to the enricher's own targets: those series carry
+    no name of their own (every prometheus_client and Go exporter writes them), so they are
+    joined to the target's dcgm_enricher_build_info."""
+    info = sel("dcgm_enricher_build_info", *SELF_FILTER)
+    return f"{expr} * on (cluster, job, instance) group_left () {info}"
 
 
 # --------------------------------------------------------------------------- rendering

@@ -35,6 +35,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from enricher import demo as demo_module
+from enricher.config import Config
+
 from .harness import free_port, stop_process
 from .promreleases import PromRelease
 
@@ -221,7 +224,13 @@ REQUIRED_PANELS = {
         "PCIe replays",
         "Clocks",
     },
-    "dcgm-enricher": {"Sources up (worst node)", "Source duration (slowest enricher)"},
+    "dcgm-enricher": {
+        "Sources up (worst node)",
+        "Source duration (slowest enricher)",
+        "Enricher CPU (millicores)",
+        "Enricher memory (RSS)",
+        "Upstream requests per collection",
+    },
 }
 
 
@@ -334,7 +343,9 @@ def _get(url: str, timeout: float = 5) -> bytes:
         return body
 
 
-def _prometheus_config(target: str, honor: bool) -> dict[str, Any]:
+def _prometheus_config(target: str, honor: bool, itself: str) -> dict[str, Any]:
+    """Prometheus scraping the demo (``target``) as the manifests do, and ``itself``, another
+    target with process_* series (as every real Prometheus has many)."""
     relabel = [
         # What the Prometheus Operator gives every target: the scraped pod's own labels.
         {"target_label": "pod", "replacement": ENRICHER_POD},
@@ -350,7 +361,8 @@ def _prometheus_config(target: str, honor: bool) -> dict[str, Any]:
                 "honor_labels": honor,
                 "static_configs": [{"targets": [target]}],
                 "relabel_configs": relabel,
-            }
+            },
+            {"job_name": "prometheus", "static_configs": [{"targets": [itself]}]},
         ],
     }
     if honor:
@@ -511,9 +523,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -
         for mode, prefix in MODES.items():
             data = tmp / mode
             data.mkdir()
-            config = _prometheus_config(f"127.0.0.1:{demo_port}", honor=prefix == "")
-            (data / "prometheus.yml").write_text(yaml.safe_dump(config))
             port = free_port()
+            config = _prometheus_config(
+                f"127.0.0.1:{demo_port}", honor=prefix == "", itself=f"127.0.0.1:{port}"
+            )
+            (data / "prometheus.yml").write_text(yaml.safe_dump(config))
             start(
                 mode,
                 [
@@ -722,3 +736,25 @@ def test_dra_allocation_joins_the_upstreams_series(stack: Stack) -> None:
         'gpu_container_allocated{resource="gpu.nvidia.com"}',
     )
     assert [s["metric"]["pod"] for s in joined] == ["dra-train-0"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_cost_panels_show_the_enrichers_own_process(stack: Stack, mode: str) -> None:
+    """The panels of the enricher's own cost read the demo enricher's process_* series only,
+    not those of the other target (Prometheus itself, whose RSS is many times the demo's),
+    and the upstream's load per collection from the enricher's two counters."""
+    prefix = MODES[mode]
+    everyone = stack.poll(mode, "count(process_resident_memory_bytes)")
+    assert everyone and float(everyone[0]["value"][1]) == 2, everyone
+    panels = {q.panel: q for q in queries() if q.ref == "A"}
+    for title in ("Enricher CPU (millicores)", "Enricher memory (RSS)"):
+        inner = panels[title].expr.removeprefix("max(").split(") * 1000")[0].removesuffix(")")
+        own = stack.poll(mode, interpolate(inner, prefix))
+        assert [s["metric"]["job"] for s in own] == ["dcgm-enricher"], (title, own)
+    # The demo's dcgm-exporter stand-in collects every 5 s; a poll finds each collection, so
+    # the ratio is at least 1, and below what a poll on every follow step would send.
+    ratio = stack.poll(mode, interpolate(panels["Upstream requests per collection"].expr, prefix))
+    assert ratio, "no upstream requests per collection"
+    value = float(ratio[0]["value"][1])
+    follow_step = Config().upstream_follow_step
+    assert 1.0 <= value < demo_module.UPSTREAM_COLLECT_INTERVAL / follow_step, value
