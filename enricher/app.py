@@ -314,6 +314,8 @@ class Scraper:
         # Upstream bodies that differed from the one before: dcgm-exporter's collections as
         # seen here (with upstream_requests_total, the upstream's load per collection).
         self.upstream_collections_total = 0
+        # Bytes of /metrics bodies sent, by Content-Encoding (make_app counts them).
+        self.response_bytes = {"gzip": 0, "identity": 0}
         self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
         self.last: ScrapeResult | None = None
         self._last_duration = 0.0
@@ -846,7 +848,17 @@ class Scraper:
                 "gauge",
                 self.pods.last_sync,
             )
-        return value_families(extra)
+        writer = value_families(extra)
+        name = "dcgm_enricher_response_bytes_total"
+        writer.family(
+            name,
+            "Bytes of /metrics bodies sent, by Content-Encoding (gzip when the scraper "
+            "accepts it); this scrape's own body counts on the next.",
+            "counter",
+        )
+        for encoding, sent in self.response_bytes.items():
+            writer.sample(name, (("encoding", encoding),), sent)
+        return writer
 
     def _remember(self, seen: dict[DeviceKey, tuple[tuple[str, str], ...]]) -> None:
         """Keep the upstream's device labels so our families keep the same label set when the
@@ -883,8 +895,12 @@ def make_app(scraper: Scraper) -> web.Application:
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
         if accepts_gzip(request.headers.get("Accept-Encoding", "")):
             headers["Content-Encoding"] = "gzip"
-            return web.Response(body=await scraper.gzip_body(result), headers=headers)
-        return web.Response(body=result.body, headers=headers)
+            body = await scraper.gzip_body(result)
+            scraper.response_bytes["gzip"] += len(body)
+        else:
+            body = result.body
+            scraper.response_bytes["identity"] += len(body)
+        return web.Response(body=body, headers=headers)
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

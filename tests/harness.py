@@ -155,7 +155,9 @@ def who(pod: SimPod) -> tuple[str, str, str]:
 
 _VOLATILE = re.compile(
     r"^((?:dcgm_enricher_source_duration_seconds|dcgm_enricher_scrape_duration_seconds|"
-    r"dcgm_enricher_kubernetes_last_sync_timestamp_seconds)(?:\{[^}]*\})?) \S+$",
+    r"dcgm_enricher_kubernetes_last_sync_timestamp_seconds|"
+    # The bytes of the bodies before: they carry the timings.
+    r"dcgm_enricher_response_bytes_total)(?:\{[^}]*\})?) \S+$",
     re.MULTILINE,
 )
 

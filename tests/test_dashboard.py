@@ -758,3 +758,6 @@ def test_cost_panels_show_the_enrichers_own_process(stack: Stack, mode: str) -> 
     value = float(ratio[0]["value"][1])
     follow_step = Config().upstream_follow_step
     assert 1.0 <= value < demo_module.UPSTREAM_COLLECT_INTERVAL / follow_step, value
+    # Prometheus asks for gzip: the bytes panel shows gzip bodies going out.
+    sent = stack.poll(mode, interpolate(panels["Bytes sent to scrapers"].expr + " > 0", prefix))
+    assert {s["metric"]["encoding"] for s in sent} >= {"gzip"}, sent

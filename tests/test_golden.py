@@ -217,6 +217,7 @@ PER_SCRAPE_FAMILIES = (
     "dcgm_enricher_node_page_requests_total",
     "dcgm_enricher_scrape_duration_seconds",
     "dcgm_enricher_kubernetes_last_sync_timestamp_seconds",
+    "dcgm_enricher_response_bytes_total",
 )
 
 

@@ -298,3 +298,33 @@ async def test_oversized_request_header_is_refused() -> None:
                 assert resp.status == 200
     finally:
         await runner.cleanup()
+
+
+async def test_bytes_sent_are_counted_by_encoding(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    """dcgm_enricher_response_bytes_total: the bytes of each /metrics body as sent, gzip or
+    identity by what the scraper accepts, counted on the scrape after it."""
+
+    async def h(_request: web.Request) -> web.Response:
+        return web.Response(text=GOOD, content_type="text/plain")
+
+    client = await _client(await serve(h))
+    try:
+        plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+        first = await plain.read()
+        zipped = await client.get(
+            "/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False
+        )
+        assert zipped.headers["Content-Encoding"] == "gzip"
+        second = await zipped.read()
+        text = gzip.decompress(second).decode()
+        assert _value(text, "dcgm_enricher_response_bytes_total", encoding="identity") == len(first)
+        assert _value(text, "dcgm_enricher_response_bytes_total", encoding="gzip") == 0
+        third = await (await client.get("/metrics", headers={"Accept-Encoding": "identity"})).text()
+        assert _value(third, "dcgm_enricher_response_bytes_total", encoding="identity") == len(
+            first
+        )
+        assert _value(third, "dcgm_enricher_response_bytes_total", encoding="gzip") == len(second)
+    finally:
+        await client.close()
