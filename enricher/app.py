@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 
 from . import __version__
+from .cgroupmem import CGROUPFS, read_limit
 from .compress import GzipHead, accepts_gzip
 from .config import Config
 from .enrich import (
@@ -233,13 +234,15 @@ class Scraper:
         sources: Sequence[Source] = (),
         clock: Callable[[], float] = time.monotonic,
         own_procfs: str = OWN_PROCFS,
+        own_cgroupfs: str = CGROUPFS,
     ) -> None:
         """The node's sources, each an ``enricher.sources.Source``; None switches one off (it
         is reported with enabled 0). ``docker``: name containers outside pods after Docker
         containers (Docker mode, for hosts without Kubernetes). ``sources``: more sources,
         read on every node read and reported like the others; nothing else uses their
         values. ``own_procfs``: the /proc whose ``self`` the process_* families describe (the
-        enricher's own /proc, not --path.procfs)."""
+        enricher's own /proc, not --path.procfs); ``own_cgroupfs``: the cgroup filesystem its
+        memory limit is read from (enricher.cgroupmem)."""
         self.config = config
         self.gpu = gpu
         self.procs = procs
@@ -251,6 +254,8 @@ class Scraper:
         # The enricher's self-metrics, process_* and python_*: a registry per Scraper.
         self._latest = LatestMetrics()
         self._runtime = RuntimeFamilies(own_procfs)
+        self._own_procfs = own_procfs
+        self._own_cgroupfs = own_cgroupfs
         self.registry = make_registry(self._latest, runtime=self._runtime)
         # The self-metrics that change once per collection (not per scrape), written once.
         self._tail_memo: _CollectionTail | None = None
@@ -802,6 +807,14 @@ class Scraper:
                 "containers get no gpu_container_allocated series.",
                 "gauge",
                 node.unmapped + node.listed.skipped,
+            )
+        limit = read_limit(self._own_procfs, self._own_cgroupfs)
+        if limit is not None:
+            extra["dcgm_enricher_memory_limit_bytes"] = (
+                "The memory limit the kernel enforces on the enricher's own cgroup (its "
+                "container's); absent when there is none.",
+                "gauge",
+                limit,
             )
         return before, value_families(extra, version=__version__)
 

@@ -786,7 +786,8 @@ def rows() -> list[Row]:
                     "Resident memory of the enricher itself, from its own "
                     "process_resident_memory_bytes: the largest and the average over all "
                     "enrichers. The manifests request 128Mi and limit it to 256Mi (the steady "
-                    "RSS plus one upstream body at --upstream.max-bytes; docs/performance.md).",
+                    "RSS plus one upstream body at --upstream.max-bytes; docs/performance.md); "
+                    "GpuEnricherMemoryNearLimit warns at 90 % of the container's limit.",
                     Target(
                         f"max({own_process('process_resident_memory_bytes')})", "largest enricher"
                     ),

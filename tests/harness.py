@@ -482,6 +482,9 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
             pods=cache,
             podresources=make_podresources_source(cfg) if podresources else None,
             docker=docker,
+            # The golden outputs do not depend on the memory limit of the machine's cgroup
+            # (tests/test_cgroupmem.py and tests/test_promclient.py read limits).
+            own_cgroupfs=str(proc_root / "no-cgroupfs"),
         )
         client = TestClient(TestServer(make_app(scraper)))
         await client.start_server()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from enricher.cgroupmem import read_limit
 from enricher.commands import ps, resolve
 from enricher.config import Config
 from enricher.docker import DockerSource
@@ -114,6 +115,16 @@ def test_real_cgroup_names_the_container(real_docker: Engine) -> None:
     assert info.cgroup.container_id == cid
     assert info.cgroup.runtime is Runtime.DOCKER
     assert info.cgroup.pod_uid is None
+
+
+def test_real_memory_limit_of_a_container(real_docker: Engine) -> None:
+    """The kernel's cgroup tree as the host sees it: a container run with a memory limit
+    (Docker writes it to the container's cgroup), read for its process by enricher.cgroupmem
+    as the enricher reads its own; a container without one has none."""
+    limited = real_docker.run("limited", *SLEEP, options=["--memory", "64m"])
+    assert read_limit("/proc", pid=str(real_docker.pid(limited))) == 64 << 20
+    free = real_docker.run("unlimited", *SLEEP)
+    assert read_limit("/proc", pid=str(real_docker.pid(free))) is None
 
 
 def test_a_restarted_container_keeps_its_id_under_a_new_pid(real_docker: Engine) -> None:

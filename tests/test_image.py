@@ -282,6 +282,7 @@ def test_image_attributes_a_real_container(
         "--no-kube.enabled",
     ]
     flags = run_flags(user)
+    flags += ["--memory", "256m"]  # the manifests' limit: the kernel enforces it on the cgroup
     flags += ["-v", f"{nvml_dir / 'libnvidia-ml.so.1'}:{NVML_IN_CONTAINER}:ro"]
     flags += ["-v", f"{nvml_dir}:/run/nvml:ro"]
     flags += ["-e", "FAKE_NVML_STATE=/run/nvml/state"]
@@ -325,6 +326,9 @@ def test_image_attributes_a_real_container(
             if with_socket:
                 want_up["docker"] = "1"
             assert up == want_up
+            # Its own memory limit, read inside the container from its cgroup's files.
+            (limit,) = prom.wait_for("dcgm_enricher_memory_limit_bytes")
+            assert float(limit["value"][1]) == 256 << 20
             (scrape,) = prom.wait_for('up{job="enricher"}')
             assert scrape["value"][1] == "1"
             # Every sample of the scrape was taken: nothing Prometheus's parser refused.

@@ -474,3 +474,23 @@ def test_writer_render_is_generate_latest(rows: list[tuple[str, list[Any], float
         w.sample(name, labels, value if name == "g" else abs(value))
     for _ in range(2):
         assert w.render() == generate_latest(w).decode()
+
+
+async def test_memory_limit_of_the_own_cgroup(serve: Any, tmp_path: Path, promtool: str) -> None:
+    """dcgm_enricher_memory_limit_bytes: the limit of the enricher's own cgroup (here a
+    cgroup v1 container's tree), next to process_resident_memory_bytes from the same /proc."""
+    _fake_proc(tmp_path / "proc", rss_pages=2048, utime=1, stime=1, fds=1)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("4:memory:/kubepods/pod1/abc\n")
+    limit = tmp_path / "cg" / "memory" / "memory.limit_in_bytes"
+    limit.parent.mkdir(parents=True)
+    limit.write_text("268435456\n")
+    scraper = {"own_procfs": str(tmp_path / "proc"), "own_cgroupfs": str(tmp_path / "cg")}
+    text = await get_metrics(await serve(**scraper))
+    assert value(text, "dcgm_enricher_memory_limit_bytes") == 256 << 20
+    assert value(text, "process_resident_memory_bytes") == 2048 * mmap.PAGESIZE
+    res = promtool_check_metrics(promtool, text)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # No limit: no series (an alert on the ratio has nothing to divide by).
+    limit.write_text("9223372036854771712\n")
+    text = await get_metrics(await serve(**scraper))
+    assert "dcgm_enricher_memory_limit_bytes" not in samples(text)
