@@ -136,6 +136,7 @@ class _CollectionTail(NamedTuple):
     before_text: bytes
     after_text: bytes
     runtime_text: bytes
+    memory_limit: int | None
 
 
 class ScrapeResult:
@@ -720,15 +721,17 @@ class Scraper:
             or memo.upstream is not upstream
             or memo.head is not head
         ):
-            before, after = self._collection_metrics(statuses, node, samples, invalid_lines)
-            # The process's own figures are read with the collection: once per node view and
-            # head, not again for each poll that found the upstream's body unchanged (a new
-            # answer, so new upstream figures, but the same collection; docs/metrics.md).
-            runtime = (
-                memo.runtime_text
-                if memo is not None and memo.node is node and memo.head is head
-                else self._runtime.render()
-            )
+            # The process's own figures (and its memory limit) are read with the collection:
+            # once per node view and head, not again for each poll that found the upstream's
+            # body unchanged (a new answer, so new upstream figures, but the same collection;
+            # docs/metrics.md).
+            kept = memo if memo is not None and memo.node is node and memo.head is head else None
+            if kept is not None:
+                limit, runtime = kept.memory_limit, kept.runtime_text
+            else:
+                limit = read_limit(self._own_procfs, self._own_cgroupfs)
+                runtime = self._runtime.render()
+            before, after = self._collection_metrics(statuses, node, samples, invalid_lines, limit)
             memo = self._tail_memo = _CollectionTail(
                 node,
                 upstream,
@@ -738,6 +741,7 @@ class Scraper:
                 before.render().encode("utf-8"),
                 after.render().encode("utf-8"),
                 runtime,
+                limit,
             )
         per_scrape = self._scrape_metrics()
         self._latest.parts = (memo.before, per_scrape, memo.after)
@@ -765,9 +769,11 @@ class Scraper:
         node: NodeView,
         samples: int,
         invalid_lines: int,
+        memory_limit: int | None,
     ) -> tuple[MetricWriter, MetricWriter]:
         """The self-metrics of one node view and upstream answer: those written before the
-        per-scrape counters, and those after them (the order of the families on /metrics)."""
+        per-scrape counters, and those after them (the order of the families on /metrics).
+        ``memory_limit``: of the enricher's own cgroup (None: none, and no series)."""
         before = self_metrics(
             statuses,
             node.attributions,
@@ -808,13 +814,12 @@ class Scraper:
                 "gauge",
                 node.unmapped + node.listed.skipped,
             )
-        limit = read_limit(self._own_procfs, self._own_cgroupfs)
-        if limit is not None:
+        if memory_limit is not None:
             extra["dcgm_enricher_memory_limit_bytes"] = (
                 "The memory limit the kernel enforces on the enricher's own cgroup (its "
                 "container's); absent when there is none.",
                 "gauge",
-                limit,
+                memory_limit,
             )
         return before, value_families(extra, version=__version__)
 

@@ -16,35 +16,31 @@ does the reads, each bounded.
 
 from __future__ import annotations
 
-import os
 import posixpath
+
+from .procfs import MAX_FILE_BYTES, cgroup_lines, read_bounded
 
 CGROUPFS = "/sys/fs/cgroup"
 # cgroup v1 writes "no limit" as the page counter's maximum rounded to pages
 # (9223372036854771712 with 4 KiB pages); anything this large is no limit.
 _UNLIMITED_FROM = 1 << 62
-_MAX_READ = 4096  # /proc/self/cgroup of a process is a few hundred bytes; a limit 20
+_MAX_LIMIT_BYTES = 64  # a limit file holds one number or "max"
 
 
 def own_cgroups(text: str) -> tuple[str | None, str | None]:
     """The process's cgroup v2 path and its v1 ``memory`` path from /proc/<pid>/cgroup text
-    (None where there is none, or the path is not a clean absolute path)."""
+    (None where there is none, or the path climbs with ``..``); the lines as
+    procfs.cgroup_lines accepts them."""
     unified: str | None = None
     memory: str | None = None
-    for line in text.splitlines():
-        hierarchy, sep, rest = line.partition(":")
-        controllers, sep2, path = rest.partition(":")
-        if not (sep and sep2) or not _clean(path):
+    for hierarchy, controllers, path in cgroup_lines(text):
+        if ".." in path.split("/"):
             continue
         if hierarchy == "0" and controllers == "":
             unified = path
         elif "memory" in controllers.split(","):
             memory = path
     return unified, memory
-
-
-def _clean(path: str) -> bool:
-    return path.startswith("/") and ".." not in path.split("/") and "\x00" not in path
 
 
 def parse_limit(text: str) -> int | None:
@@ -72,27 +68,23 @@ def limit_files(cgroup_text: str, cgroupfs: str = CGROUPFS) -> list[str]:
     return list(dict.fromkeys(posixpath.normpath(f) for f in files))
 
 
-def _read(path: str) -> str | None:
+def _read(path: str, limit: int) -> str | None:
+    """The file's text (None: missing, not a regular file, unreadable, or over ``limit``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        data, more = read_bounded(path, limit)
     except OSError:
         return None
-    try:
-        return os.read(fd, _MAX_READ).decode("ascii", errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return None if more else data.decode("ascii", errors="replace")
 
 
 def read_limit(procfs: str = "/proc", cgroupfs: str = CGROUPFS, pid: str = "self") -> int | None:
     """The memory limit of ``pid``'s cgroup in bytes (None: no limit, or none could be read).
     The first limit file that exists answers, the limit or no limit."""
-    cgroup = _read(posixpath.join(procfs, pid, "cgroup"))
+    cgroup = _read(posixpath.join(procfs, pid, "cgroup"), MAX_FILE_BYTES)
     if cgroup is None:
         return None
     for path in limit_files(cgroup, cgroupfs):
-        text = _read(path)
+        text = _read(path, _MAX_LIMIT_BYTES)
         if text is not None:
             return parse_limit(text)
     return None

@@ -14,7 +14,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from enricher.episodes import EpisodeLog
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
@@ -208,20 +208,14 @@ def _score(ref: CgroupRef) -> int:
     return (2 if ref.pod_uid is not None else 0) + (1 if ref.container_id is not None else 0)
 
 
-def parse_cgroup(text: str) -> CgroupRef | None:
-    """Work out the pod and container from the content of ``/proc/<pid>/cgroup``.
-
-    Handles cgroup v1 and v2, the kubelet's systemd and cgroupfs drivers, containerd, CRI-O and
-    Docker names, prefixes above ``kubepods`` and namespace-relative paths. Returns a host
-    ``CgroupRef`` (no pod, no container) for a recognised non-container path and ``None`` when
-    nothing can be told. Never raises.
-    """
+def cgroup_lines(text: str) -> Iterator[tuple[str, str, str]]:
+    """The well-formed lines of ``/proc/<pid>/cgroup`` text as (hierarchy ID, controllers,
+    path), the path absolute and printable; the rest (and a line cut at MAX_FILE_BYTES) is
+    skipped. Never raises."""
     if len(text) > MAX_FILE_BYTES:
         # A cut line could name a shorter, different path; drop it.
         text = text[:MAX_FILE_BYTES]
         text = text[: text.rfind("\n") + 1]
-    best: CgroupRef | None = None
-    best_key = (-1, -1)
     for line in text.split("\n"):
         if not line or len(line) > MAX_LINE_CHARS:
             continue
@@ -233,6 +227,20 @@ def parse_cgroup(text: str) -> CgroupRef | None:
             continue
         if not path.startswith("/") or not path.isprintable():
             continue
+        yield hierarchy, controllers, path
+
+
+def parse_cgroup(text: str) -> CgroupRef | None:
+    """Work out the pod and container from the content of ``/proc/<pid>/cgroup``.
+
+    Handles cgroup v1 and v2, the kubelet's systemd and cgroupfs drivers, containerd, CRI-O and
+    Docker names, prefixes above ``kubepods`` and namespace-relative paths. Returns a host
+    ``CgroupRef`` (no pod, no container) for a recognised non-container path and ``None`` when
+    nothing can be told. Never raises.
+    """
+    best: CgroupRef | None = None
+    best_key = (-1, -1)
+    for hierarchy, controllers, path in cgroup_lines(text):
         ref = _interpret_path(path)
         if ref is None:
             continue
@@ -301,7 +309,7 @@ class _NotRegularFileError(OSError):
     pass
 
 
-def _read_bounded(path: str, limit: int) -> tuple[bytes, bool]:
+def read_bounded(path: str, limit: int) -> tuple[bytes, bool]:
     """Read at most ``limit`` bytes; return the data and whether the file had more."""
     fd = os.open(path, _OPEN_FLAGS)
     try:
@@ -481,7 +489,7 @@ class ProcReader:
     ) -> ProcInfo | ProcError:
         """Read and cache the cgroup of a process whose stat was just read."""
         try:
-            raw, truncated = _read_bounded(f"{base}/cgroup", MAX_FILE_BYTES)
+            raw, truncated = read_bounded(f"{base}/cgroup", MAX_FILE_BYTES)
         except OSError as exc:
             if _is_gone(exc):
                 return ProcError.EXITED
@@ -506,7 +514,7 @@ class ProcReader:
         return ProcError.UNREADABLE
 
     def _stat(self, base: str) -> tuple[str, int] | ProcError:
-        # Three system calls, not _read_bounded's five, as this runs for every PID:
+        # Three system calls, not read_bounded's five, as this runs for every PID:
         # - One read is whole: procfs builds a stat file in a single seq_file show and one read
         #   returns all of it up to the size asked for, as a read of a local regular file does.
         # - No fstat to refuse what is not a regular file: a directory fails the read (EISDIR),
@@ -540,7 +548,7 @@ class ProcReader:
                 return self._btime
         path = os.path.join(self.root, "stat")
         try:
-            raw, _ = _read_bounded(path, MAX_PROC_STAT_BYTES)
+            raw, _ = read_bounded(path, MAX_PROC_STAT_BYTES)
             btime = parse_btime(raw.decode("ascii", "replace"))
         except (OSError, ValueError) as exc:
             self._unreadable(f"{path}: {exc}")

@@ -747,8 +747,14 @@ def test_cost_panels_show_the_enrichers_own_process(stack: Stack, mode: str) -> 
     everyone = stack.poll(mode, "count(process_resident_memory_bytes)")
     assert everyone and float(everyone[0]["value"][1]) == 2, everyone
     panels = {q.panel: q for q in queries() if q.ref == "A"}
-    for title in ("Enricher CPU (millicores)", "Enricher memory (RSS)"):
-        inner = panels[title].expr.removeprefix("max(").split(") * 1000")[0].removesuffix(")")
+    for title, inner in (
+        (
+            "Enricher CPU (millicores)",
+            generate.own_process("rate(process_cpu_seconds_total[$__rate_interval])"),
+        ),
+        ("Enricher memory (RSS)", generate.own_process("process_resident_memory_bytes")),
+    ):
+        assert inner in panels[title].expr, title
         own = stack.poll(mode, interpolate(inner, prefix))
         assert [s["metric"]["job"] for s in own] == ["dcgm-enricher"], (title, own)
     # The demo's dcgm-exporter stand-in collects every 5 s; a poll finds each collection, so

@@ -27,6 +27,7 @@ from enricher import fakeproc
 from enricher.app import Scraper, make_app
 from enricher.config import Config
 from enricher.procfs import ProcReader
+from tests.harness import series
 from tests.nvmlfake import FakeNvml, FakeNvmlState
 
 GIB = 1 << 30
@@ -279,11 +280,8 @@ async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
 
 
 def _counter(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                return float(s.value)
-    raise KeyError(name)
+    (sample,) = series(text, name)
+    return float(sample["__value__"])
 
 
 async def test_collections_are_counted_once_each_beside_the_requests(env: Env) -> None:

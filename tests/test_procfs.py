@@ -669,7 +669,7 @@ def test_read_removed_process_is_exited(root: Path) -> None:
 def _race_after_cgroup_read(monkeypatch: pytest.MonkeyPatch, then: Callable[[], object]) -> None:
     # The kernel reusing or reaping a PID in the microseconds between two reads cannot be
     # produced on demand, so the real file reader is wrapped to change the tree at that moment.
-    real = procfs._read_bounded
+    real = procfs.read_bounded
 
     def wrapped(path: str, limit: int) -> tuple[bytes, bool]:
         result = real(path, limit)
@@ -677,7 +677,7 @@ def _race_after_cgroup_read(monkeypatch: pytest.MonkeyPatch, then: Callable[[], 
             then()
         return result
 
-    monkeypatch.setattr(procfs, "_read_bounded", wrapped)
+    monkeypatch.setattr(procfs, "read_bounded", wrapped)
 
 
 def test_read_pid_reused_between_stat_reads(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1007,13 +1007,13 @@ def test_read_many_reads_btime_once(root: Path, monkeypatch: pytest.MonkeyPatch)
     for pid in (1, 2, 3):
         fakeproc.write_process(root, pid, comm="w", cgroup=cg(), start_ticks=pid)
     reads: list[str] = []
-    real = procfs._read_bounded
+    real = procfs.read_bounded
 
     def counting(path: str, limit: int) -> tuple[bytes, bool]:
         reads.append(path)
         return real(path, limit)
 
-    monkeypatch.setattr(procfs, "_read_bounded", counting)
+    monkeypatch.setattr(procfs, "read_bounded", counting)
     reader = ProcReader(str(root), clk_tck=CLK, btime_max_age=0.0)
     reader.read_many([1, 2, 3])
     assert reads.count(os.path.join(str(root), "stat")) == 1
