@@ -68,7 +68,7 @@ from .resourceslices import SliceIndex
 from .rewrite import Rewriter, RewriteResult
 from .sources import Measured, Off, Outcome, Source, close_all
 from .textformat import WatchedLine
-from .upstream import UpstreamSource, url_for_pod_ip
+from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
 from .worker import Worker
 
 log = logging.getLogger("enricher")
@@ -267,6 +267,7 @@ class Scraper:
             self._upstream_url,
             timeout=config.upstream_timeout,
             max_bytes=config.upstream_max_bytes,
+            missing=_missing_upstream(config, watching=pods is not None),
         )
         # One worker: NVML and procfs reads never overlap, and a hung NVML call cannot pile up
         # threads (the next scrape reports it busy instead). Daemon threads (enricher.worker):
@@ -886,6 +887,16 @@ class Scraper:
             if len(seen) > MAX_IDENTITIES:  # an upstream claiming absurdly many devices
                 seen = dict(itertools.islice(seen.items(), MAX_IDENTITIES))
         self._identities.update(seen)
+
+
+def _missing_upstream(config: Config, *, watching: bool) -> str:
+    """Why no upstream URL is known in discovery mode: what was searched, and where."""
+    target = discovery_target(
+        config.upstream_pod_selector, config.upstream_pod_namespace, config.kube_node_name
+    )
+    if not watching:
+        return f"no pod watch to find a {target}"
+    return f"no {target} with a pod IP (--upstream.pod-selector, --upstream.pod-namespace)"
 
 
 # --------------------------------------------------------------------------- HTTP

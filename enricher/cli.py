@@ -17,6 +17,8 @@ from .config import Config
 from .textformat import LABEL_NAME_RE
 
 COMMANDS = ("serve", "demo", "resolve", "ps")
+# A Kubernetes namespace name: an RFC 1123 label.
+NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _D = Config()
 
 
@@ -365,8 +367,16 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
             from .kube import parse_selector
 
             parse_selector(values["upstream_pod_selector"])
-            if not values.get("upstream_pod_namespace"):
+            namespace = values.get("upstream_pod_namespace")
+            if not namespace:
                 raise ValueError("--upstream.discover-pod needs --upstream.pod-namespace")
+            if NAMESPACE_RE.fullmatch(namespace) is None:
+                # e.g. "$(POD_NAMESPACE)" left as it is: the kubelet expands only variables
+                # the container defines, so no pod would ever match.
+                raise ValueError(
+                    f"--upstream.pod-namespace {namespace!r} is not a namespace name "
+                    "(an unexpanded $(VAR) means the container has no such variable)"
+                )
         if values.get("web_config_file"):
             from .webconfig import load_web_config, ssl_context
 

@@ -18,6 +18,7 @@ from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
 from .sources import Source
+from .upstream import discovery_target
 
 log = logging.getLogger("enricher")
 
@@ -29,23 +30,31 @@ def start_pod_cache(config: Config) -> Any:
     """
     if not config.kube_active:
         return None
-    from .kube import PodCache, load_api_client, parse_selector
+    from .kube import PodCache, load_api_client
 
     if not config.kube_node_name:
         raise ValueError("--kube.enabled needs --kube.node-name or $NODE_NAME")
-    selector = (
-        parse_selector(config.upstream_pod_selector) if config.upstream_discover_pod else None
-    )
     cache = PodCache(
-        load_api_client(config.kube_kubeconfig),
-        config.kube_node_name,
-        label_keys=config.kube_pod_labels,
-        annotation_keys=config.kube_pod_annotations,
-        upstream_selector=selector,
-        upstream_namespace=config.upstream_pod_namespace,
+        load_api_client(config.kube_kubeconfig), config.kube_node_name, **pod_cache_options(config)
     )
     cache.start()
     return cache
+
+
+def pod_cache_options(config: Config) -> dict[str, Any]:
+    """The pod watch's options from ``config``: the label and annotation keys it copies and,
+    with --upstream.discover-pod, the selector and namespace the upstream pod must match."""
+    from .kube import parse_selector
+
+    selector = (
+        parse_selector(config.upstream_pod_selector) if config.upstream_discover_pod else None
+    )
+    return {
+        "label_keys": config.kube_pod_labels,
+        "annotation_keys": config.kube_pod_annotations,
+        "upstream_selector": selector,
+        "upstream_namespace": config.upstream_pod_namespace,
+    }
 
 
 def make_podresources_source(config: Config) -> PodResourcesSource | None:
@@ -145,7 +154,16 @@ async def run_server(config: Config) -> int:
     log.info(
         "dcgm-enricher serving on %s, upstream %s, kubelet PodResources %s, Docker %s",
         config.listen_address,
-        "discovered on this node" if config.upstream_discover_pod else config.upstream_url,
+        (
+            "discovered: a "
+            + discovery_target(
+                config.upstream_pod_selector,
+                config.upstream_pod_namespace,
+                config.kube_node_name,
+            )
+            if config.upstream_discover_pod
+            else config.upstream_url
+        ),
         config.kubelet_pod_resources_socket if config.kubelet_active else "off",
         _docker_mode(config),
     )

@@ -22,6 +22,11 @@ class UpstreamError(Exception):
         self.reason = reason
 
 
+def discovery_target(selector: str, namespace: str, node: str) -> str:
+    """What --upstream.discover-pod looks for, in words (pure): for the logs."""
+    return f"pod labelled {selector} in namespace {namespace} on node {node or '(none given)'}"
+
+
 def url_for_pod_ip(url: str, pod_ip: str) -> str:
     """Replace the host of ``url`` by ``pod_ip``, keeping scheme, port and path (pure)."""
     parts = urlsplit(url)
@@ -91,8 +96,17 @@ class UpstreamSource:
     name = "upstream"
     enabled = True
 
-    def __init__(self, url: Callable[[], str | None], *, timeout: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        url: Callable[[], str | None],
+        *,
+        timeout: float,
+        max_bytes: int,
+        missing: str = "no matching dcgm-exporter pod on this node",
+    ) -> None:
         self.url = url
+        # Why ``url()`` is None, for the log: what discovery looked for, and where.
+        self.missing = missing
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.errors_total = 0
@@ -104,14 +118,14 @@ class UpstreamSource:
         url = self.url()
         try:
             if url is None:
-                raise UpstreamError("no_upstream_pod", "no matching dcgm-exporter pod on this node")
+                raise UpstreamError("no_upstream_pod", self.missing)
             self.requests_total += 1
             text = await fetch_upstream(
                 self._session_get(), url, timeout=self.timeout, max_bytes=self.max_bytes
             )
         except UpstreamError as exc:
             self.errors_total += 1
-            return Reading(None, False, f"{url}: {exc}")
+            return Reading(None, False, f"{url}: {exc}" if url is not None else str(exc))
         return Reading(text)
 
     async def close(self) -> None:

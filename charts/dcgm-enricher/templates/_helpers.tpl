@@ -50,6 +50,8 @@ app.kubernetes.io/part-of: dcgm-enricher
 {{- if eq .Values.mode "gpu-operator" -}}
 {{- $_ := set $flags "upstream.discover-pod" true -}}
 {{- $_ := set $flags "upstream.pod-selector" "app=nvidia-dcgm-exporter" -}}
+{{- /* The operator's namespace is the pod's own: the kubelet expands $(POD_NAMESPACE). */ -}}
+{{- $_ := set $flags "upstream.pod-namespace" "$(POD_NAMESPACE)" -}}
 {{- end -}}
 {{- if ne (int .Values.enricher.runAsUser) 0 -}}
 {{- /* Non-root cannot connect to the kubelet's root-only PodResources socket. */ -}}
