@@ -222,6 +222,9 @@ async def test_installed_into_any_namespace_the_exporter_there_is_found(
     assert "DCGM_FI_DEV_GPU_UTIL" not in text
     searched = f"no pod labelled {selector} in namespace {namespace} on node {NODE}"
     assert any(searched in r.getMessage() for r in caplog.records), caplog.text
+    # The runbook quotes that line, to tell this cause from a dead exporter.
+    runbook = " ".join((MANIFESTS.parent / "docs" / "runbook.md").read_text().split())
+    assert f"no pod labelled {selector} in namespace <ns> on node <node> with a pod IP" in runbook
 
     api.add_pod(
         make_pod("nvidia-dcgm-exporter-a", namespace, node=NODE, labels=labels, pod_ip="127.0.0.1")
