@@ -13,7 +13,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Only what the wheel is built from (.dockerignore keeps the rest out of the context).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY enricher ./enricher
 # The final image gets only the venv: pip is removed, as nothing installs at run time.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
@@ -23,7 +23,9 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
-ARG SOURCE=https://example.invalid/dcgm-enricher
+# The repository the image is built from, for org.opencontainers.image.source: no default, as
+# the project names no public home; `docker build --build-arg SOURCE=<URL of your repository>`.
+ARG SOURCE=
 LABEL org.opencontainers.image.title="dcgm-enricher" \
       org.opencontainers.image.description="Attributes dcgm-exporter GPU metrics to Kubernetes pods and containers" \
       org.opencontainers.image.version="${VERSION}" \
