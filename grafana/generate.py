@@ -30,7 +30,6 @@ UID = "dcgm-enricher-gpu"
 TITLE = "dcgm-enricher / GPU workloads"
 SCHEMA_VERSION = 39  # Grafana 11.0; newer Grafanas migrate it on load
 DS = {"type": "prometheus", "uid": "${datasource}"}
-RUNBOOK = "https://example.invalid/dcgm-enricher/blob/main/docs/runbook.md"
 USER = "annotation_hub_jupyter_org_username"
 
 # Pod label names as Prometheus stored them (see the module docstring).
@@ -285,7 +284,8 @@ def rows() -> list[Row]:
                     "Memory unattributed",
                     "GPU memory held by processes that belong to no known pod (host processes, "
                     "containers outside Kubernetes, pods the watch has not seen; the MPS "
-                    "server's own memory left out). See the GpuMemoryUnattributed runbook.",
+                    "server's own memory left out). Runbook: "
+                    "docs/runbook.md#gpumemoryunattributed.",
                     "sum("
                     + sel("gpu_unattributed_memory_used_bytes", *DEV_FILTER, 'reason!="mps_server"')
                     + ")",
@@ -622,8 +622,8 @@ def rows() -> list[Row]:
                 ),
                 _series(
                     "Last XID",
-                    "The last XID error code per GPU (0: none). See the runbook for which "
-                    "codes are critical.",
+                    "The last XID error code per GPU (0: none). Which codes are critical: "
+                    "docs/runbook.md#gpuxidcriticalerror.",
                     Target(device("DCGM_FI_DEV_XID_ERRORS"), DEV_LEGEND),
                 ),
                 _series(
@@ -1035,16 +1035,9 @@ def build() -> dict[str, Any]:
         "liveNow": False,
         "weekStart": "",
         "timepicker": {},
-        "links": [
-            {
-                "title": "Runbook",
-                "type": "link",
-                "url": RUNBOOK,
-                "targetBlank": True,
-                "icon": "doc",
-                "tooltip": "What each GPU alert means and what to do",
-            }
-        ],
+        # A runbook link needs the URL where docs/runbook.md is published for the users: the
+        # chart adds it from prometheusRule.runbookUrl (docs/alerts.md).
+        "links": [],
         "annotations": {
             "list": [
                 {

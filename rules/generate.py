@@ -1,15 +1,22 @@
 """Generate manifests/monitoring/prometheusrule.yaml from rules/dcgm-enricher.rules.yaml.
 
 The plain rules file is the single source of truth; the PrometheusRule carries the same groups
-for the Prometheus Operator. Run after editing the rules:
+for the Prometheus Operator, and manifests/components/runbook-url adds a runbook_url to each of
+its alerts from one base URL. Run after editing the rules:
 
-    python rules/generate.py          # rewrite the PrometheusRule
-    python rules/generate.py --check  # exit 1 if it is out of date (what the tests check)
+    python rules/generate.py          # rewrite the PrometheusRule and the runbook-url component
+    python rules/generate.py --check  # exit 1 if either is out of date (what the tests check)
+
+For a Prometheus without the Operator, a copy of the rules with runbook links:
+
+    python rules/generate.py --runbook-url https://HOST/PATH/docs/runbook.md > my.rules.yaml
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,12 +26,43 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
 PROMETHEUS_RULE = ROOT / "manifests" / "monitoring" / "prometheusrule.yaml"
+RUNBOOK_COMPONENT = ROOT / "manifests" / "components" / "runbook-url" / "kustomization.yaml"
+# The ConfigMap (key url) that an overlay using the component supplies, and the component's own
+# map of each alert's runbook anchor; neither is applied (kustomize's local-config annotation).
+RUNBOOK_URL_CONFIGMAP = "dcgm-enricher-runbook"
+RUNBOOK_ANCHORS_CONFIGMAP = "dcgm-enricher-runbook-anchors"
+LOCAL_CONFIG = {"config.kubernetes.io/local-config": "true"}
 
 HEADER = """\
 # GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py: edit that file, then run
 # `python rules/generate.py`. The recording and alerting rules of dcgm-enricher for the
 # Prometheus Operator; the Prometheus resource must select it (kube-prometheus-stack selects
 # PrometheusRules by its `release` label by default: add that label in your overlay).
+"""
+RUNBOOK_COMPONENT_HEADER = f"""\
+# GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py: edit that file, then run
+# `python rules/generate.py`. Adds runbook_url <URL>#<anchor> to every alert of the
+# PrometheusRule, from one value: the URL where docs/runbook.md is published for your users (your
+# fork or mirror of this repository, an internal Git host, a wiki). Without this component the
+# alerts carry no runbook_url; each description names its docs/runbook.md section.
+#
+# Use it in an overlay of your own, after a base that has ../../monitoring, and give the URL as
+# a ConfigMap named {RUNBOOK_URL_CONFIGMAP} (key url) that is not applied:
+#
+#   resources:
+#     - <path to>/manifests/overlays/sidecar
+#   components:
+#     - <path to>/manifests/components/runbook-url
+#   configMapGenerator:
+#     - name: {RUNBOOK_URL_CONFIGMAP}
+#       literals:
+#         - url=https://<host>/<path>/docs/runbook.md
+#       options:
+#         disableNameSuffixHash: true
+#         annotations:
+#           config.kubernetes.io/local-config: "true"
+#
+# Without that ConfigMap the build stops: "nothing selected by ConfigMap...".
 """
 
 
@@ -56,6 +94,89 @@ def prometheus_rule(groups: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def runbook_anchor(alert: str) -> str:
+    """The anchor of an alert's section in docs/runbook.md (its ### heading, as GitHub and most
+    Markdown renderers make it)."""
+    return alert.lower()
+
+
+def check_runbook_url(url: str) -> str:
+    """``url`` when it can be the base of every runbook_url, else a ValueError saying why."""
+    if not re.fullmatch(r"https?://[^\s#]+", url):
+        raise ValueError(
+            f"--runbook-url {url!r}: expected the http(s) URL of docs/runbook.md, without a "
+            "#fragment: each alert adds #<its anchor>"
+        )
+    return url
+
+
+def with_runbook_urls(groups: list[dict[str, Any]], base_url: str) -> list[dict[str, Any]]:
+    """A copy of ``groups`` whose every alert has runbook_url ``base_url#<its anchor>``."""
+    out = copy.deepcopy(groups)
+    for group in out:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["annotations"]["runbook_url"] = f"{base_url}#{runbook_anchor(rule['alert'])}"
+    return out
+
+
+def render_runbook_component(rules_text: str) -> str:
+    """manifests/components/runbook-url/kustomization.yaml for the plain rules file's text.
+
+    kustomize's replacements cannot join two values, so each alert takes two: the URL creates
+    its runbook_url, then its anchor (from the component's own map) is appended after a ``#``.
+    """
+    groups = yaml.safe_load(rules_text)["groups"]
+    select = {
+        "kind": "PrometheusRule",
+        "labelSelector": "app.kubernetes.io/part-of=dcgm-enricher",
+    }
+    paths = {
+        rule["alert"]: (
+            f"spec.groups.[name={group['name']}].rules.[alert={rule['alert']}]"
+            ".annotations.runbook_url"
+        )
+        for group in groups
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    replacements: list[dict[str, Any]] = [
+        {
+            "source": {"kind": "ConfigMap", "name": RUNBOOK_URL_CONFIGMAP, "fieldPath": "data.url"},
+            "targets": [
+                {"select": select, "fieldPaths": list(paths.values()), "options": {"create": True}}
+            ],
+        }
+    ]
+    replacements += [
+        {
+            "source": {
+                "kind": "ConfigMap",
+                "name": RUNBOOK_ANCHORS_CONFIGMAP,
+                "fieldPath": f"data.{alert}",
+            },
+            "targets": [
+                {"select": select, "fieldPaths": [path], "options": {"delimiter": "#", "index": 1}}
+            ],
+        }
+        for alert, path in paths.items()
+    ]
+    component = {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "configMapGenerator": [
+            {
+                "name": RUNBOOK_ANCHORS_CONFIGMAP,
+                "literals": [f"{alert}={runbook_anchor(alert)}" for alert in paths],
+                "options": {"disableNameSuffixHash": True, "annotations": LOCAL_CONFIG},
+            }
+        ],
+        "replacements": replacements,
+    }
+    body = yaml.dump(component, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+    return RUNBOOK_COMPONENT_HEADER + body
+
+
 def render(rules_text: str) -> str:
     """The PrometheusRule manifest for the text of the plain rules file."""
     groups = yaml.safe_load(rules_text)["groups"]
@@ -69,18 +190,50 @@ def render(rules_text: str) -> str:
     return HEADER + body
 
 
+def render_with_runbook_urls(rules_text: str, base_url: str) -> str:
+    """The plain rules file with a runbook_url on every alert (comments are not kept)."""
+    groups = with_runbook_urls(yaml.safe_load(rules_text)["groups"], base_url)
+    body = yaml.dump(
+        {"groups": groups}, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True
+    )
+    return (
+        "# GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py --runbook-url\n"
+        f"# {base_url}: every alert's runbook_url is that URL and its section's anchor.\n" + body
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the output is stale")
+    parser.add_argument(
+        "--runbook-url",
+        metavar="URL",
+        help="write the rules to standard output with runbook_url URL#<anchor> on every alert "
+        "(URL: where docs/runbook.md is published for your users); nothing else is written",
+    )
     args = parser.parse_args(argv)
-    text = render(RULES.read_text(encoding="utf-8"))
-    if args.check:
-        current = PROMETHEUS_RULE.read_text(encoding="utf-8") if PROMETHEUS_RULE.exists() else ""
-        if current != text:
-            print(f"{PROMETHEUS_RULE} is stale: run python rules/generate.py", file=sys.stderr)
-            return 1
+    rules_text = RULES.read_text(encoding="utf-8")
+    if args.runbook_url is not None:
+        if args.check:
+            parser.error("--runbook-url and --check do not go together")
+        try:
+            base_url = check_runbook_url(args.runbook_url)
+        except ValueError as exc:
+            parser.error(str(exc))
+        sys.stdout.write(render_with_runbook_urls(rules_text, base_url))
         return 0
-    PROMETHEUS_RULE.write_text(text, encoding="utf-8")
+    outputs = {
+        PROMETHEUS_RULE: render(rules_text),
+        RUNBOOK_COMPONENT: render_runbook_component(rules_text),
+    }
+    if args.check:
+        stale = [p for p, text in outputs.items() if not p.exists() or p.read_text("utf-8") != text]
+        for path in stale:
+            print(f"{path} is stale: run python rules/generate.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
     return 0
 
 

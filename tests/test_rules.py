@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from .schemas import PROMETHEUS_RULE_SCHEMA
+from .test_manifests import build
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
 # runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
@@ -35,7 +36,8 @@ RULES = RULES_DIR / "dcgm-enricher.rules.yaml"
 TEST_FILES = sorted(RULES_DIR.glob("*.tests.yaml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
 MONITORING = ROOT / "manifests" / "monitoring"
-RUNBOOK_URL = "https://example.invalid/dcgm-enricher/blob/main/docs/runbook.md#"
+# A URL where a user's runbook could be published; the tests only check how it is joined.
+RUNBOOK_BASE = "https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md"
 ALERT_PREFIX = "Gpu"
 SEVERITIES = {"info", "warning", "critical"}
 KUBECTL = shutil.which("kubectl")
@@ -143,10 +145,14 @@ def test_alert_follows_the_mixin_style(rule: dict[str, Any]) -> None:
     assert "for" in rule, "every alert says how long it must hold"
     assert rule["labels"]["severity"] in SEVERITIES
     annotations = rule["annotations"]
-    assert set(annotations) == {"summary", "description", "runbook_url"}
+    # No runbook_url in the shipped rules: it is added from the install's one value
+    # (docs/alerts.md#runbook-links); the description names the runbook's section meanwhile.
+    assert set(annotations) == {"summary", "description"}
     assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"]
     assert len(annotations["description"]) > 80, "the description says what to do"
-    assert annotations["runbook_url"] == RUNBOOK_URL + rule["alert"].lower()
+    anchor = generate.runbook_anchor(rule["alert"])
+    assert annotations["description"].endswith(f" Runbook: docs/runbook.md#{anchor}.")
+    assert annotations["description"].count("#") == 1
 
 
 @pytest.mark.parametrize("rule", records(), ids=lambda r: r["record"])
@@ -192,7 +198,7 @@ def runbook_sections() -> dict[str, str]:
 
 def test_runbook_has_one_section_per_alert() -> None:
     sections = runbook_sections()
-    assert set(sections) == {a["alert"].lower() for a in alerts()}
+    assert set(sections) == {generate.runbook_anchor(a["alert"]) for a in alerts()}
     for anchor, text in sections.items():
         assert "**Meaning.**" in text and "**Mitigation.**" in text, anchor
 
@@ -244,6 +250,8 @@ def test_prometheus_rule_holds_the_same_groups() -> None:
 
 
 def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -> None:
+    component = tmp_path / "runbook-url" / "kustomization.yaml"
+    monkeypatch.setattr(generate, "RUNBOOK_COMPONENT", component)
     stale = tmp_path / "prometheusrule.yaml"
     stale.write_text(generate.render(RULES.read_text()).replace("for: 2h", "for: 3h"))
     monkeypatch.setattr(generate, "PROMETHEUS_RULE", stale)
@@ -252,6 +260,54 @@ def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -
     assert generate.main(["--check"]) == 1
     assert generate.main([]) == 0
     assert generate.main(["--check"]) == 0
+    component.write_text(component.read_text().replace("=gpuenricherdown", "=gpuenricherup"))
+    assert generate.main(["--check"]) == 1
+
+
+def test_runbook_component_is_generated_from_the_rules_file() -> None:
+    assert generate.RUNBOOK_COMPONENT.read_text() == generate.render_runbook_component(
+        RULES.read_text()
+    )
+
+
+def test_generate_writes_the_rules_with_runbook_urls(
+    promtool: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--runbook-url URL`, for a Prometheus without the Operator: a copy that promtool loads,
+    the same rules but for URL#<anchor of the alert's runbook section> on every alert."""
+    assert generate.main(["--runbook-url", RUNBOOK_BASE]) == 0
+    copy_file = tmp_path / "dcgm-enricher.rules.yaml"
+    copy_file.write_text(capsys.readouterr().out)
+    proc = run([promtool, "check", "rules", str(copy_file)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = yaml.safe_load(copy_file.read_text())["groups"]
+    sections = runbook_sections()
+    expected = copy.deepcopy(groups())
+    for group in expected:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["annotations"]["runbook_url"] = f"{RUNBOOK_BASE}#{rule['alert'].lower()}"
+                assert rule["alert"].lower() in sections
+    assert written == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--runbook-url", "docs/runbook.md"], "http(s) URL", id="relative"),
+        pytest.param(["--runbook-url", RUNBOOK_BASE + "#top"], "#fragment", id="fragment"),
+        pytest.param(["--runbook-url", "https://a b/runbook.md"], "http(s) URL", id="space"),
+        pytest.param(["--runbook-url", RUNBOOK_BASE, "--check"], "do not go", id="with-check"),
+    ],
+)
+def test_generate_refuses_a_bad_runbook_url(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
 
 
 def prometheus_rule_errors(doc: dict[str, Any]) -> list[str]:
@@ -321,3 +377,55 @@ def test_monitoring_component_builds(tmp_path: Path) -> None:
     assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}
     shipped = (ROOT / "grafana" / "dcgm-enricher.json").read_text()
     assert dashboard["data"]["dcgm-enricher.json"] == shipped
+
+
+def runbook_overlay(tmp_path: Path, url_configmap: bool) -> subprocess.CompletedProcess[str]:
+    """`kubectl kustomize` of the overlay docs/alerts.md shows: the sidecar overlay, the
+    runbook-url component and (or not) the URL's ConfigMap, beside a copy of manifests/."""
+    manifests = tmp_path / "manifests"
+    shutil.copytree(ROOT / "manifests", manifests)
+    doc = (ROOT / "docs" / "alerts.md").read_text()
+    example = re.search(
+        r"```yaml\n(apiVersion: kustomize.config.k8s.io/v1beta1\n.*?)```", doc, re.S
+    )
+    assert example is not None, "docs/alerts.md shows the runbook-url overlay"
+    kustomization = yaml.safe_load(example[1])
+    literal = kustomization["configMapGenerator"][0]["literals"]
+    assert literal == ["url=https://<host>/<path>/docs/runbook.md"]
+    literal[0] = f"url={RUNBOOK_BASE}"
+    if not url_configmap:
+        del kustomization["configMapGenerator"]
+    overlay = manifests / "overlays" / "with-runbook"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return run([KUBECTL or "kubectl", "kustomize", str(overlay)])
+
+
+@pytest.mark.usefixtures("kubectl")  # fails in CI, skips elsewhere
+def test_runbook_url_component_sets_every_runbook_url(tmp_path: Path) -> None:
+    proc = runbook_overlay(tmp_path, url_configmap=True)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    without = build("overlays/sidecar")
+    # The same objects as the overlay alone (neither ConfigMap of the component is applied)...
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in without
+    )
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    # ...and the rules, but for URL#<anchor> on every alert: the anchor of its runbook section.
+    assert rule["spec"]["groups"] == generate.with_runbook_urls(groups(), RUNBOOK_BASE)
+    urls = [
+        r["annotations"]["runbook_url"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
+    assert sorted(u.split("#")[1] for u in urls) == sorted(runbook_sections())
+
+
+@pytest.mark.usefixtures("kubectl")  # fails in CI, skips elsewhere
+def test_runbook_url_component_without_the_url_stops_the_build(tmp_path: Path) -> None:
+    proc = runbook_overlay(tmp_path, url_configmap=False)
+    assert proc.returncode != 0
+    assert "nothing selected by ConfigMap" in proc.stderr
+    assert generate.RUNBOOK_URL_CONFIGMAP in proc.stderr
