@@ -304,10 +304,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, server=True)
     p = sub.add_parser("resolve", help="print what the cgroup of each PID says, as JSON lines")
     _add_common(p, server=False)
+    _add_demo_flag(p)
     p.add_argument("pids", metavar="PID", nargs="+", type=int)
     p = sub.add_parser("ps", help="table of the GPU processes on this node and their pods")
     _add_common(p, server=False)
+    _add_demo_flag(p)
     return parser
+
+
+def _add_demo_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--demo",
+        dest="demo",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("--demo", False),
+        help="look at a running `dcgm-enricher demo` instead of this node: its SIMULATED "
+        "GPUs and pods, and its /proc tree (give the --path.procfs that the demo prints)",
+    )
 
 
 def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
@@ -398,14 +411,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if command == "resolve":
-        from .commands import resolve
+    if command in ("resolve", "ps"):
+        from .commands import ps, resolve
 
-        return resolve(config, ns.pids, sys.stdout)
-    if command == "ps":
-        from .commands import ps
-
-        return ps(config, sys.stdout)
+        if ns.demo and config.procfs == _D.procfs:
+            print(
+                f"dcgm-enricher {command} --demo: give the --path.procfs that "
+                "`dcgm-enricher demo` printed (the simulated node's /proc tree)",
+                file=sys.stderr,
+            )
+            return 2
+        gpu, pods = None, None
+        if ns.demo:
+            config, gpu, pods = _demo_sources(config)
+        if command == "resolve":
+            return resolve(config, ns.pids, sys.stdout, pods=pods)
+        return ps(config, sys.stdout, pods=pods, gpu=gpu)
     if command == "demo":
         from .demo import run_demo
 
@@ -413,6 +434,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .commands import run_server
 
     return asyncio.run(run_server(config))
+
+
+def _demo_sources(config: Config) -> tuple[Config, Any, Any]:
+    """For ``ps --demo`` and ``resolve --demo``: ``config`` on the demo's node (Kubernetes
+    mode: no Docker lookups), and the running demo's SIMULATED NVML and pods (the simulated
+    values are a function of the clock, so they are what the demo reads now)."""
+    from dataclasses import replace
+
+    from .demo import NODE, demo_gpus, demo_pods
+
+    return replace(config, kube_node_name=NODE, kube_enabled=True), demo_gpus(), demo_pods(config)
 
 
 def dump_json(obj: dict[str, Any]) -> str:

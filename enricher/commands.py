@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -221,10 +222,20 @@ def _pod_index(config: Config, wait: float = 5.0) -> tuple[PodIndex | None, str]
         cache.stop()
 
 
-def resolve(config: Config, pids: Sequence[int], out: TextIO) -> int:
-    """``dcgm-enricher resolve PID...``: one JSON line per PID."""
+# What resolve says of a PID it could not take to its owner: its exit status is 1 then.
+UNRESOLVED_NOTES = frozenset({"pod not found on this node", "no such Docker container"})
+
+
+def resolve(config: Config, pids: Sequence[int], out: TextIO, pods: PodSource | None = None) -> int:
+    """``dcgm-enricher resolve PID...``: one JSON line per PID. Exits 0 when every PID
+    resolved (its cgroup read, and the pod or Docker container it names found where pods or
+    containers are known), else 1. ``pods``: a pod source to ask instead of the API server."""
     reader = ProcReader(config.procfs)
-    index, kube_note = _pod_index(config)
+    if pods is not None:
+        index: PodIndex | None = pods.index()
+        kube_note = ""
+    else:
+        index, kube_note = _pod_index(config)
     infos = {pid: reader.read_pid(pid) for pid in dict.fromkeys(pids)}
     docker, docker_note = _docker_answers(config, infos)
     failures = 0
@@ -259,8 +270,10 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO) -> int:
                 rec["note"] = kube_note
             if docker is not None and cg.container_id and not cg.pod_uid:
                 rec.update(_docker_fields(docker, cg, docker_note))
+            if rec.get("note") in UNRESOLVED_NOTES:
+                failures += 1
         out.write(json.dumps(rec, sort_keys=True) + "\n")
-    return 1 if failures == len(pids) else 0
+    return 1 if failures else 0
 
 
 def _docker_fields(
@@ -311,11 +324,19 @@ def render_ps_table(attributions: Sequence[Attribution]) -> str:
     )
 
 
-def ps(config: Config, out: TextIO, pods: PodSource | None = None) -> int:
-    """``dcgm-enricher ps``: who is on this node's GPUs right now."""
+def ps(config: Config, out: TextIO, pods: PodSource | None = None, gpu: Any = None) -> int:
+    """``dcgm-enricher ps``: who is on this node's GPUs right now. ``pods`` and ``gpu``:
+    sources to read instead of the API server and NVML (the demo's)."""
     from .nvml import NvmlSource, NvmlUnavailable
 
-    source = NvmlSource(library_path=config.nvml_library, retry_interval=0)
+    if not config.nvml_enabled:
+        print(
+            "dcgm-enricher ps: ps lists the GPU processes that NVML reports, so it cannot run "
+            "with --no-nvml.enabled",
+            file=sys.stderr,
+        )
+        return 2
+    source = gpu or NvmlSource(library_path=config.nvml_library, retry_interval=0)
     try:
         snapshot = source.fetch()
     except NvmlUnavailable as exc:

@@ -330,9 +330,15 @@ LOAD_WATTS = 300.0
 POWER_PERIOD_SECONDS = 300.0
 
 
+# A MIG instance's processes show no per-process utilization in NVML; the simulated engine
+# activity of each counts this much.
+MIG_PROCESS_LOAD = 0.3
+
+
 def _mean_load(gpu: int) -> float:
-    # A MIG instance's processes show no per-process utilization: their mean counts 0.3.
-    return min(1.0, sum((p.util if p.gi is None else 0.3) for p in PROCS if p.gpu == gpu))
+    return min(
+        1.0, sum((p.util if p.gi is None else MIG_PROCESS_LOAD) for p in PROCS if p.gpu == gpu)
+    )
 
 
 def gpu_power_watts(gpu: int, t: float) -> float:
@@ -358,8 +364,12 @@ class SimulatedGpus:
     name = "nvml"
     enabled = True
 
-    def __init__(self, clock: Any = time.time) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float] = time.time, step: float = 0.0) -> None:
+        """``step``: memory and utilization move once per ``step`` seconds (the simulated
+        dcgm-exporter's collection interval, so that both report the same moment), or
+        continuously with 0. Power and energy always follow ``clock``."""
+        self.clock = clock
+        self.step = step
         self.errors_total = 0
 
     def proc_memory(self, proc: SimProc, t: float) -> int | None:
@@ -373,15 +383,16 @@ class SimulatedGpus:
         return round(min(1.0, proc.util * (0.7 + 0.6 * _wave(t, 45, proc.pid))), 3)
 
     def fetch(self) -> GpuSnapshot:
-        t = self._clock()
+        t = self.clock()
+        state = collected_at(t, self.step)
         procs = tuple(
             GpuProcess(
                 GPUS[p.gpu].uuid,
                 p.gpu,
                 p.gi,
                 p.pid,
-                self.proc_memory(p, t),
-                self.proc_util(p, t),
+                self.proc_memory(p, state),
+                self.proc_util(p, state),
                 frozenset({p.kind, *p.also}),
             )
             for p in PROCS
@@ -729,14 +740,26 @@ _FIELDS = (
 )
 
 
-def render_upstream(gpus: SimulatedGpus, t: float) -> str:
-    """The SIMULATED dcgm-exporter's /metrics: its label names and order, moving values."""
+def device_usage(
+    gpus: SimulatedGpus, t: float
+) -> tuple[dict[tuple[int, int | None], float], dict[tuple[int, int | None], float]]:
+    """The SIMULATED devices' used memory (MiB) and load (0..1) at ``t``, per (GPU, GPU
+    instance) and per whole GPU (GPU, None): each process counted once on its instance and
+    once on its GPU (on a GPU without MIG the two are one key). The simulated driver holds no
+    memory of its own that FB_USED counts: a device's used memory is its processes'."""
     used: dict[tuple[int, int | None], float] = {}
     busy: dict[tuple[int, int | None], float] = {}
     for p in PROCS:
-        for key in ((p.gpu, p.gi), (p.gpu, None)):
+        util = gpus.proc_util(p, t)
+        for key in {(p.gpu, p.gi), (p.gpu, None)}:
             used[key] = used.get(key, 0.0) + (gpus.proc_memory(p, t) or 0) / 2**20
-            busy[key] = busy.get(key, 0.0) + (gpus.proc_util(p, t) or p.util or 0.3)
+            busy[key] = busy.get(key, 0.0) + (MIG_PROCESS_LOAD if util is None else util)
+    return used, busy
+
+
+def render_upstream(gpus: SimulatedGpus, t: float) -> str:
+    """The SIMULATED dcgm-exporter's /metrics: its label names and order, moving values."""
+    used, busy = device_usage(gpus, t)
     w = FamilyWriter()
     for name, typ, help_text, per_instance in _FIELDS:
         w.family(name, help_text, typ)
@@ -822,7 +845,7 @@ def make_upstream_app(
 ) -> web.Application:
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(
-            text=render_upstream(gpus, collected_at(time.time(), collect_interval)),
+            text=render_upstream(gpus, collected_at(gpus.clock(), collect_interval)),
             content_type="text/plain",
             charset="utf-8",
         )
@@ -832,23 +855,35 @@ def make_upstream_app(
     return app
 
 
-async def start_demo(
-    config: Config, proc_root: Path, socket_path: Path
-) -> tuple[Scraper, list[web.AppRunner], SimulatedKubelet]:
-    """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them."""
-    gpus = SimulatedGpus()
-    write_proc_tree(proc_root, DEMO, time.time())
-    response = list_response(allocations())
-    kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
-    kubelet.start()
-    upstream = await serve(make_upstream_app(gpus), "127.0.0.1:0", max_header_bytes=8190)
-    port = upstream.addresses[0][1]
-    pods = StaticPods(
+def demo_gpus(clock: Callable[[], float] = time.time) -> SimulatedGpus:
+    """The demo node's SIMULATED NVML: memory and utilization step with its dcgm-exporter's
+    collections."""
+    return SimulatedGpus(clock, step=UPSTREAM_COLLECT_INTERVAL)
+
+
+def demo_pods(config: Config) -> StaticPods:
+    """The demo node's SIMULATED pods, as the pod watch would parse them under ``config``."""
+    return StaticPods(
         [
             parse_pod(pod_object(p), config.kube_pod_labels, config.kube_pod_annotations)
             for p in PODS
         ]
     )
+
+
+async def start_demo(
+    config: Config, proc_root: Path, socket_path: Path, clock: Callable[[], float] = time.time
+) -> tuple[Scraper, list[web.AppRunner], SimulatedKubelet]:
+    """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them.
+    ``clock``: the simulated node's time (tests freeze it)."""
+    gpus = demo_gpus(clock)
+    write_proc_tree(proc_root, DEMO, clock())
+    response = list_response(allocations())
+    kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
+    kubelet.start()
+    upstream = await serve(make_upstream_app(gpus), "127.0.0.1:0", max_header_bytes=8190)
+    port = upstream.addresses[0][1]
+    pods = demo_pods(config)
     demo_config = replace(
         config,
         upstream_url=f"http://127.0.0.1:{port}/metrics",
@@ -879,10 +914,27 @@ async def start_demo(
             max_header_bytes=config.max_request_header_bytes,
         )
     except OSError:
+        await scraper.close()  # its upstream client session, before the error is shown
         await upstream.cleanup()
         kubelet.stop()
         raise
     return scraper, [runner, upstream], kubelet
+
+
+# PIDs for the printed resolve command: a training job's, a Jupyter notebook's and a host
+# process's on a MIG instance.
+RESOLVE_EXAMPLE_PIDS = (4101, 8101, 7001)
+
+
+def ps_command(proc_root: Path) -> str:
+    """The ``ps`` command line that looks at the demo whose /proc tree is ``proc_root``."""
+    return f"dcgm-enricher ps --demo --path.procfs {proc_root}"
+
+
+def resolve_command(proc_root: Path) -> str:
+    """The ``resolve`` command line for a few of the demo's PIDs (see ps_command)."""
+    pids = " ".join(str(pid) for pid in RESOLVE_EXAMPLE_PIDS)
+    return f"dcgm-enricher resolve --demo --path.procfs {proc_root} {pids}"
 
 
 async def run_demo(config: Config) -> int:
@@ -913,6 +965,8 @@ async def run_demo(config: Config) -> int:
             f"\n  enriched metrics:  {url}/metrics\n"
             f"  who is on the GPUs: {url}/\n"
             f"\n  try: curl -s {url}/metrics | grep -E '^gpu_(container|pod|unattr)'\n"
+            f"       {ps_command(proc_root)}\n"
+            f"       {resolve_command(proc_root)}\n"
             "\nCtrl-C to stop.",
             flush=True,
         )

@@ -20,6 +20,8 @@ from enricher import fakeproc
 from enricher.cli import build_parser, env_name, parse_config
 from enricher.commands import ps, render_ps_table, resolve
 from enricher.config import Config
+from enricher.demo import StaticPods
+from enricher.model import PodInfo
 
 from .conftest import ROOT
 from .harness import free_port
@@ -207,7 +209,8 @@ def proc_root(tmp_path: Path) -> Path:
 def test_resolve_without_kubernetes(proc_root: Path) -> None:
     out = io.StringIO()
     cfg = replace(Config(), procfs=str(proc_root))
-    assert resolve(cfg, [100, 200, 300, 999], out) == 0
+    # Two PIDs did not resolve (a cgroup it cannot read, a process gone): exit status 1.
+    assert resolve(cfg, [100, 200, 300, 999], out) == 1
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     assert rows[0] == {
         "pid": 100,
@@ -221,6 +224,19 @@ def test_resolve_without_kubernetes(proc_root: Path) -> None:
     assert rows[1]["pod_uid"] is None and rows[1]["container_id"] is None
     assert rows[2]["error"] == "unknown_cgroup"
     assert rows[3] == {"pid": 999, "error": "process_exited"}
+
+
+def test_resolve_exit_status_says_whether_every_pid_resolved(proc_root: Path) -> None:
+    """0 only when every PID resolved: a pod UID that the node's pods do not hold is a PID
+    that did not (it used to take one good PID for the exit status to be 0)."""
+    cfg = replace(Config(), procfs=str(proc_root))
+    assert resolve(cfg, [100, 200], io.StringIO()) == 0
+    assert resolve(cfg, [100, 999], io.StringIO()) == 1
+    out = io.StringIO()
+    assert resolve(cfg, [100, 200], out, pods=StaticPods([])) == 1
+    assert json.loads(out.getvalue().splitlines()[0])["note"] == "pod not found on this node"
+    pod = PodInfo(uid=POD_UID, namespace="ml", name="train-0", containers={CID: "trainer"})
+    assert resolve(cfg, [100, 200], io.StringIO(), pods=StaticPods([pod])) == 0
 
 
 def test_resolve_cli_with_kubernetes(proc_root: Path, tmp_path: Path) -> None:
