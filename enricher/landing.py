@@ -272,6 +272,13 @@ def _e(text: str) -> str:
     return html.escape(text, quote=True)
 
 
+def _wrappable(text: str) -> str:
+    """Escaped, with a line break allowed after each ``/``: workloads and resource names
+    (``StatefulSet/bert-finetune``, ``nvidia.com/mig-3g.40gb``) may wrap there, so that the
+    table fits a 1024 px screen."""
+    return _e(text).replace("/", "/<wbr>")
+
+
 def _bytes(n: float | None) -> str:
     if n is None:
         return "?"
@@ -336,8 +343,8 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
         else:
             who = (
                 f"<td>{_e(o.namespace)}</td><td class='pod'>{_e(o.pod)}</td>"
-                f"<td>{_e(o.container)}</td><td>{_e(o.workload)}</td>"
-                f"<td>{_e(o.allocated) or not_allocated}</td>"
+                f"<td>{_e(o.container)}</td><td>{_wrappable(o.workload)}</td>"
+                f"<td>{_wrappable(o.allocated) or not_allocated}</td>"
             )
         procs = _processes(o) or (
             "<span class='un'>no process, no allocation</span>"
@@ -365,9 +372,9 @@ _CSS = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;color:#1d1d1f}"
     "h1{font-size:1.4em;margin:0 0 .3em}small{display:block;color:#666;font-weight:normal}"
     "table{border-collapse:collapse;width:100%;margin-top:1em}"
-    "th,td{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}"
-    "thead th{background:#f3f3f5}th.dev{width:14em;background:#fafafa}"
-    ".bar{background:#e6e6ea;height:.7em;width:8em;display:inline-block;margin-right:.5em}"
+    "th,td{border-bottom:1px solid #ddd;padding:.3em .4em;text-align:left;vertical-align:top}"
+    "table{font-size:.92em}thead th{background:#f3f3f5}th.dev{width:11em;background:#fafafa}"
+    ".bar{background:#e6e6ea;height:.7em;width:4em;display:inline-block;margin-right:.4em}"
     "td.mem,td.num{white-space:nowrap}"
     ".bar span{display:block;height:100%;background:#3b7dd8}.bar span.un{background:#d8893b}"
     ".num{font-variant-numeric:tabular-nums}.un{color:#a65a00}.idle{color:#888}"

@@ -7,6 +7,7 @@ is no GPU here) in Debian's chromium and reads the table from the DOM the browse
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -328,6 +329,42 @@ def chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium)")
 
 
+# Laid out by the browser at a 1024 px wide window: the page's own widths, written into the
+# DOM by a script added to a copy of the served page (the page itself has no script).
+_MEASURE = (
+    "<script>document.body.setAttribute('data-measured', "
+    "document.documentElement.scrollWidth + ' ' + document.documentElement.clientWidth)"
+    "</script></body>"
+)
+
+
+def page_widths(browser: str, page: str, tmp_path: Path, window: int = 1024) -> tuple[int, int]:
+    """(scroll width, client width) of ``page`` in ``browser`` at a ``window`` px wide window."""
+    copy = tmp_path / "measure.html"
+    copy.write_text(page.replace("</body>", _MEASURE))
+    proc = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile-measure'}",
+            f"--window-size={window},900",
+            "--dump-dom",
+            copy.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r'data-measured="(\d+) (\d+)"', proc.stdout)
+    assert found, proc.stdout[-2000:]
+    return int(found.group(1)), int(found.group(2))
+
+
 def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
     browser = chromium()
     port = free_port()
@@ -349,6 +386,8 @@ def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.2)
         assert metrics, (tmp_path / "demo.log").read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            page = r.read().decode()
         proc = subprocess.run(
             [
                 browser,
@@ -402,6 +441,9 @@ def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
         1 for uuid, gi in devices if gi == "" and any(u == uuid and g for u, g in devices)
     )
     assert "SIMULATED NODE" in proc.stdout
+    # The page reads on a 1024 px screen: its table does not scroll sideways.
+    scroll, client = page_widths(browser, page, tmp_path)
+    assert scroll <= client, f"the page is {scroll} px wide in a {client} px window"
 
 
 def test_power_column_and_idle_row() -> None:
