@@ -13,13 +13,21 @@ HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 .PHONY: demo test venv system-deps prometheus3 helm image-base lint typecheck unit bench bench-quick \
 	gpu-wheels gpu-check clean
 
+# The product alone, what `make demo` runs: the package and its runtime dependencies, none of
+# the test toolchain.
 $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e .
 	touch $@
 
 venv: $(BIN)/dcgm-enricher
+
+# The test toolchain in the same virtualenv, for the benchmark (it builds its nodes with the
+# tests' helpers).
+$(VENV)/.test-extras: $(BIN)/dcgm-enricher
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
 
 .venv-py%/bin/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 	python=$$(./.ci/find-python $*) && $$python -m venv .venv-py$*
@@ -60,30 +68,33 @@ image-base:
 # for the lowest's, 626 s for the highest's with the image). The second suite runs even when
 # the first fails, so that a failure says which Pythons it concerns.
 test: system-deps prometheus3 helm image-base $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
-	$(MAKE) --no-print-directory lint typecheck BIN=$(LOWEST_BIN)
+	$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)
 	status=0; \
-	$(MAKE) --no-print-directory unit BIN=$(LOWEST_BIN) PYTEST_ARGS='-m "not image and not one_python"' || status=1; \
-	$(MAKE) --no-print-directory unit BIN=$(HIGHEST_BIN) || status=1; \
+	$(MAKE) --no-print-directory unit TOOLS=$(LOWEST_BIN) PYTEST_ARGS='-m "not image and not one_python"' || status=1; \
+	$(MAKE) --no-print-directory unit TOOLS=$(HIGHEST_BIN) || status=1; \
 	exit $$status
 
 LINT_PATHS := enricher tests $(wildcard bench) deploy/dcgm-enricher-post-renderer
 
+# lint, typecheck and unit run in a test virtualenv (`make test` makes both; TOOLS picks one).
+TOOLS ?= $(HIGHEST_BIN)
+
 lint:
-	$(BIN)/ruff check $(LINT_PATHS)
-	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(TOOLS)/ruff check $(LINT_PATHS)
+	$(TOOLS)/ruff format --check $(LINT_PATHS)
 
 typecheck:
-	$(BIN)/mypy
+	$(TOOLS)/mypy
 
 unit:
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(TOOLS)/pytest $(PYTEST_ARGS)
 
 ## bench: the scrape-path benchmark (a few minutes): prints the table, writes bench/results/latest.json
-bench: system-deps venv
+bench: system-deps $(VENV)/.test-extras
 	$(BIN)/python -m bench
 
 ## bench-quick: every part of the benchmark, briefly (tests/test_bench.py runs it as a smoke test)
-bench-quick: system-deps venv
+bench-quick: system-deps $(VENV)/.test-extras
 	$(BIN)/python -m bench --quick --out bench/results/quick.json
 
 ## gpu-wheels: pip, the project and its runtime dependencies (CPython 3.10 to 3.13) as wheels in

@@ -50,7 +50,7 @@ def test_every_test_runs_on_the_highest_python_and_only_named_marks_skip_the_low
     """`make test`'s recipe: the highest Python's suite runs every test (no -m), the lowest's
     leaves out exactly the marks pyproject.toml declares for it (image, one_python)."""
     recipe = MAKEFILE.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    units = re.findall(r"unit BIN=\$\((\w+)_BIN\)(.*?)\|\|", recipe)
+    units = re.findall(r"unit TOOLS=\$\((\w+)_BIN\)(.*?)\|\|", recipe)
     assert [name for name, _ in units] == ["LOWEST", "HIGHEST"], units
     assert units[1][1].strip() == "", "the highest Python's suite must run every test"
     assert units[0][1].strip() == """PYTEST_ARGS='-m "not image and not one_python"'"""
