@@ -1,33 +1,26 @@
 """TLS and basic auth from a web config file, against the real app over real TLS.
 
-Certificates are made here with ``cryptography`` (a CA, a server certificate for 127.0.0.1,
-client certificates from that CA and from a stranger CA). The server is the enricher's own
-aiohttp app with :func:`enricher.webconfig.apply` and :func:`ssl_context`; the clients are
-aiohttp and, for one case, the standard library's ``http.client``.
+Certificates come from tests/certs.py (a CA, a server certificate for 127.0.0.1, client
+certificates from that CA and from a stranger CA). The server is the enricher's own aiohttp app
+with :func:`enricher.webconfig.apply` and :func:`ssl_context`; the clients are aiohttp and, for
+one case, the standard library's ``http.client``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
 import http.client
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import bcrypt
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from enricher.app import Scraper, make_app
 from enricher.config import Config
@@ -44,120 +37,14 @@ from enricher.webconfig import (
 )
 from tests.scraping import NoProcs
 
+from .certs import Pki, bcrypt_hash, make_pki
+
 # --------------------------------------------------------------------------- certificates
-
-
-@dataclass
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    stranger_cert: Path  # a client certificate from a CA the server does not trust
-    stranger_key: Path
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _cert(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    ca: bool = False,
-    usage: x509.ObjectIdentifier | None = None,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    issuer_name = issuer[0].subject if issuer else _name(subject)
-    signing_key = issuer[1] if issuer else key
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()),
-            critical=False,
-        )
-    )
-    if ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if usage == ExtendedKeyUsageOID.SERVER_AUTH:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    return builder.sign(signing_key, hashes.SHA256())
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
-    path.with_suffix(".key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path.with_suffix(".crt")
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("test CA", ca_key, None, ca=True)
-    other_key = ec.generate_private_key(ec.SECP256R1())
-    other = _cert("stranger CA", other_key, None, ca=True)
-    out: dict[str, Path] = {"ca": _write(d / "ca", ca, ca_key)}
-    for name, issuer, usage in (
-        ("server", (ca, ca_key), ExtendedKeyUsageOID.SERVER_AUTH),
-        ("client", (ca, ca_key), ExtendedKeyUsageOID.CLIENT_AUTH),
-        ("stranger", (other, other_key), ExtendedKeyUsageOID.CLIENT_AUTH),
-    ):
-        key = ec.generate_private_key(ec.SECP256R1())
-        out[name] = _write(d / name, _cert(f"{name} cert", key, issuer, usage=usage), key)
-    return Pki(
-        ca=out["ca"],
-        server_cert=out["server"],
-        server_key=out["server"].with_suffix(".key"),
-        client_cert=out["client"],
-        client_key=out["client"].with_suffix(".key"),
-        stranger_cert=out["stranger"],
-        stranger_key=out["stranger"].with_suffix(".key"),
-    )
-
-
-def _hash(password: bytes, prefix: str = "2b") -> str:
-    if prefix == "2y":
-        # htpasswd writes $2y$; the algorithm is the one of $2b$ (bcrypt cannot emit 2y).
-        return bcrypt.hashpw(password, bcrypt.gensalt(4)).decode().replace("$2b$", "$2y$", 1)
-    return bcrypt.hashpw(password, bcrypt.gensalt(4, prefix=prefix.encode())).decode()
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 # --------------------------------------------------------------------------- server
@@ -300,7 +187,7 @@ async def test_basic_auth_over_tls(serve: Serve, pki: Pki, tmp_path: Path) -> No
         f"  cert_file: {pki.server_cert}\n"
         f"  key_file: {pki.server_key}\n"
         "basic_auth_users:\n"
-        f"  prometheus: '{_hash(b'scrape-me')}'\n"
+        f"  prometheus: '{bcrypt_hash(b'scrape-me')}'\n"
     )
     port = await serve(load_web_config(path))
     url = f"https://127.0.0.1:{port}"
@@ -328,7 +215,7 @@ async def test_basic_auth_over_tls(serve: Serve, pki: Pki, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("prefix", ["2a", "2b", "2y"])
 async def test_bcrypt_hash_formats(serve: Serve, prefix: str) -> None:
-    hashed = _hash("pässwörd".encode(), prefix)
+    hashed = bcrypt_hash("pässwörd".encode(), prefix)
     assert hashed.startswith(f"${prefix}$")
     port = await serve(parse_web_config(f"basic_auth_users:\n  alice: '{hashed}'\n"))
     url = f"http://127.0.0.1:{port}/metrics"
@@ -353,7 +240,9 @@ async def test_bcrypt_hash_formats(serve: Serve, prefix: str) -> None:
     ],
 )
 async def test_malformed_authorization_is_401(serve: Serve, header: str) -> None:
-    port = await serve(parse_web_config(f"basic_auth_users:\n  alice: '{_hash(b'secret')}'\n"))
+    port = await serve(
+        parse_web_config(f"basic_auth_users:\n  alice: '{bcrypt_hash(b'secret')}'\n")
+    )
     status, headers, _ = await _get(
         f"http://127.0.0.1:{port}/metrics", auth={"Authorization": header}
     )
@@ -378,7 +267,7 @@ def test_parse_basic_authorization(header: str, want: tuple[bytes, bytes] | None
 
 
 async def test_successes_are_cached_failures_never() -> None:
-    checker = BasicAuthChecker({"alice": _hash(b"secret"), "bob": _hash(b"other")})
+    checker = BasicAuthChecker({"alice": bcrypt_hash(b"secret"), "bob": bcrypt_hash(b"other")})
     assert await checker.check(b"alice", b"secret")
     assert await checker.check(b"alice", b"secret")
     assert checker.bcrypt_checks == 1  # the second scrape did not pay bcrypt
@@ -394,7 +283,7 @@ async def test_successes_are_cached_failures_never() -> None:
 
 
 async def test_concurrent_checks_share_one_bcrypt() -> None:
-    checker = BasicAuthChecker({"alice": _hash(b"secret")})
+    checker = BasicAuthChecker({"alice": bcrypt_hash(b"secret")})
     results = await asyncio.gather(*(checker.check(b"alice", b"secret") for _ in range(20)))
     assert all(results)
     assert checker.bcrypt_checks == 1
@@ -640,7 +529,7 @@ def test_serve_with_web_config_file(pki: Pki, tmp_path: Path) -> None:
         f"  cert_file: {pki.server_cert}\n"
         f"  key_file: {pki.server_key}\n"
         "basic_auth_users:\n"
-        f"  prometheus: {_hash(b'scrape-secret')}\n"
+        f"  prometheus: {bcrypt_hash(b'scrape-secret')}\n"
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
