@@ -185,6 +185,10 @@ def systemd_analyze() -> str:
     return require_tool("systemd-analyze", "Debian's systemd package (.ci/system-deps installs it)")
 
 
+def run_tool(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
 @dataclass(frozen=True)
 class Analysis:
     verify: str  # what verify printed: nothing when the unit is clean
@@ -224,27 +228,11 @@ def analyze(
     program.write_text("#!/bin/sh\nexit 0\n")
     program.chmod(0o755)
     shutil.copytree(HOST_UNITS, root / HOST_UNITS.relative_to("/"), symlinks=True)
-    verify = subprocess.run(
-        [tool, "verify", "--man=no", f"--root={root}", UNIT_NAME],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    security = subprocess.run(
-        [tool, "security", "--offline=true", f"--root={root}", UNIT_NAME],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    table = subprocess.run(
-        [tool, "security", "--offline=true", "--json=short", f"--root={root}", UNIT_NAME],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    where = (f"--root={root}", UNIT_NAME)
+    verify = run_tool(tool, "verify", "--man=no", *where)
+    security = run_tool(tool, "security", "--offline=true", *where)
+    table = run_tool(tool, "security", "--offline=true", "--json=short", *where)
+    assert table.returncode == 0, table.stderr
     m = _OVERALL.search(security.stdout)
     assert m is not None, security.stdout + security.stderr
     checks = json.loads(table.stdout)
@@ -335,13 +323,7 @@ def test_install_doc_scrape_config_is_valid(promtools: list[str], tmp_path: Path
     path = tmp_path / "prometheus.yml"
     path.write_text(block)
     for promtool in promtools:
-        res = subprocess.run(
-            [promtool, "check", "config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        res = run_tool(promtool, "check", "config", str(path))
         assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -460,35 +442,17 @@ def test_service_command_serves_without_kubernetes(
     env = service_environment(monkeypatch)
     proc_root = tmp_path / "proc"
     fakeproc.write_proc_stat(proc_root, int(time.time()) - 3600)
-    fakeproc.write_process(
-        proc_root,
-        4100,
-        comm="python3",
-        start_ticks=100,
-        cgroup=fakeproc.cgroup_host(f"/system.slice/docker-{CID}.scope"),
-    )
-    fakeproc.write_process(
-        proc_root,
-        4200,
-        comm="train",
-        start_ticks=200,
-        cgroup=fakeproc.cgroup_host("/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"),
-    )
-    fakeproc.write_process(
-        proc_root,
-        4300,
-        comm="infer",
-        start_ticks=300,
-        cgroup=fakeproc.cgroup_host(f"/machine.slice/libpod-{PODMAN_CID}.scope/container"),
-    )
-    fake_nvml.write(
-        FakeNvmlState()
-        .gpu()
-        .gpu()
-        .process(4100, memory=3 << 30)
-        .process(4200, memory=1 << 30)
-        .process(4300, gpu=1, memory=2 << 30)
-    )
+    state = FakeNvmlState().gpu().gpu()
+    for pid, comm, gpu, gib, cgroup in (
+        (4100, "python3", 0, 3, f"/system.slice/docker-{CID}.scope"),
+        (4200, "train", 0, 1, "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"),
+        (4300, "infer", 1, 2, f"/machine.slice/libpod-{PODMAN_CID}.scope/container"),
+    ):
+        fakeproc.write_process(
+            proc_root, pid, comm=comm, start_ticks=pid, cgroup=fakeproc.cgroup_host(cgroup)
+        )
+        state.process(pid, gpu=gpu, memory=gib << 30)
+    fake_nvml.write(state)
     body = upstream_body(2).encode()
     upstream = TextServer(lambda path: body)
     port = free_port()
