@@ -106,6 +106,7 @@ def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) 
 def make_pki(d: Path, server_names: Sequence[str] = ("localhost",)) -> Pki:
     """A CA and its server and client certificates, and a client certificate from a stranger
     CA, written under ``d`` as PEM files. The server's names: ``server_names`` and 127.0.0.1."""
+    d.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _cert("test CA", ca_key, None, ca=True)
     other_key = ec.generate_private_key(ec.SECP256R1())

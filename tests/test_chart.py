@@ -20,12 +20,22 @@ No cluster is needed.
 from __future__ import annotations
 
 import argparse
+import base64
 import functools
 import json
+import os
 import re
+import ssl
 import subprocess
+import sys
 import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import Any
 
 import pytest
@@ -33,18 +43,25 @@ import yaml
 
 from enricher.cli import build_parser
 
+from .certs import bcrypt_hash, make_pki
+from .harness import free_port, stop_process
 from .helmreleases import HelmRelease, releases, require
+from .promreleases import PromRelease, serve
+from .test_alert_jobs import operator_job, relabel_config
 from .test_manifests import (
     IMAGE_UID,
     K8S_VERSIONS,
     MONITOR_KINDS,
+    POD_RESOURCES_DIR,
     EntryPoint,
     all_problems,
     build,
     edited_overlay,
     enricher_of,
+    flag_value,
     needs_kubectl,
     of_kind,
+    pod_spec,
     project_version,
     schema_errors,
     uncommented_exceptions,
@@ -78,11 +95,13 @@ PROFILES: dict[str, tuple[str, str, str | None]] = {
     "plain-prometheus": ("gpu-monitoring", "sidecar", None),
     "nonroot": ("gpu-monitoring", "sidecar", None),
     "namespace": ("gpu-monitoring", "sidecar", "overlays/sidecar"),
+    "tls": ("gpu-monitoring", "sidecar", None),
+    "least-privilege": ("nvidia-gpu-operator", "gpu-operator", None),
 }
 # Profiles whose release lives in another namespace than its objects (namespace.name).
 RELEASE_NAMESPACES = {"namespace": "default"}
 # Profiles whose enricher runs as another UID than root (enricher.runAsUser).
-UIDS = {"nonroot": IMAGE_UID}
+UIDS = {"nonroot": IMAGE_UID, "least-privilege": IMAGE_UID}
 
 
 @pytest.fixture(params=releases(), ids=lambda r: r.id)
@@ -319,6 +338,15 @@ def test_a_null_flag_drops_the_mode_default(helm: HelmRelease, tmp_path: Path) -
         ("enricher.runAsUser=-1", "runAsUser"),
         ("namespace.create=yes", "create"),
         ("namespace.name=GPU_Monitoring", "name"),
+        ("webConfig.basicAuthUsers.prometheus=plaintext", "basicAuthUsers"),
+        ("webConfig.tls.clientAuthType=RequireAnyClientCert", "clientAuthType"),
+        ("webConfig.tls.minVersion=TLS11", "minVersion"),
+        ("monitor.scheme=ftp", "scheme"),
+        ("monitor.tlsConfig.caFil=/x", "tlsConfig"),
+        ("monitor.basicAuth.username.name=s", "basicAuth"),
+        ("monitor.metricRelabelings[0].action=dorp", "metricRelabelings"),
+        ("extraVolumeMounts[0].name=x", "extraVolumeMounts"),
+        ("dra.enabled=no", "enabled"),
     ],
 )
 def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
@@ -327,24 +355,62 @@ def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
     assert message in proc.stderr
 
 
-@pytest.mark.parametrize("profile", ["sidecar", "gpu-operator", "namespace"])
-def test_notes_say_how_to_verify(profile: str) -> None:
-    """NOTES name the release's DaemonSet and only metrics that exist. Helm 4 renders them
-    offline (``install --dry-run=client``); Helm 3.17 contacts a cluster for that, and its
-    ``lint`` renders NOTES.txt without showing them."""
+def notes_of(profile: str, *extra: str) -> str:
+    """The NOTES of installing ``profile``, rendered by Helm 4 offline
+    (``install --dry-run=client``); Helm 3.17 contacts a cluster for that, and its ``lint``
+    renders NOTES.txt without showing them."""
     helm4 = require(releases()[1])
-    namespace = PROFILES[profile][0]
-    release_namespace = RELEASE_NAMESPACES.get(profile, namespace)
+    release_namespace = RELEASE_NAMESPACES.get(profile, PROFILES[profile][0])
     args = ["install", RELEASE, str(CHART), "-n", release_namespace]
-    proc = run_helm(helm4, *args, "-f", str(values_file(profile)), "--dry-run=client")
+    proc = run_helm(helm4, *args, "-f", str(values_file(profile)), *extra, "--dry-run=client")
     assert proc.returncode == 0, proc.stderr
-    notes = proc.stdout.split("\nNOTES:\n", 1)[1]
+    return proc.stdout.split("\nNOTES:\n", 1)[1]
+
+
+# What the NOTES of a profile say beyond the checks every profile's have (whitespace folded).
+NOTES_SAY = {
+    "gpu-operator": ["labelled app=nvidia-dcgm-exporter in namespace gpu-operator only"],
+    "tls": [
+        "served with TLS (Secret dcgm-enricher-tls) and basic auth (prometheus);",
+        "curl -sk -u <user>:<password> https://localhost:9401/metrics",
+    ],
+    "nonroot": ["runs as UID 10001, without the kubelet's PodResources socket"],
+    "least-privilege": [
+        "in namespace nvidia-gpu-operator only",
+        "runs as UID 10001, without the kubelet's PodResources socket",
+        "dra.enabled is false: no resourceslices rule",
+    ],
+}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_notes_say_how_to_verify(profile: str) -> None:
+    """NOTES name the release's DaemonSet, only metrics that exist, and what each setting
+    changes: the Pod Security label to set, the operator's namespace, the user, DRA, TLS."""
+    namespace, mode, _ = PROFILES[profile]
+    notes = notes_of(profile)
     assert f"kubectl -n {namespace} rollout status daemonset/{RELEASE}" in notes
     metrics = (ROOT / "docs" / "metrics.md").read_text()
     named = re.findall(r"dcgm_enricher_[a-z_]+", notes)
     assert named and all(name in metrics for name in named), named
-    assert ("pod-security.kubernetes.io/enforce=privileged" in notes) == (profile == "sidecar")
+    labels = mode == "sidecar" and profile not in RELEASE_NAMESPACES  # namespace.create
+    assert ("pod-security.kubernetes.io/enforce=privileged" in notes) == labels
     assert ("`helm uninstall` deletes it" in notes) == (profile == "namespace")
+    folded = " ".join(notes.split())
+    for said in NOTES_SAY.get(profile, []):
+        assert said in folded, said
+    assert "Warning:" not in notes
+
+
+@pytest.mark.parametrize(
+    ("unset", "warning"),
+    [
+        ("monitor.tlsConfig", "Warning: monitor.tlsConfig is empty"),
+        ("monitor.basicAuth", "Warning: monitor.basicAuth is empty"),
+    ],
+)
+def test_notes_warn_of_a_monitor_that_cannot_scrape(unset: str, warning: str) -> None:
+    assert warning in notes_of("tls", "--set", f"{unset}=null")
 
 
 def test_package_holds_the_linked_files(helm: HelmRelease, tmp_path: Path) -> None:
@@ -363,13 +429,17 @@ def test_package_holds_the_linked_files(helm: HelmRelease, tmp_path: Path) -> No
 
 def test_nonroot_changes_only_the_user_and_the_kubelet_source(helm: HelmRelease) -> None:
     """enricher.runAsUser=10001 is the sidecar profile with the enricher's user, group and
-    runAsNonRoot changed and --no-kubelet.enabled added; nothing else."""
+    runAsNonRoot changed, --no-kubelet.enabled added and the PodResources mount it could not
+    use gone from the enricher (dcgm-exporter keeps its own); nothing else."""
     root, nonroot = (render(helm, p) for p in ("sidecar", "nonroot"))
     _, container = enricher_of(root)
     container["securityContext"].update(
         runAsNonRoot=True, runAsUser=IMAGE_UID, runAsGroup=IMAGE_UID
     )
     container["args"].insert(2, "--no-kubelet.enabled")
+    container["volumeMounts"] = [
+        m for m in container["volumeMounts"] if m["mountPath"] != POD_RESOURCES_DIR
+    ]
     assert normalised(nonroot) == normalised(root)
 
 
@@ -402,3 +472,382 @@ def test_namespace_name_without_create_moves_every_object(helm: HelmRelease) -> 
     docs = render(helm, "sidecar", "--set", "namespace.name=monitoring")
     assert not of_kind(docs, "Namespace")
     assert all_problems(EntryPoint("charts (namespace.name)", "monitoring", "sidecar"), docs) == []
+
+
+# --------------------------------------------------------------------------- least privilege
+
+
+def test_least_privilege_drops_the_hostpath_and_the_resourceslice_rule(helm: HelmRelease) -> None:
+    """UID 10001 in gpu-operator mode: no PodResources source and so no hostPath at all;
+    dra.enabled false: the ClusterRole's only rule is the pod watch's, and the lookup is off."""
+    docs = render(helm, "least-privilege")
+    workload, container = enricher_of(docs)
+    assert not [v for v in pod_spec(workload).get("volumes", []) if "hostPath" in v]
+    assert "volumeMounts" not in container
+    (role,) = of_kind(docs, "ClusterRole")
+    assert [r["resources"] for r in role["rules"]] == [["pods"]]
+    assert "--no-kube.resource-slices" in container["args"]
+    assert "--no-kubelet.enabled" in container["args"]
+
+
+def test_dra_switch_refuses_the_lookup_flag(helm: HelmRelease) -> None:
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "dra.enabled=false",
+        "--set",
+        "enricher.flags.kube\\.resource-slices=true",
+    )
+    assert proc.returncode != 0
+    assert "dra.enabled: false drops the ClusterRole's resourceslices rule" in proc.stderr
+
+
+def test_extra_volumes_and_mounts(helm: HelmRelease, tmp_path: Path) -> None:
+    """extraVolumes join the pod's volumes, extraVolumeMounts the enricher's mounts, after the
+    chart's own; dcgm-exporter gets none of them."""
+    values = tmp_path / "extra.yaml"
+    volume = {"name": "ca-bundle", "configMap": {"name": "corporate-ca"}}
+    mount = {"name": "ca-bundle", "mountPath": "/etc/dcgm-enricher/ca", "readOnly": True}
+    values.write_text(yaml.safe_dump({"extraVolumes": [volume], "extraVolumeMounts": [mount]}))
+    for profile in ("sidecar", "least-privilege"):
+        workload, container = enricher_of(render(helm, profile, "-f", str(values)))
+        assert pod_spec(workload)["volumes"][-1] == volume
+        assert container["volumeMounts"][-1] == mount
+        for other in pod_spec(workload)["containers"]:
+            if other is not container:
+                assert mount not in other.get("volumeMounts", [])
+
+
+# --------------------------------------------------------------------------- TLS and basic auth
+
+
+def test_probes_follow_the_web_config(helm: HelmRelease) -> None:
+    """Plain HTTP: the overlay's probes. TLS: HTTPS on the same /healthz, which basic auth
+    leaves open (no password in the pod spec; the kubelet does not check the certificate).
+    Required client certificates, which the kubelet does not have: a TCP connection only."""
+    probes = {}
+    for name, extra in (
+        ("plain", ()),
+        ("tls", ("-f", str(values_file("tls")))),
+        (
+            "client-certificates",
+            (
+                "-f",
+                str(values_file("tls")),
+                "--set",
+                "webConfig.tls.clientAuthType=RequireAndVerifyClientCert",
+            ),
+        ),
+    ):
+        _, container = enricher_of(render(helm, "sidecar", *extra))
+        assert container["livenessProbe"]["periodSeconds"] == 10
+        probes[name] = {k: container[k] for k in ("livenessProbe", "readinessProbe")}
+        assert probes[name]["livenessProbe"] | {"failureThreshold": 0} == probes[name][
+            "readinessProbe"
+        ] | {"failureThreshold": 0}
+    kinds = {
+        name: {k: v for k, v in p["livenessProbe"].items() if k in ("httpGet", "tcpSocket")}
+        for name, p in probes.items()
+    }
+    assert kinds == {
+        "plain": {"httpGet": {"path": "/healthz", "port": "enricher"}},
+        "tls": {"httpGet": {"path": "/healthz", "port": "enricher", "scheme": "HTTPS"}},
+        "client-certificates": {"tcpSocket": {"port": "enricher"}},
+    }
+
+
+def rendered_web_config(docs: Docs) -> dict[str, Any]:
+    (secret,) = [
+        d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-web-config")
+    ]
+    parsed: dict[str, Any] = yaml.safe_load(base64.b64decode(secret["data"]["web-config.yml"]))
+    return parsed
+
+
+def test_client_certificates_project_the_ca(helm: HelmRelease) -> None:
+    """clientAuthType asks for the CA beside the certificate, under the name the web config
+    gives it; an existing Secret of the user's replaces the rendered one."""
+    extra = (
+        "-f",
+        str(values_file("tls")),
+        "--set",
+        "webConfig.tls.clientAuthType=VerifyClientCertIfGiven",
+    )
+    docs = render(helm, "sidecar", *extra)
+    assert rendered_web_config(docs)["tls_server_config"] == {
+        "cert_file": "tls.crt",
+        "key_file": "tls.key",
+        "client_auth_type": "VerifyClientCertIfGiven",
+        "client_ca_file": "ca.crt",
+        "min_version": "TLS13",
+    }
+    workload, _ = enricher_of(docs)
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == "web-config"]
+    tls_source = volume["projected"]["sources"][1]["secret"]
+    assert tls_source["name"] == "dcgm-enricher-tls"
+    assert [i["path"] for i in tls_source["items"]] == ["tls.crt", "tls.key", "ca.crt"]
+
+    mine = render(helm, "sidecar", *extra, "--set", "webConfig.existingSecret=my-web-config")
+    assert not of_kind(mine, "Secret")
+    workload, container = enricher_of(mine)
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == "web-config"]
+    assert volume["projected"]["sources"][0]["secret"]["name"] == "my-web-config"
+    assert "--web.config.file=/etc/dcgm-enricher/web/web-config.yml" in container["args"]
+
+
+def test_client_auth_without_a_certificate_is_refused(helm: HelmRelease) -> None:
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "webConfig.tls.clientAuthType=RequireAndVerifyClientCert",
+    )
+    assert proc.returncode != 0
+    assert "need webConfig.tls.secretName" in proc.stderr
+
+
+# The Prometheus Operator's folder for the Secret keys a monitor's tlsConfig names, as it
+# mounts them into the Prometheus pod (secret_<namespace>_<name>_<key>).
+OPERATOR_CERTS = "certs"
+
+
+@dataclass
+class RunningTls:
+    """The tls profile's enricher, running with the rendered args and the files the kubelet
+    would project for it, and what the Operator would make of the monitors' Secrets."""
+
+    docs: dict[str, Docs]  # monitor kind -> the rendered objects
+    address: str
+    secrets: dict[str, dict[str, bytes]]  # the user's Secrets (stand-ins), name -> key -> bytes
+    folder: Path
+    ca: Path
+    password: str
+    metrics: str  # /metrics as the right credentials get it
+
+
+def project_secrets(volume: Doc, secrets: dict[str, dict[str, bytes]], into: Path) -> None:
+    """A projected volume's Secret sources written under ``into``, each item's key at its path
+    (what the kubelet does; no kubelet runs here)."""
+    into.mkdir(parents=True)
+    for source in volume["projected"]["sources"]:
+        secret = source["secret"]
+        for item in secret["items"]:
+            (into / item["path"]).write_bytes(secrets[secret["name"]][item["key"]])
+
+
+def operator_endpoint_security(
+    endpoint: Doc, namespace: str, secrets: dict[str, dict[str, bytes]], folder: Path
+) -> Doc:
+    """An endpoint's scheme, tlsConfig, basicAuth and metricRelabelings as the Prometheus
+    Operator writes them into the scrape job: Secret keys named by tlsConfig become files in
+    its certificate folder, basicAuth's are read and written into the job, the relabelings
+    are translated as the other relabelings are."""
+    job: Doc = {}
+    if "scheme" in endpoint:
+        job["scheme"] = endpoint["scheme"]
+
+    def secret_file(ref: Doc) -> str:
+        selector = ref["secret"]
+        path = folder / f"secret_{namespace}_{selector['name']}_{selector['key']}"
+        path.write_bytes(secrets[selector["name"]][selector["key"]])
+        return str(path)
+
+    tls = endpoint.get("tlsConfig")
+    if tls is not None:
+        fields = {"serverName": "server_name", "insecureSkipVerify": "insecure_skip_verify"}
+        fields |= {"minVersion": "min_version", "maxVersion": "max_version"}
+        tls_config = {fields[k]: v for k, v in tls.items() if k in fields}
+        for key, name in (("ca", "ca_file"), ("cert", "cert_file")):
+            if key in tls:
+                tls_config[name] = secret_file(tls[key])
+        if "keySecret" in tls:
+            tls_config["key_file"] = secret_file({"secret": tls["keySecret"]})
+        job["tls_config"] = tls_config
+    auth = endpoint.get("basicAuth")
+    if auth is not None:
+        job["basic_auth"] = {
+            k: secrets[auth[k]["name"]][auth[k]["key"]].decode() for k in ("username", "password")
+        }
+    if endpoint.get("metricRelabelings"):
+        job["metric_relabel_configs"] = [relabel_config(r) for r in endpoint["metricRelabelings"]]
+    return job
+
+
+def endpoint_of(monitor: Doc) -> Doc:
+    spec = monitor["spec"]
+    (endpoint,) = spec.get("endpoints", []) + spec.get("podMetricsEndpoints", [])
+    return endpoint
+
+
+@pytest.fixture(scope="module")
+def running_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTls]:
+    """The enricher of the tls profile (both monitor kinds), run as the chart renders it.
+
+    Stand-ins, for what cannot exist here: the user's Secrets (dcgm-enricher-tls with a
+    certificate made here for the monitor's serverName, dcgm-enricher-scrape with this run's
+    password, whose bcrypt hash replaces the profile's), the kubelet's projection of the
+    Secrets into the pod's web-config volume (written as files under a folder standing for
+    the pod's root) and the Operator's (tests: operator_endpoint_security)."""
+    helm4 = require(releases()[1])
+    folder = tmp_path_factory.mktemp("tls")
+    password = token_urlsafe(18)
+    users = folder / "users.yaml"
+    users.write_text(
+        yaml.safe_dump(
+            {"webConfig": {"basicAuthUsers": {"prometheus": bcrypt_hash(password.encode())}}}
+        )
+    )
+    docs = {
+        kind: render(helm4, "tls", "-f", str(users), "--set", f"monitor.kind={kind}")
+        for kind in MONITOR_KINDS
+    }
+    service_monitor = docs["ServiceMonitor"]
+    (monitor,) = of_kind(service_monitor, "ServiceMonitor")
+    pki = make_pki(folder / "pki", server_names=(endpoint_of(monitor)["tlsConfig"]["serverName"],))
+    user_secrets = {
+        "dcgm-enricher-tls": {
+            "tls.crt": pki.server_cert.read_bytes(),
+            "tls.key": pki.server_key.read_bytes(),
+            "ca.crt": pki.ca.read_bytes(),
+        },
+        "dcgm-enricher-scrape": {"username": b"prometheus", "password": password.encode()},
+    }
+    for secret in of_kind(service_monitor, "Secret"):
+        user_secrets[secret["metadata"]["name"]] = {
+            k: base64.b64decode(v) for k, v in secret["data"].items()
+        }
+    workload, container = enricher_of(service_monitor)
+    pod_root = folder / "pod"
+    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+    for mount in container["volumeMounts"]:
+        if mount["name"] == "web-config":
+            assert mount["readOnly"] is True
+            project_secrets(volumes["web-config"], user_secrets, pod_root / mount["mountPath"][1:])
+    web_config = flag_value(container["args"], "--web.config.file")
+    assert web_config is not None
+    port = free_port()
+    argv = [
+        *container["args"],
+        # Here rather than in a pod: loopback, the projected files under the pod's stand-in
+        # root, and no GPU, kubelet or exporter (port 9 refuses) on this machine.
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.config.file={pod_root / web_config[1:]}",
+        "--upstream.url=http://127.0.0.1:9/metrics",
+        "--no-nvml.enabled",
+        "--kubelet.pod-resources-socket=",
+        "--docker.host=",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("NODE_NAME", "KUBERNETES_SERVICE_HOST"):
+        env.pop(name, None)
+    log = (folder / "enricher.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enricher", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
+    )
+    verified = ssl.create_default_context(cafile=str(pki.ca))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{port}/healthz", context=verified, timeout=5
+                ) as response:
+                    assert response.read() == b"ok\n"
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        "the enricher did not start:\n" + (folder / "enricher.log").read_text()
+                    )
+                time.sleep(0.2)
+        token = base64.b64encode(f"prometheus:{password}".encode()).decode()
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Basic {token}"}
+        )
+        with urllib.request.urlopen(request, context=verified, timeout=10) as response:
+            metrics = response.read().decode()
+        yield RunningTls(docs, f"127.0.0.1:{port}", user_secrets, folder, pki.ca, password, metrics)
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def test_probes_reach_the_tls_enricher(running_tls: RunningTls) -> None:
+    """The rendered probe as the kubelet sends it (HTTPS without checking the certificate, no
+    credentials) gets 200; /metrics without credentials gets 401."""
+    _, container = enricher_of(running_tls.docs["ServiceMonitor"])
+    get = container["readinessProbe"]["httpGet"]
+    unverified = ssl._create_unverified_context()  # the kubelet's HTTPS probe does not verify
+    url = f"{get['scheme'].lower()}://{running_tls.address}{get['path']}"
+    with urllib.request.urlopen(url, context=unverified, timeout=5) as response:
+        assert response.status == 200
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"https://{running_tls.address}/metrics", context=unverified)
+    assert info.value.code == 401
+
+
+def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
+    running_tls: RunningTls, prom_release: PromRelease, tmp_path: Path
+) -> None:
+    """One real Prometheus per release scrapes the enricher through each rendered monitor's
+    scheme, tlsConfig, basicAuth and metricRelabelings, as the Operator writes them; the same
+    job without the password, or without the CA, is refused (so each setting matters)."""
+    certs = tmp_path / OPERATOR_CERTS
+    certs.mkdir()
+    jobs = []
+    for kind, docs in running_tls.docs.items():
+        (monitor,) = of_kind(docs, kind)
+        endpoint = endpoint_of(monitor)
+        assert endpoint["scheme"] == "https"
+        pod = f"dcgm-enricher-{kind.lower()}"
+        job = operator_job(monitor, docs, {pod: running_tls.address})
+        job |= operator_endpoint_security(
+            endpoint, monitor["metadata"]["namespace"], running_tls.secrets, certs
+        )
+        jobs.append(job)
+    (monitor,) = of_kind(running_tls.docs["ServiceMonitor"], "ServiceMonitor")
+    for control, drop in (("no-password", "basic_auth"), ("no-ca", "tls_config")):
+        job = operator_job(
+            monitor,
+            running_tls.docs["ServiceMonitor"],
+            {f"dcgm-enricher-{control}": running_tls.address},
+        )
+        job |= operator_endpoint_security(
+            endpoint_of(monitor), monitor["metadata"]["namespace"], running_tls.secrets, certs
+        )
+        del job[drop]
+        job["job_name"] += f"-{control}"
+        jobs.append(job)
+    for job in jobs:
+        job["scrape_interval"] = job["scrape_timeout"] = "1s"
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
+    with serve(prom_release, config, tmp_path / "prometheus") as server:
+        deadline = time.monotonic() + 45
+        while True:
+            targets = {
+                t["labels"]["pod"]: t
+                for t in server.api("targets", state="active")["activeTargets"]
+            }
+            if len(targets) == 4 and all(t["health"] != "unknown" for t in targets.values()):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"not every target was scraped: {targets}\n{server.log_tail()}")
+            time.sleep(0.5)
+        for kind in MONITOR_KINDS:
+            target = targets[f"dcgm-enricher-{kind.lower()}"]
+            assert target["health"] == "up", (kind, target["lastError"])
+            assert target["scrapeUrl"].startswith("https://")
+        assert "401" in targets["dcgm-enricher-no-password"]["lastError"]
+        assert "certificate" in targets["dcgm-enricher-no-ca"]["lastError"]
+        assert targets["dcgm-enricher-no-ca"]["health"] == "down"
+        pods = {r["metric"]["pod"] for r in server.query("dcgm_enricher_source_up")}
+        assert pods == {f"dcgm-enricher-{kind.lower()}" for kind in MONITOR_KINDS}
+        # The monitors' metricRelabelings drop python_gc_*, which the enricher serves.
+        assert "\npython_gc_objects_collected_total{" in running_tls.metrics
+        assert server.query('{__name__=~"python_gc_.+"}') == []
+        assert server.query('{__name__=~"python_info"}')

@@ -274,11 +274,19 @@ def image_problems(docs: Docs) -> list[str]:
 
 def rbac_problems(docs: Docs) -> list[str]:
     """Exactly one ClusterRole: get/list/watch on core pods, list on resource.k8s.io
-    resourceslices (the DRA lookup), and nothing else anywhere."""
-    expected = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
-    ]
+    resourceslices (the DRA lookup, unless --no-kube.resource-slices turns it off), and nothing
+    else anywhere."""
+    expected = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    enrichers = [
+        c
+        for w in of_kind(docs, *WORKLOAD_KINDS)
+        for c in pod_spec(w).get("containers", [])
+        if c.get("name") == ENRICHER_CONTAINER
+    ]  # none where the objects checked are the RBAC alone
+    if not any(bool_flag(c.get("args", []), "--kube.resource-slices") is False for c in enrichers):
+        expected.append(
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
+        )
     problems = []
     roles = of_kind(docs, "Role", "ClusterRole")
     if [r["kind"] for r in roles] != ["ClusterRole"]:
@@ -288,7 +296,9 @@ def rbac_problems(docs: Docs) -> list[str]:
             problems.append(f"{role['metadata']['name']}: aggregationRule grants unknown rules")
         rules = role.get("rules", [])
         if len(rules) != len(expected):
-            problems.append(f"{role['metadata']['name']}: {len(rules)} rules, expected 2")
+            problems.append(
+                f"{role['metadata']['name']}: {len(rules)} rules, expected {len(expected)}"
+            )
         for rule, want in zip(rules, expected, strict=False):
             if set(rule) != {"apiGroups", "resources", "verbs"}:
                 problems.append(f"unexpected rule fields {sorted(rule)}")
@@ -472,7 +482,11 @@ def enricher_problems(workload: Doc, container: Doc, uid: int = ENRICHER_UID) ->
     pod_resources = [
         m for m in container.get("volumeMounts", []) if m.get("mountPath") == POD_RESOURCES_DIR
     ]
-    if not pod_resources:
+    kubelet_off = bool_flag(container.get("args", []), "--kubelet.enabled") is False
+    if kubelet_off and pod_resources:
+        # Least privilege: a hostPath the source that reads it is switched off for.
+        problems.append(f"{POD_RESOURCES_DIR} is mounted with --no-kubelet.enabled")
+    elif not pod_resources and not kubelet_off:
         problems.append(f"{POD_RESOURCES_DIR} is not mounted")
     for mount in pod_resources:
         host = volumes.get(mount["name"], {}).get("hostPath", {}).get("path")
@@ -759,6 +773,52 @@ _ENDPOINT_COMMON = {
     "relabelings": {"type": "array", "items": {"type": "object"}},
     "metricRelabelings": {"type": "array", "items": {"type": "object"}},
 }
+_SECRET_KEY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "key"],
+    "properties": {
+        "name": {"type": "string"},
+        "key": {"type": "string"},
+        "optional": {"type": "boolean"},
+    },
+}
+_SECRET_OR_CONFIGMAP = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"secret": _SECRET_KEY, "configMap": _SECRET_KEY},
+}
+_TLS_VERSION = {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]}
+# SafeTLSConfig (a PodMonitor's): everything from Secrets or ConfigMaps.
+_SAFE_TLS_CONFIG = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "ca": _SECRET_OR_CONFIGMAP,
+        "cert": _SECRET_OR_CONFIGMAP,
+        "keySecret": _SECRET_KEY,
+        "serverName": {"type": "string"},
+        "insecureSkipVerify": {"type": "boolean"},
+        "minVersion": _TLS_VERSION,
+        "maxVersion": _TLS_VERSION,
+    },
+}
+# TLSConfig (a ServiceMonitor's): also files in the Prometheus container.
+_TLS_CONFIG = {
+    **_SAFE_TLS_CONFIG,
+    "properties": {
+        **_SAFE_TLS_CONFIG["properties"],
+        "caFile": {"type": "string"},
+        "certFile": {"type": "string"},
+        "keyFile": {"type": "string"},
+    },
+}
+_ENDPOINT_COMMON["basicAuth"] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["username", "password"],
+    "properties": {"username": _SECRET_KEY, "password": _SECRET_KEY},
+}
 _NAMESPACE_SELECTOR = {
     "type": "object",
     "additionalProperties": False,
@@ -769,11 +829,13 @@ _NAMESPACE_SELECTOR = {
 }
 
 
-def _monitor_schema(kind: str, endpoints_key: str, endpoint_props: dict[str, Any]) -> Doc:
+def _monitor_schema(
+    kind: str, endpoints_key: str, endpoint_props: dict[str, Any], tls_config: Doc
+) -> Doc:
     endpoint = {
         "type": "object",
         "additionalProperties": False,
-        "properties": {**_ENDPOINT_COMMON, **endpoint_props},
+        "properties": {**_ENDPOINT_COMMON, **endpoint_props, "tlsConfig": tls_config},
         "anyOf": [{"required": [k]} for k in endpoint_props],
     }
     return {
@@ -814,11 +876,13 @@ MONITOR_SCHEMAS = {
         "ServiceMonitor",
         "endpoints",
         {"port": {"type": "string"}, "targetPort": {"type": ["integer", "string"]}},
+        _TLS_CONFIG,
     ),
     "PodMonitor": _monitor_schema(
         "PodMonitor",
         "podMetricsEndpoints",
         {"port": {"type": "string"}, "portNumber": {"type": "integer"}},
+        _SAFE_TLS_CONFIG,
     ),
 }
 

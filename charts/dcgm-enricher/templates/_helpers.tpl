@@ -44,8 +44,18 @@ app.kubernetes.io/part-of: dcgm-enricher
 {{- end -}}
 {{- end -}}
 
-{{/* The enricher's args: serve, --web.listen-address, then every other flag in key order. */}}
-{{- define "dcgm-enricher.args" -}}
+{{/* Where the web config and its certificates are mounted (webConfig). */}}
+{{- define "dcgm-enricher.webConfigDir" -}}/etc/dcgm-enricher/web{{- end -}}
+
+{{/* "true" when the enricher serves with a web config (TLS, basic auth or a Secret of the
+user's), else "". */}}
+{{- define "dcgm-enricher.webConfig" -}}
+{{- $web := .Values.webConfig -}}
+{{- if or $web.tls.secretName $web.basicAuthUsers $web.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* The enricher's flags as JSON: the mode's defaults, then enricher.flags (null drops one). */}}
+{{- define "dcgm-enricher.flags" -}}
 {{- $flags := dict "web.listen-address" (printf ":%v" .Values.enricher.port) "upstream.url" (printf "http://127.0.0.1:%v/metrics" .Values.exporter.port) -}}
 {{- if eq .Values.mode "gpu-operator" -}}
 {{- $_ := set $flags "upstream.discover-pod" true -}}
@@ -57,6 +67,12 @@ app.kubernetes.io/part-of: dcgm-enricher
 {{- /* Non-root cannot connect to the kubelet's root-only PodResources socket. */ -}}
 {{- $_ := set $flags "kubelet.enabled" false -}}
 {{- end -}}
+{{- if not .Values.dra.enabled -}}
+{{- $_ := set $flags "kube.resource-slices" false -}}
+{{- end -}}
+{{- if include "dcgm-enricher.webConfig" . -}}
+{{- $_ := set $flags "web.config.file" (printf "%s/web-config.yml" (include "dcgm-enricher.webConfigDir" .)) -}}
+{{- end -}}
 {{- range $name, $value := .Values.enricher.flags -}}
 {{- if kindIs "invalid" $value -}}
 {{- $_ := unset $flags $name -}}
@@ -64,6 +80,21 @@ app.kubernetes.io/part-of: dcgm-enricher
 {{- $_ := set $flags $name $value -}}
 {{- end -}}
 {{- end -}}
+{{- if and (not .Values.dra.enabled) (eq (index $flags "kube.resource-slices" | toString) "true") -}}
+{{- fail "dra.enabled: false drops the ClusterRole's resourceslices rule; enricher.flags.kube.resource-slices: true would only be refused by the API server" -}}
+{{- end -}}
+{{- toJson $flags -}}
+{{- end -}}
+
+{{/* "true" when the enricher reads the kubelet's PodResources socket (its mount), else "". */}}
+{{- define "dcgm-enricher.kubeletSource" -}}
+{{- $flags := include "dcgm-enricher.flags" . | fromJson -}}
+{{- if ne (index $flags "kubelet.enabled" | toString) "false" -}}true{{- end -}}
+{{- end -}}
+
+{{/* The enricher's args: serve, --web.listen-address, then every other flag in key order. */}}
+{{- define "dcgm-enricher.args" -}}
+{{- $flags := include "dcgm-enricher.flags" . | fromJson -}}
 {{- $args := list "serve" -}}
 {{- $listen := index $flags "web.listen-address" | default "" -}}
 {{- if $listen -}}
@@ -103,4 +134,30 @@ nvidia.com/gpu.present: "true"
 {{- else -}}
 {{- .Values.runtimeClassName -}}
 {{- end -}}
+{{- end -}}
+
+{{/* A monitor endpoint's scheme, TLS, basic auth and metric relabelings (monitor.*): https
+when the enricher serves TLS (webConfig.tls.secretName) unless monitor.scheme says otherwise.
+The argument is the root context; .kind is read from .Values.monitor. */}}
+{{- define "dcgm-enricher.endpointSecurity" -}}
+{{- $monitor := .Values.monitor -}}
+{{- $scheme := $monitor.scheme | default (ternary "https" "" (ne .Values.webConfig.tls.secretName "")) -}}
+{{- if and (eq $monitor.kind "PodMonitor") (or $monitor.tlsConfig.caFile $monitor.tlsConfig.certFile $monitor.tlsConfig.keyFile) -}}
+{{- fail "monitor.tlsConfig: caFile, certFile and keyFile are not PodMonitor fields (a PodMonitor's TLS comes from Secrets: ca, cert, keySecret)" -}}
+{{- end -}}
+{{- with $scheme }}
+scheme: {{ . }}
+{{- end }}
+{{- with $monitor.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $monitor.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
