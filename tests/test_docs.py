@@ -15,6 +15,8 @@ import argparse
 import json
 import os
 import re
+import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -412,3 +414,83 @@ def test_relative_links_resolve(path: Path) -> None:
         assert dest.exists(), f"{path.name}: {target}: no such file"
         if anchor and dest.suffix == ".md":
             assert anchor in anchors(dest.read_text()), f"{path.name}: {target}: no such anchor"
+
+
+# --------------------------------------------------------------------------- install commands
+
+
+def shell_commands(text: str) -> list[list[str]]:
+    """The commands of each ```sh block, one list per block, continuation lines joined and
+    comments dropped."""
+    blocks = re.findall(r"^ *```sh\n(.*?)^ *```", text, re.M | re.S)
+    out = []
+    for block in blocks:
+        joined = re.sub(r"\\\n\s*", " ", block)
+        lines = (line.split(" #", 1)[0].strip() for line in joined.splitlines())
+        out.append([line for line in lines if line and not line.startswith("#")])
+    return out
+
+
+def chart_installs(text: str) -> list[tuple[list[str], list[str]]]:
+    """Every ``helm install`` of this repository's chart as an argument list, with the
+    page's commands before it."""
+    found = []
+    commands = [command for block in shell_commands(text) for command in block]
+    for i, command in enumerate(commands):
+        args = shlex.split(command)
+        if args[:2] == ["helm", "install"] and "./charts/dcgm-enricher" in args:
+            found.append((args, commands[:i]))
+    return found
+
+
+def option(args: list[str], name: str) -> str | None:
+    return next((args[i + 1] for i, a in enumerate(args[:-1]) if a == name), None)
+
+
+INSTALL_PAGES = [README, DOCS / "install.md"]
+
+
+@pytest.mark.parametrize("path", INSTALL_PAGES, ids=lambda p: p.name)
+def test_sidecar_helm_installs_label_the_namespace_first(path: Path) -> None:
+    """A sidecar install's pods need the privileged Pod Security level: before every
+    documented ``helm install`` of the sidecar mode the page labels its namespace (or the chart
+    creates it labelled, namespace.create), and none uses ``--create-namespace``, which makes a
+    namespace without the label that the pods then fail."""
+    installs = chart_installs(path.read_text())
+    assert installs, f"{path.name} shows no helm install of the chart"
+    for args, before in installs:
+        command = " ".join(args)
+        if "mode=gpu-operator" in command:
+            continue  # the operator's namespace admits privileged pods
+        assert "--create-namespace" not in args, command
+        if "namespace.create=true" in command:
+            continue
+        namespace = option(args, "-n")
+        label = f"kubectl label namespace {namespace} pod-security.kubernetes.io/enforce=privileged"
+        assert label in before, f"{path.name}: {command} without `{label}` before it"
+
+
+@pytest.mark.one_python
+@pytest.mark.parametrize("path", INSTALL_PAGES, ids=lambda p: p.name)
+def test_documented_helm_installs_render(path: Path) -> None:
+    """Each documented ``helm install`` of the chart, as written (shell expansions left out),
+    renders with the real Helm 3 and 4 (``helm template`` with the same arguments)."""
+    from .helmreleases import releases, require
+
+    for args, _ in chart_installs(path.read_text()):
+        # A value the shell computes (a password's hash): the values file's stands in for it.
+        kept = [
+            a
+            for i, a in enumerate(args)
+            if "$" not in a and not (a.startswith("--set") and "$" in args[i + 1])
+        ]
+        for release in releases():
+            proc = subprocess.run(
+                [require(release).helm, "template", *kept[2:]],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=ROOT,
+                check=False,
+            )
+            assert proc.returncode == 0, f"{' '.join(kept)}: {proc.stderr}"
