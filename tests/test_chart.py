@@ -116,6 +116,14 @@ def run_helm(release: HelmRelease, *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+def refusal(release: HelmRelease, *overrides: str) -> str:
+    """What ``helm template`` of the chart with these ``--set`` overrides says as it fails."""
+    sets = [a for override in overrides for a in ("--set", override)]
+    proc = run_helm(release, "template", RELEASE, str(CHART), *sets)
+    assert proc.returncode != 0, proc.stdout[:500]
+    return proc.stderr
+
+
 def values_file(profile: str) -> Path:
     return CHART / "ci" / f"{profile}-values.yaml"
 
@@ -329,6 +337,39 @@ def test_a_null_flag_drops_the_mode_default(helm: HelmRelease, tmp_path: Path) -
     assert "--upstream.discover-pod" in container["args"]
 
 
+RUNBOOK_BASE = "https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md"
+
+
+def test_runbook_url_links_every_alert_and_the_dashboard(helm: HelmRelease) -> None:
+    """prometheusRule.runbookUrl: URL#<anchor of the alert's runbook section> on every alert,
+    the rules otherwise unchanged, and a Runbook link on the otherwise unchanged dashboard."""
+    plain = render(helm, "sidecar")
+    linked = render(helm, "sidecar", "--set", f"prometheusRule.runbookUrl={RUNBOOK_BASE}")
+    rules = yaml.safe_load((ROOT / "rules" / "dcgm-enricher.rules.yaml").read_text())["groups"]
+    (rule,) = of_kind(plain, "PrometheusRule")
+    assert rule["spec"]["groups"] == rules  # no runbook_url unless the value is set
+    (rule,) = of_kind(linked, "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) == len([r for g in rules for r in g["rules"] if "alert" in r])
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    for alert in alerts:
+        anchor = alert["alert"].lower()
+        assert alert["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}#{anchor}"
+        assert f"\n### {alert['alert']}\n" in runbook, f"docs/runbook.md has no #{anchor}"
+        del alert["annotations"]["runbook_url"]
+    assert rule["spec"]["groups"] == rules
+    shipped = json.loads((ROOT / "grafana" / "dcgm-enricher.json").read_text())
+    assert shipped["links"] == []
+    (dashboard,) = [
+        d for d in linked if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
+    ]
+    board = json.loads(dashboard["data"]["dcgm-enricher.json"])
+    (link,) = board.pop("links")
+    assert link["url"] == RUNBOOK_BASE and link["type"] == "link" and link["title"] == "Runbook"
+    shipped.pop("links")
+    assert board == shipped
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -347,12 +388,14 @@ def test_a_null_flag_drops_the_mode_default(helm: HelmRelease, tmp_path: Path) -
         ("monitor.metricRelabelings[0].action=dorp", "metricRelabelings"),
         ("extraVolumeMounts[0].name=x", "extraVolumeMounts"),
         ("dra.enabled=no", "enabled"),
+        ("prometheusRule.runbookUrl=docs/runbook.md", "runbookUrl"),
+        ("prometheusRule.runbookUrl=https://git.corp.lan/runbook.md#top", "runbookUrl"),
+        ("monitor.relabelings[0].action=dorp", "relabelings"),
+        ("monitor.relabelings[0].target_label=job", "relabelings"),
     ],
 )
 def test_schema_rejects(helm: HelmRelease, override: str, message: str) -> None:
-    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", override)
-    assert proc.returncode != 0
-    assert message in proc.stderr
+    assert message in refusal(helm, override)
 
 
 def notes_of(profile: str, *extra: str) -> str:
@@ -453,18 +496,8 @@ def test_nonroot_kubelet_flag_wins(helm: HelmRelease, tmp_path: Path) -> None:
 
 
 def test_namespace_create_refuses_the_gpu_operators(helm: HelmRelease) -> None:
-    proc = run_helm(
-        helm,
-        "template",
-        RELEASE,
-        str(CHART),
-        "--set",
-        "mode=gpu-operator",
-        "--set",
-        "namespace.create=true",
-    )
-    assert proc.returncode != 0
-    assert "namespace.create: the GPU Operator's namespace is the operator's" in proc.stderr
+    message = refusal(helm, "mode=gpu-operator", "namespace.create=true")
+    assert "namespace.create: the GPU Operator's namespace is the operator's" in message
 
 
 def test_namespace_name_without_create_moves_every_object(helm: HelmRelease) -> None:
@@ -491,18 +524,8 @@ def test_least_privilege_drops_the_hostpath_and_the_resourceslice_rule(helm: Hel
 
 
 def test_dra_switch_refuses_the_lookup_flag(helm: HelmRelease) -> None:
-    proc = run_helm(
-        helm,
-        "template",
-        RELEASE,
-        str(CHART),
-        "--set",
-        "dra.enabled=false",
-        "--set",
-        "enricher.flags.kube\\.resource-slices=true",
-    )
-    assert proc.returncode != 0
-    assert "dra.enabled: false drops the ClusterRole's resourceslices rule" in proc.stderr
+    message = refusal(helm, "dra.enabled=false", "enricher.flags.kube\\.resource-slices=true")
+    assert "dra.enabled: false drops the ClusterRole's resourceslices rule" in message
 
 
 def test_extra_volumes_and_mounts(helm: HelmRelease, tmp_path: Path) -> None:
@@ -599,16 +622,8 @@ def test_client_certificates_project_the_ca(helm: HelmRelease) -> None:
 
 
 def test_client_auth_without_a_certificate_is_refused(helm: HelmRelease) -> None:
-    proc = run_helm(
-        helm,
-        "template",
-        RELEASE,
-        str(CHART),
-        "--set",
-        "webConfig.tls.clientAuthType=RequireAndVerifyClientCert",
-    )
-    assert proc.returncode != 0
-    assert "need webConfig.tls.secretName" in proc.stderr
+    message = refusal(helm, "webConfig.tls.clientAuthType=RequireAndVerifyClientCert")
+    assert "need webConfig.tls.secretName" in message
 
 
 # The Prometheus Operator's folder for the Secret keys a monitor's tlsConfig names, as it
