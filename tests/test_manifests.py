@@ -652,6 +652,15 @@ def gpu_operator_problems(docs: Docs) -> list[str]:
     selector = enricher_setting(enricher, "--upstream.pod-selector", DEFAULT_POD_SELECTOR)
     if selector != DEFAULT_POD_SELECTOR:
         problems.append(f"pod selector {selector} is not the GPU Operator's label")
+    # The exporter is looked for in the enricher's own namespace, whatever it is called: the
+    # downward API's, or the workload's namespace written out.
+    workload, _ = enricher_of(docs)
+    namespace = enricher_setting(enricher, "--upstream.pod-namespace", "gpu-operator")
+    variable = re.fullmatch(r"\$\((\w+)\)", namespace)
+    field = (env_entry(enricher, variable[1]) or {}) if variable else {}
+    from_pod = field.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    if from_pod != "metadata.namespace" and namespace != workload["metadata"].get("namespace"):
+        problems.append(f"--upstream.pod-namespace {namespace} is not the enricher's namespace")
     if any(
         c.get("image", "").startswith(EXPORTER_IMAGE_REPO)
         for w in of_kind(docs, *WORKLOAD_KINDS)
@@ -1142,6 +1151,16 @@ MUTATIONS = [
         id="binding-wrong-namespace",
     ),
     pytest.param(
+        lambda d: _enricher(d)["args"].append("--no-kube.resource-slices"),
+        "2 rules, expected 1",
+        id="dra-lookup-off-rule-kept",
+    ),
+    pytest.param(
+        lambda d: _enricher(d)["args"].append("--no-kubelet.enabled"),
+        "is mounted with --no-kubelet.enabled",
+        id="kubelet-source-off-mount-kept",
+    ),
+    pytest.param(
         lambda d: _first(d, "ServiceMonitor")["spec"]["endpoints"][0].update(honorLabels=False),
         "honorLabels",
         id="honor-labels-false",
@@ -1391,6 +1410,20 @@ def test_invariants_catch(mutate: Mutation, expected: str) -> None:
             lambda d: d.append({"kind": "Namespace", "metadata": {"name": "gpu-operator"}}),
             "Namespace object",
             id="owns-operator-namespace",
+        ),
+        pytest.param(
+            # The flag's default (gpu-operator), installed into OpenShift's namespace.
+            lambda d: (
+                _enricher(d)["args"].remove("--upstream.pod-namespace=$(POD_NAMESPACE)"),
+                _first(d, "DaemonSet")["metadata"].update(namespace="nvidia-gpu-operator"),
+            ),
+            "is not the enricher's namespace",
+            id="default-operator-namespace-elsewhere",
+        ),
+        pytest.param(
+            lambda d: _enricher(d)["env"].remove(env_entry(_enricher(d), "POD_NAMESPACE")),
+            "is not the enricher's namespace",
+            id="namespace-variable-undefined",
         ),
     ],
 )
