@@ -301,51 +301,33 @@ def operator_job(monitor: Doc, docs: tuple[Doc, ...], pods: dict[str, str]) -> D
     (workload,) = of_kind(docs, "DaemonSet")
     # Discovery watches the monitor's own namespace (no namespaceSelector in ours).
     assert "namespaceSelector" not in spec
+    meta_k8s = "__meta_kubernetes"
     if kind == "ServiceMonitor":
         (endpoint,) = spec["endpoints"]
         services = [s for s in of_kind(docs, "Service") if s["metadata"]["namespace"] == namespace]
         targets = [t for s in services for t in endpoint_targets(s, workload, pods)]
-        prefix = "__meta_kubernetes_service"
-        relabel = [
-            *keep_selected(prefix, spec["selector"]["matchLabels"]),
-            {
-                "action": "keep",
-                "source_labels": ["__meta_kubernetes_endpoint_port_name"],
-                "regex": endpoint["port"],
-            },
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {
-                "source_labels": ["__meta_kubernetes_pod_container_name"],
-                "target_label": "container",
-            },
-            {
-                "source_labels": ["__meta_kubernetes_service_name"],
-                "target_label": "job",
-                "replacement": "${1}",
-            },
-        ]
+        prefix = f"{meta_k8s}_service"
+        port_label = f"{meta_k8s}_endpoint_port_name"
+        copies = {"namespace": "namespace", "service": "service_name", "pod": "pod_name"}
+        job = {"source_labels": [f"{meta_k8s}_service_name"], "replacement": "${1}"}
     else:
         (endpoint,) = spec["podMetricsEndpoints"]
         in_namespace = workload["metadata"]["namespace"] == namespace
         targets = pod_targets(workload, pods) if in_namespace else []
-        prefix = "__meta_kubernetes_pod"
-        relabel = [
-            *keep_selected(prefix, spec["selector"]["matchLabels"]),
-            {
-                "action": "keep",
-                "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                "regex": endpoint["port"],
-            },
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {
-                "source_labels": ["__meta_kubernetes_pod_container_name"],
-                "target_label": "container",
-            },
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"target_label": "job", "replacement": f"{namespace}/{meta['name']}"},
-        ]
+        prefix = f"{meta_k8s}_pod"
+        port_label = f"{meta_k8s}_pod_container_port_name"
+        copies = {"namespace": "namespace", "pod": "pod_name"}
+        job = {"replacement": f"{namespace}/{meta['name']}"}
+    copies["container"] = "pod_container_name"
+    relabel = [
+        *keep_selected(prefix, spec["selector"]["matchLabels"]),
+        {"action": "keep", "source_labels": [port_label], "regex": endpoint["port"]},
+        *(
+            {"source_labels": [f"{meta_k8s}_{source}"], "target_label": target}
+            for target, source in copies.items()
+        ),
+        {**job, "target_label": "job"},
+    ]
     if "jobLabel" in spec:
         relabel.append(
             {
