@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from .promreleases import PromRelease, releases, require
 from .tools import require_tool
 
-pytest_plugins = ["tests.nvmlfake", "tests.harness", "tests.dockerengine"]
+pytest_plugins = ["tests.nvmlfake", "tests.harness", "tests.dockerengine", "tests.imagebuild"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DCGM = ROOT.parent / "shared" / "fixtures" / "dcgm"

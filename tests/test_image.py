@@ -9,12 +9,10 @@ the workload container and its cgroup, /proc, Prometheus. What is simulated: the
 libnvidia-ml, bind-mounted where the NVIDIA Container Toolkit mounts the real one, listing
 the workload container's real PID) and dcgm-exporter (its text over HTTP on loopback).
 
-The base: no registry is reachable here, so the Dockerfile's ``PYTHON_IMAGE`` is a stand-in
-built from Debian's packages by ``.ci/image-base`` (``make test`` runs it). The build takes
-minutes on the vfs driver, so these tests carry the ``image`` mark and ``make test`` runs them
-once, on one Python: the image brings its own interpreter, whatever runs the tests.
-
-The build's figures (seconds, image size) are written to ``.cache/image/figures.json``.
+The image is built once per session (tests/imagebuild.py: the fixture ``built_image``, on a
+stand-in for the Dockerfile's ``PYTHON_IMAGE``, since no registry is reachable here). The build
+takes minutes on the vfs driver, so these tests carry the ``image`` mark and ``make test`` runs
+them once, on one Python: the image brings its own interpreter, whatever runs the tests.
 """
 
 from __future__ import annotations
@@ -36,17 +34,14 @@ import yaml
 
 from .composefile import load_compose
 from .conftest import ROOT
-from .dockerengine import COMPOSE, SLEEP, Engine, skip_or_fail, upstream_body
+from .dockerengine import COMPOSE, SLEEP, Engine, upstream_body
 from .harness import TextServer, free_port, stop_process
+from .imagebuild import IMAGE, Built
 from .nvmlfake import FakeNvmlState, default_gpu_uuid
 from .promreleases import releases, require
 
 pytestmark = pytest.mark.image
 
-BASE_TARBALL = ROOT / ".cache" / "image-base" / "bookworm-python.tar"
-FIGURES = ROOT / ".cache" / "image" / "figures.json"
-BASE_IMAGE = "enricher-test/python-standin:bookworm"
-IMAGE = "enricher-test/dcgm-enricher:test"
 COMPOSE_FILE = ROOT / "deploy" / "compose" / "docker-compose.yml"
 CGROUP_ONLY_FILE = ROOT / "deploy" / "compose" / "cgroup-only.yml"
 SIDECAR = ROOT / "manifests" / "overlays" / "sidecar" / "daemonset.yaml"
@@ -54,56 +49,6 @@ SIDECAR = ROOT / "manifests" / "overlays" / "sidecar" / "daemonset.yaml"
 # directory, searched by the dynamic loader without any LD_LIBRARY_PATH).
 NVML_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Built:
-    image: str
-    seconds: float
-    size_bytes: int
-    base_size_bytes: int
-
-
-@pytest.fixture(scope="session")
-def built_image(docker_engine_session: Engine) -> Built:
-    engine = docker_engine_session
-    if not BASE_TARBALL.is_file():
-        skip_or_fail(
-            f"no stand-in base image at {BASE_TARBALL}: run .ci/image-base (make test does)"
-        )
-    with BASE_TARBALL.open("rb") as tar:
-        engine.docker("import", "-", BASE_IMAGE, input=tar.read(), timeout=300)
-    started = time.monotonic()
-    engine.docker(
-        "build",
-        "--network=host",  # pip in the builder stage reaches the package index
-        "--build-arg",
-        f"PYTHON_IMAGE={BASE_IMAGE}",
-        "--tag",
-        IMAGE,
-        str(ROOT),
-        timeout=900,
-    )
-    seconds = time.monotonic() - started
-    size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", IMAGE))
-    base = int(engine.docker("image", "inspect", "--format", "{{.Size}}", BASE_IMAGE))
-    built = Built(IMAGE, seconds, size, base)
-    FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    FIGURES.write_text(
-        json.dumps(
-            {
-                "build_seconds": round(seconds, 1),
-                "image_bytes": size,
-                "base_bytes": base,
-                "added_bytes": size - base,
-                "base": "debootstrap bookworm minbase + python3 (stand-in for PYTHON_IMAGE)",
-                "storage_driver": "vfs",
-            },
-            indent=1,
-        )
-        + "\n"
-    )
-    return built
 
 
 def image_config(engine: Engine) -> dict[str, Any]:
