@@ -10,8 +10,8 @@ PY_HIGHEST ?= 3.13
 LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
-.PHONY: demo test venv system-deps prometheus3 helm image-base lint typecheck unit bench bench-quick \
-	gpu-wheels gpu-check clean
+.PHONY: demo test venv system-deps prometheus3 helm compose image-base lint typecheck unit \
+	bench bench-quick gpu-wheels gpu-check clean
 
 # The product alone, what `make demo` runs: the package and its runtime dependencies, none of
 # the test toolchain.
@@ -51,23 +51,29 @@ prometheus3:
 helm:
 	PYTHON=$(PYTHON) ./.ci/helm
 
+## compose: Docker Compose v2.40 (the CLI plugin) from Debian's unstable suite, unpacked into
+## .cache (not installed)
+compose:
+	./.ci/compose
+
 ## image-base: the stand-in for the Dockerfile's PYTHON_IMAGE (Debian bookworm by debootstrap,
 ## as a tarball in .cache) that the image test builds on; needs root
 image-base:
 	./.ci/image-base
 
 ## test: lint and type-check, then the whole suite on the lowest and the highest Python (and on
-## Prometheus 2.42 and 3.5; the chart on Helm 3 and Helm 4; a real Docker Engine). Two marks
-## run in the highest Python's suite only: `image` (builds the Dockerfile, minutes: the image
-## brings its own Python) and `one_python` (Prometheus, promtool, Helm and kubectl judging the
-## charts, manifests, rules, dashboard and the text the enricher serves, and the benchmark: the
+## Prometheus 2.42 and 3.5; the chart on Helm 3 and Helm 4; a real Docker Engine and real
+## Compose v2). Two marks run in the highest Python's suite only: `image` (builds the
+## Dockerfile, minutes: the image brings its own Python; runs it, alone and with Compose) and
+## `one_python` (Prometheus, promtool, Helm, kubectl and Compose judging the charts, manifests,
+## rules, dashboard, compose files and the text the enricher serves, and the benchmark: the
 ## lowest Python's suite pins the same text with the golden and exposition tests).
 # Both suites run with the same Hypothesis profile (CI=true: the ci profile). On this project's
 # 2-core CI machine .ci/run took 26 minutes with every file in both suites (2026-12-01: 569 s
 # for the lowest Python's) and 18.5 with `one_python` in the highest's only (2026-12-02: 355 s
 # for the lowest's, 626 s for the highest's with the image). The second suite runs even when
 # the first fails, so that a failure says which Pythons it concerns.
-test: system-deps prometheus3 helm image-base $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
+test: system-deps prometheus3 helm compose image-base $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
 	$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)
 	status=0; \
 	$(MAKE) --no-print-directory unit TOOLS=$(LOWEST_BIN) PYTEST_ARGS='-m "not image and not one_python"' || status=1; \
