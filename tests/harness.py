@@ -19,13 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,6 +75,63 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``dcgm-enricher ARGS...`` as a user runs it, from this checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "enricher", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=CHECKOUT,
+        env={**os.environ, "PYTHONPATH": str(CHECKOUT)},
+        check=False,
+    )
+
+
+@dataclass
+class DemoProcess:
+    """A running ``dcgm-enricher demo`` (see demo_process)."""
+
+    url: str
+    log: Path
+    returncode: int | None = None
+
+    def printed(self) -> str:
+        return self.log.read_text()
+
+
+@contextlib.contextmanager
+def demo_process(folder: Path, wait: float = 30.0) -> Iterator[DemoProcess]:
+    """``dcgm-enricher demo`` started as a user starts it, its output in ``folder``/demo.log,
+    answering on /healthz before it is yielded; SIGTERM at the end (``returncode`` set)."""
+    port = free_port()
+    log = folder / "demo.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=CHECKOUT,
+            env={**os.environ, "PYTHONPATH": str(CHECKOUT)},
+        )
+        running = DemoProcess(f"http://127.0.0.1:{port}", log)
+        try:
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(running.url + "/healthz", timeout=5).close()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            yield running
+        finally:
+            stop_process(proc)
+            running.returncode = proc.returncode
 
 
 def cid(n: int) -> str:

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import replace
@@ -24,7 +20,7 @@ from enricher.demo import StaticPods
 from enricher.model import PodInfo
 
 from .conftest import ROOT
-from .harness import free_port
+from .harness import cli, demo_process
 from .kubeapi import KubeApiStandIn, make_pod
 from .nvmlfake import FakeNvml, FakeNvmlState
 
@@ -104,27 +100,11 @@ def test_every_server_flag_documented_in_flags_doc() -> None:
 # --------------------------------------------------------------------------- demo
 
 
-def test_demo_serves_enriched_metrics() -> None:
+def test_demo_serves_enriched_metrics(tmp_path: Path) -> None:
     """`dcgm-enricher demo` as a newcomer runs it: enriched labels on the simulated node."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        text = ""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    text = r.read().decode()
-                break
-            except OSError:
-                time.sleep(0.2)
+    with demo_process(tmp_path) as demo:
+        with urllib.request.urlopen(demo.url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
         assert text, "demo did not serve /metrics"
         fams = {f.name: f for f in text_string_to_metric_families(text)}
         util = [s.labels for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples]
@@ -179,16 +159,14 @@ def test_demo_serves_enriched_metrics() -> None:
         info = {s.labels["pod"]: s.labels for s in fams["gpu_pod_info"].samples}
         assert info["jupyter-alice"]["annotation_hub_jupyter_org_username"] == "alice@example.com"
         assert info["jupyter-alice"]["gpu_requested"] == "false"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+        with urllib.request.urlopen(demo.url + "/", timeout=5) as r:
             page = r.read().decode()
         assert "SIMULATED" in page
         assert "jupyter-alice" in page
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=15)
-    assert proc.returncode == 0, out
+    out = demo.printed()
+    assert demo.returncode == 0, out
     assert "SIMULATED" in out
-    assert f"127.0.0.1:{port}/metrics" in out
+    assert demo.url + "/metrics" in out
 
 
 # --------------------------------------------------------------------------- resolve and ps
@@ -254,27 +232,16 @@ def test_resolve_cli_with_kubernetes(proc_root: Path, tmp_path: Path) -> None:
             "users: [{name: t, user: {}}]\n"
             "contexts: [{name: t, context: {cluster: t, user: t}}]\n"
         )
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "enricher",
-                "resolve",
-                "--path.procfs",
-                str(proc_root),
-                "--kube.node-name",
-                "node-a",
-                "--kube.kubeconfig",
-                str(kubeconfig),
-                "100",
-                "200",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            check=False,
+        res = cli(
+            "resolve",
+            "--path.procfs",
+            str(proc_root),
+            "--kube.node-name",
+            "node-a",
+            "--kube.kubeconfig",
+            str(kubeconfig),
+            "100",
+            "200",
         )
     assert res.returncode == 0, res.stderr
     first, second = (json.loads(line) for line in res.stdout.splitlines())

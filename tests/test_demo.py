@@ -11,16 +11,11 @@ here): the GPUs, the dcgm-exporter, the kubelet, /proc and the pods of enricher.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
-import sys
-import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +27,7 @@ from enricher import demo
 from enricher.config import Config
 from enricher.landing import MIB
 
-from .harness import free_port
+from .harness import cli, demo_process
 
 ROOT = Path(__file__).resolve().parent.parent
 # A moment at the start of one of the simulated dcgm-exporter's collections.
@@ -153,54 +148,21 @@ async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> 
 # --------------------------------------------------------------------------- a running demo
 
 
-@pytest.fixture
-def running_demo(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """`dcgm-enricher demo` as a user starts it: (its URL, what it printed)."""
-    port = free_port()
-    out = (tmp_path / "demo.out").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=5).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        yield url, (tmp_path / "demo.out").read_text()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
-        out.close()
-
-
 def run(command: str) -> subprocess.CompletedProcess[str]:
     """A printed ``dcgm-enricher ...`` command line, run as the user runs it."""
-    argv = command.split()
-    assert argv[0] == "dcgm-enricher"
-    return subprocess.run(
-        [sys.executable, "-m", "enricher", *argv[1:]],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    program, *args = command.split()
+    assert program == "dcgm-enricher"
+    return cli(*args)
 
 
-def test_ps_and_resolve_against_a_running_demo(running_demo: tuple[str, str]) -> None:
+def test_ps_and_resolve_against_a_running_demo(tmp_path: Path) -> None:
     """The ps and resolve lines the demo prints work, agree with its /metrics, and are the
     ones docs/commands.md shows; resolve's exit status says whether every PID resolved."""
-    url, printed = running_demo
+    with demo_process(tmp_path) as running:
+        check_ps_and_resolve(running.url, running.printed())
+
+
+def check_ps_and_resolve(url: str, printed: str) -> None:
     commands = re.findall(r"^\s+(dcgm-enricher (?:ps|resolve) .*)$", printed, re.MULTILINE)
     assert len(commands) == 2, printed
     ps_line, resolve_line = commands

@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from html.parser import HTMLParser
@@ -40,7 +38,7 @@ from enricher.model import (
     SourceStatus,
 )
 
-from .harness import free_port
+from .harness import demo_process
 
 ROOT = Path(__file__).resolve().parent.parent
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
@@ -338,21 +336,22 @@ _MEASURE = (
 )
 
 
-def page_widths(browser: str, page: str, tmp_path: Path, window: int = 1024) -> tuple[int, int]:
-    """(scroll width, client width) of ``page`` in ``browser`` at a ``window`` px wide window."""
-    copy = tmp_path / "measure.html"
-    copy.write_text(page.replace("</body>", _MEASURE))
+def dump_dom(browser: str, url: str, profile: Path, window: int = 1280) -> str:
+    """The DOM that headless ``browser`` built for ``url`` in a ``window`` px wide window."""
     proc = subprocess.run(
         [
             browser,
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
             "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile-measure'}",
+            f"--user-data-dir={profile}",
             f"--window-size={window},900",
             "--dump-dom",
-            copy.as_uri(),
+            url,
         ],
         capture_output=True,
         text=True,
@@ -360,64 +359,29 @@ def page_widths(browser: str, page: str, tmp_path: Path, window: int = 1024) -> 
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    found = re.search(r'data-measured="(\d+) (\d+)"', proc.stdout)
-    assert found, proc.stdout[-2000:]
+    return proc.stdout
+
+
+def page_widths(browser: str, page: str, tmp_path: Path, window: int = 1024) -> tuple[int, int]:
+    """(scroll width, client width) of ``page`` in ``browser`` at a ``window`` px wide window."""
+    copy = tmp_path / "measure.html"
+    copy.write_text(page.replace("</body>", _MEASURE))
+    dom = dump_dom(browser, copy.as_uri(), tmp_path / "profile-measure", window)
+    found = re.search(r'data-measured="(\d+) (\d+)"', dom)
+    assert found, dom[-2000:]
     return int(found.group(1)), int(found.group(2))
 
 
 def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
     browser = chromium()
-    port = free_port()
-    log = (tmp_path / "demo.log").open("wb")
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "enricher", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        metrics = ""
-        deadline = time.monotonic() + 30
-        while not metrics and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    metrics = r.read().decode()
-            except OSError:
-                time.sleep(0.2)
-        assert metrics, (tmp_path / "demo.log").read_text()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+    with demo_process(tmp_path) as demo:
+        with urllib.request.urlopen(demo.url + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        with urllib.request.urlopen(demo.url + "/", timeout=10) as r:
             page = r.read().decode()
-        proc = subprocess.run(
-            [
-                browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                f"--user-data-dir={tmp_path / 'profile'}",
-                "--dump-dom",
-                f"http://127.0.0.1:{port}/",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
-    finally:
-        demo.send_signal(signal.SIGTERM)
-        try:
-            demo.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            demo.kill()
-            demo.wait(timeout=10)
-        log.close()
-    assert proc.returncode == 0, proc.stderr[-2000:]
+        dom = dump_dom(browser, demo.url + "/", tmp_path / "profile")
     table = TableReader()
-    table.feed(proc.stdout)
+    table.feed(dom)
 
     # Who the demo's /metrics says is on the GPUs, by process or by allocation.
     expected_pods: set[str] = set()
@@ -440,7 +404,7 @@ def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
     assert table.devices == len(devices) - sum(
         1 for uuid, gi in devices if gi == "" and any(u == uuid and g for u, g in devices)
     )
-    assert "SIMULATED NODE" in proc.stdout
+    assert "SIMULATED NODE" in dom
     # The page reads on a 1024 px screen: its table does not scroll sideways.
     scroll, client = page_widths(browser, page, tmp_path)
     assert scroll <= client, f"the page is {scroll} px wide in a {client} px window"
