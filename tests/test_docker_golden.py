@@ -512,7 +512,9 @@ def test_resolve_names_docker_containers(
 ) -> None:
     cfg = command_config(tmp_path, fake_nvml, f"unix://{dockerd.socket_path}")
     out = io.StringIO()
-    assert resolve(cfg, [1001, 3001, 3003, 3002], out) == 0
+    # 3003's container is gone from Docker: that PID did not resolve, so the exit status is 1.
+    assert resolve(cfg, [1001, 3001, 3003, 3002], out) == 1
+    assert resolve(cfg, [1001, 3001, 3002], io.StringIO()) == 0
     train, dind, removed, host = (json.loads(line) for line in out.getvalue().splitlines())
     assert (train["container"], train["container_id"]) == (TRAIN.name, TRAIN.id)
     assert (train["image"], train["compose_project"], train["compose_service"]) == (
