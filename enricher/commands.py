@@ -14,7 +14,17 @@ from typing import Any, TextIO
 from .app import PodSource, Scraper, make_app, serve
 from .config import Config
 from .docker import DockerSource
-from .enrich import Attribution, attribute, cgroup_containers, choose_docker, docker_lookup_ids
+from .enrich import (
+    REASON_CONFLICT,
+    REASON_CONTAINER_NOT_FOUND,
+    REASON_POD_NOT_FOUND,
+    Attribution,
+    attribute,
+    cgroup_containers,
+    choose_docker,
+    docker_lookup_ids,
+    pod_of,
+)
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
@@ -222,8 +232,13 @@ def _pod_index(config: Config, wait: float = 5.0) -> tuple[PodIndex | None, str]
         cache.stop()
 
 
-# What resolve says of a PID it could not take to its owner: its exit status is 1 then.
-UNRESOLVED_NOTES = frozenset({"pod not found on this node", "no such Docker container"})
+# What resolve says of a PID whose cgroup names a pod it cannot name, by the reason /metrics
+# gives the process (gpu_unattributed_memory_used_bytes{reason}): its exit status is 1 then.
+UNRESOLVED_NOTES = {
+    REASON_POD_NOT_FOUND: "pod not found on this node",
+    REASON_CONFLICT: "the container's pod is not the pod its cgroup names",
+    REASON_CONTAINER_NOT_FOUND: "no such Docker container",
+}
 
 
 def resolve(config: Config, pids: Sequence[int], out: TextIO, pods: PodSource | None = None) -> int:
@@ -257,20 +272,18 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO, pods: PodSource | 
                 runtime=cg.runtime.value or None,
                 cgroup=cg.path,
             )
-            if index is not None:
-                hit = index.by_container.get(cg.container_id or "")
-                pod = hit[0] if hit else index.by_uid.get(cg.pod_uid or "")
+            owner = pod_of(cg, index) if index is not None else None
+            if owner is not None:
+                pod, container, reason = owner
                 if pod is not None:
-                    rec.update(
-                        namespace=pod.namespace, pod=pod.name, container=hit[1] if hit else None
-                    )
-                elif cg.pod_uid:
-                    rec["note"] = "pod not found on this node"
+                    rec.update(namespace=pod.namespace, pod=pod.name, container=container or None)
+                else:
+                    rec.update(reason=reason, note=UNRESOLVED_NOTES[reason])
             elif kube_note and cg.pod_uid:
                 rec["note"] = kube_note
             if docker is not None and cg.container_id and not cg.pod_uid:
                 rec.update(_docker_fields(docker, cg, docker_note))
-            if rec.get("note") in UNRESOLVED_NOTES:
+            if "reason" in rec:
                 failures += 1
         out.write(json.dumps(rec, sort_keys=True) + "\n")
     return 1 if failures else 0
@@ -281,7 +294,8 @@ def _docker_fields(
 ) -> dict[str, Any]:
     found = choose_docker(cgroup_containers(cg), answers)
     if found is None:
-        return {"note": "no such Docker container"}
+        reason = REASON_CONTAINER_NOT_FOUND
+        return {"reason": reason, "note": UNRESOLVED_NOTES[reason]}
     rec: dict[str, Any] = {"container": found.name}
     if found.id != cg.container_id:
         rec["docker_container_id"] = found.id  # the outer container of a nested one

@@ -146,17 +146,37 @@ def choose_docker(
     return None
 
 
+def pod_of(cg: CgroupRef, pods: PodIndex) -> tuple[PodInfo | None, str, str] | None:
+    """Which pod and container a cgroup names: (pod, container, "") or, when it names a pod
+    that cannot be told, (None, "", reason); None when it names no pod at all (a host process,
+    or a container outside any pod).
+
+    The container ID is the strongest evidence; the pod UID alone still names the pod (with an
+    empty container) when the container has not reached the pod status yet. When the two
+    disagree, nobody is named: a wrong pod label is worse than none. ``attribute`` and the
+    ``resolve`` command both ask here, so they cannot disagree.
+    """
+    if cg.container_id is not None:
+        hit = pods.by_container.get(cg.container_id)
+        if hit is not None:
+            pod, container = hit
+            if cg.pod_uid is not None and cg.pod_uid not in (pod.uid, pod.mirror_of):
+                return None, "", REASON_CONFLICT
+            return pod, container, ""
+    if cg.pod_uid is not None:
+        by_uid = pods.by_uid.get(cg.pod_uid)
+        return (by_uid, "", "") if by_uid is not None else (None, "", REASON_POD_NOT_FOUND)
+    return None
+
+
 def attribute(
     snapshot: GpuSnapshot,
     procs: Mapping[int, ProcInfo | ProcError],
     pods: PodIndex,
     docker: Mapping[str, DockerContainer | None] | None = None,
 ) -> list[Attribution]:
-    """Map each GPU process to its pod and container, or to the reason it has none.
-
-    The container ID is the strongest evidence; the pod UID alone still names the pod (with an
-    empty container) when the container has not reached the pod status yet. When the two
-    disagree, nobody is named: a wrong pod label is worse than none.
+    """Map each GPU process to its pod and container (``pod_of``), or to the reason it has
+    none.
 
     ``docker`` (Docker mode) holds the Docker source's answers by container ID: a process in a
     container that is in no pod is then attributed to the container ``choose_docker`` picks,
@@ -175,21 +195,9 @@ def attribute(
         if cg is None:
             out.append(Attribution(proc, info, None, "", REASON_UNKNOWN_CGROUP))
             continue
-        if cg.container_id is not None:
-            hit = pods.by_container.get(cg.container_id)
-            if hit is not None:
-                pod, cname = hit
-                if cg.pod_uid is not None and cg.pod_uid not in (pod.uid, pod.mirror_of):
-                    out.append(Attribution(proc, info, None, "", REASON_CONFLICT))
-                else:
-                    out.append(Attribution(proc, info, pod, cname, ""))
-                continue
-        if cg.pod_uid is not None:
-            pod_by_uid = pods.by_uid.get(cg.pod_uid)
-            if pod_by_uid is not None:
-                out.append(Attribution(proc, info, pod_by_uid, "", ""))
-            else:
-                out.append(Attribution(proc, info, None, "", REASON_POD_NOT_FOUND))
+        owner = pod_of(cg, pods)
+        if owner is not None:
+            out.append(Attribution(proc, info, *owner))
             continue
         if cg.container_id is None:
             out.append(Attribution(proc, info, None, "", REASON_HOST))

@@ -9,12 +9,17 @@ cluster here). ``pytest --update-golden`` rewrites tests/golden/*.out.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from enricher import fakeproc
+from enricher.commands import resolve
 from enricher.config import Config
 from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
 from enricher.model import GpuDevice, MigDevice, ProcessKind
@@ -484,3 +489,52 @@ async def test_pod_identity_golden(
             assert s["dra_device_name"] == "gpu-0"  # the device's own: kept
             if s["pod"] not in _NAMED:
                 assert "dra_claim_name" not in s, s
+
+
+# A process in VLLM's container whose cgroup names TRITON's pod UID: the two pieces of
+# evidence disagree, so neither /metrics nor resolve may name a pod for it.
+MISMATCHED = SimProc(
+    4001,
+    "python",
+    3,
+    None,
+    1 * GIB_MIB,
+    0.0,
+    VLLM,
+    cgroup=fakeproc.cgroup_v2_systemd(TRITON.uid, VLLM.container_id),
+)
+MISMATCH_NODE = replace(GOLDEN_NODE, procs=(*GOLDEN_NODE.procs, MISMATCHED))
+
+
+async def test_resolve_agrees_with_metrics_on_every_pid(full_stack: MakeStack) -> None:
+    """`dcgm-enricher resolve` names the pod and container that /metrics names for every PID
+    of the golden node (plus one whose cgroup and container disagree), through the same pod
+    watch: it used to look a pod up by container ID, then by pod UID, and named a pod where
+    /metrics said cgroup_pod_mismatch."""
+    node = await full_stack(
+        upstream=(FIXTURES / "node.prom").read_text(),
+        nvml=nvml_state_of(MISMATCH_NODE),
+        proc=lambda root: write_proc_tree(root, MISMATCH_NODE, BOOT + 86_400),
+        node=NODE,
+        pods=pod_objects(),
+        collector_process=True,
+    )
+    text = await scrape(node)
+    served = {
+        int(s["pid"]): (s["namespace"], s["pod"], s["container"])
+        for s in series(text, "gpu_process_memory_used_bytes")
+    }
+    assert 4001 in served and len(served) >= 8
+    reasons = {(s["UUID"], s["reason"]) for s in series(text, "gpu_unattributed_memory_used_bytes")}
+    assert (U[3], "cgroup_pod_mismatch") in reasons
+    assert node.cache is not None
+    out = io.StringIO()
+    cfg = replace(node.config, procfs=str(node.proc_root))
+    resolve(cfg, sorted(served), out, pods=node.cache)
+    said = {rec["pid"]: rec for rec in map(json.loads, out.getvalue().splitlines())}
+    for pid, owner in served.items():
+        rec = said[pid]
+        assert (rec.get("namespace", ""), rec.get("pod", ""), rec.get("container") or "") == (
+            owner
+        ), rec
+    assert said[4001]["reason"] == "cgroup_pod_mismatch"
