@@ -781,13 +781,13 @@ class Scraper:
             version=None,
             extra={
                 "dcgm_enricher_upstream_samples": (
-                    "Upstream samples passed through on this scrape.",
+                    "Upstream samples passed through from the last upstream collection.",
                     "gauge",
                     samples,
                 ),
                 "dcgm_enricher_upstream_invalid_lines": (
-                    "Upstream lines dropped on this scrape because they were not valid "
-                    "exposition (or repeated a series).",
+                    "Upstream lines dropped from the last upstream collection because they were "
+                    "not valid exposition (or repeated a series).",
                     "gauge",
                     invalid_lines,
                 ),
@@ -803,13 +803,13 @@ class Scraper:
         if self.podresources is not None:
             extra["dcgm_enricher_podresources_allocated_devices"] = (
                 "GPU device IDs (or shared replicas) the kubelet reported allocated to containers "
-                "on this scrape and that name a device of this node.",
+                "in the last collection and that name a device of this node.",
                 "gauge",
                 len(node.allocated),
             )
             extra["dcgm_enricher_podresources_unmapped_devices"] = (
-                "GPU device IDs the kubelet reported allocated on this scrape that name no GPU "
-                "or MIG device NVML reported (unknown ID scheme, or NVML down), DRA devices no "
+                "GPU device IDs the kubelet reported allocated in the last collection that name no "
+                "GPU or MIG device NVML reported (unknown ID scheme, or NVML down), DRA devices no "
                 "ResourceSlice gives such a UUID, or entries skipped as malformed; their "
                 "containers get no gpu_container_allocated series.",
                 "gauge",

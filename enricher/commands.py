@@ -106,7 +106,7 @@ def make_docker_source(config: Config) -> DockerSource | None:
 
 
 def extra_sources(config: Config) -> list[Source]:
-    """Sources beyond the six the enrichment uses: each is read on every node read and
+    """Sources beyond the seven the enrichment uses: each is read on every node read and
     reported with the dcgm_enricher_source_* series. A new one is one line here."""
     return []
 

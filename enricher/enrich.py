@@ -377,7 +377,7 @@ def fallback_identity(
     snapshot: GpuSnapshot, node_name: str
 ) -> dict[DeviceKey, tuple[tuple[str, str], ...]]:
     """Device labels in dcgm-exporter's current scheme, from NVML, for devices the upstream
-    did not show on this scrape (upstream down, or a device it does not export)."""
+    did not show in this collection (upstream down, or a device it does not export)."""
     out: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
     host = (("Hostname", node_name),) if node_name else ()
     for dev in snapshot.devices:
@@ -636,14 +636,15 @@ def self_metrics(
     w = MetricWriter()
     w.family(
         "dcgm_enricher_source_up",
-        "Whether a data source worked on this scrape (1) or failed (0); absent when disabled.",
+        "Whether a data source worked in the last collection (1) or failed (0); absent when "
+        "disabled.",
     )
     w.family(
         "dcgm_enricher_source_enabled", "Whether a data source is configured (1) or disabled (0)."
     )
     w.family(
         "dcgm_enricher_source_duration_seconds",
-        "Time the source took on this scrape.",
+        "Time the source took in the last collection.",
     )
     w.family(
         "dcgm_enricher_source_errors_total",
@@ -660,8 +661,8 @@ def self_metrics(
         w.sample("dcgm_enricher_source_errors_total", src, st.errors_total)
     w.family(
         "dcgm_enricher_gpu_processes",
-        "GPU processes on this node on this scrape, by whether a pod (or, without Kubernetes, "
-        "a Docker container) was found for them.",
+        "GPU processes on this node in the last collection, by whether a pod (or, without "
+        "Kubernetes, a Docker container) was found for them.",
     )
     attributed = sum(1 for a in attributions if a.attributed)
     w.sample("dcgm_enricher_gpu_processes", (("state", "attributed"),), attributed)

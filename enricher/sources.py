@@ -45,7 +45,8 @@ class Reading(Generic[T]):
 
 @runtime_checkable
 class Source(Protocol):
-    """One data source: upstream, nvml, procfs, kubernetes, podresources, docker."""
+    """One data source: upstream, nvml, procfs, kubernetes, podresources, resourceslices,
+    docker."""
 
     name: str
 

@@ -494,3 +494,57 @@ def test_documented_helm_installs_render(path: Path) -> None:
                 check=False,
             )
             assert proc.returncode == 0, f"{' '.join(kept)}: {proc.stderr}"
+
+
+# --------------------------------------------------------------------------- the sources
+
+
+def documented_sources() -> dict[str, tuple[str, str]]:
+    """docs/sources.md's table: each source's name, its module and class."""
+    rows = re.findall(
+        r"^\| `(\w+)` \| `enricher/(\w+)\.py`, `(\w+)` \|",
+        (DOCS / "sources.md").read_text(),
+        re.MULTILINE,
+    )
+    return {name: (module, cls) for name, module, cls in rows}
+
+
+def test_every_list_of_the_sources_names_all_of_them() -> None:
+    """Each source's `source` label value is the name its class gives itself, and every place
+    that lists the sources names each one (resourceslices was left out of four)."""
+    import importlib
+
+    table = documented_sources()
+    assert len(table) >= 7, table
+    for name, (module, cls) in table.items():
+        assert getattr(importlib.import_module(f"enricher.{module}"), cls).name == name
+    names = set(table)
+    sources_doc = importlib.import_module("enricher.sources").Source.__doc__ or ""
+    listings = {
+        "README.md": re.search(r"one series per enabled source \(([^)]*)\)", README.read_text()),
+        "docs/metrics.md": re.search(
+            r"\| `dcgm_enricher_source_up` \|[^|]*\|[^(]*\(([^)]*)\)",
+            (DOCS / "metrics.md").read_text(),
+        ),
+        "enricher.sources.Source": re.search(r"One data source: ([^.]*)\.", sources_doc),
+    }
+    for where, found in listings.items():
+        assert found, f"{where} no longer lists the sources where this test looks"
+        assert set(re.findall(r"\w+", found.group(1))) == names, where
+    commands = (ROOT / "enricher" / "commands.py").read_text()
+    count = {7: "seven", 8: "eight", 9: "nine"}[len(names)]
+    assert f"beyond the {count} the enrichment uses" in commands
+
+
+def test_per_collection_values_are_not_described_per_scrape() -> None:
+    """The node side is read once per collection and shared by the scrapes of it (the default
+    follow mode), so no help text of ours (as the golden outputs hold them) nor docs/metrics.md
+    says a per-collection value is "on this scrape"."""
+    texts = {f.name: f.read_text() for f in (ROOT / "tests" / "golden").glob("*.out")}
+    texts["docs/metrics.md"] = (DOCS / "metrics.md").read_text()
+    assert len(texts) > 5
+    for where, text in texts.items():
+        for line in text.splitlines():
+            if line.startswith("# HELP DCGM_") or (where.endswith(".out") and "# HELP" not in line):
+                continue
+            assert "on this scrape" not in line, (where, line)
