@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import re
@@ -445,7 +444,3 @@ def _demo_sources(config: Config) -> tuple[Config, Any, Any]:
     from .demo import NODE, demo_gpus, demo_pods
 
     return replace(config, kube_node_name=NODE, kube_enabled=True), demo_gpus(), demo_pods(config)
-
-
-def dump_json(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, sort_keys=True)

@@ -49,7 +49,6 @@ from .resourceslices import ResourceSliceSource
 from .sources import Reading
 from .textformat import FamilyWriter
 
-GIB = 2**30
 NODE = "demo-gpu-node-1"
 EXPORTER_POD = "dcgm-exporter-demo"
 

@@ -610,20 +610,6 @@ def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]
     return out
 
 
-def render_self_metrics(
-    statuses: Sequence[SourceStatus],
-    attributions: Sequence[Attribution],
-    *,
-    version: str,
-    extra: Mapping[str, tuple[str, str, float]] | None = None,
-) -> str:
-    """Render dcgm_enricher_* families: per-source health, process counts, build info.
-
-    ``extra`` maps a metric name to (help, type, value) for single-value gauges and counters.
-    """
-    return self_metrics(statuses, attributions, version=version, extra=extra).render()
-
-
 def self_metrics(
     statuses: Sequence[SourceStatus],
     attributions: Sequence[Attribution],
@@ -631,8 +617,9 @@ def self_metrics(
     version: str | None,
     extra: Mapping[str, tuple[str, str, float]] | None = None,
 ) -> MetricWriter:
-    """The dcgm_enricher_* families of ``render_self_metrics``, for a registry (without
-    dcgm_enricher_build_info when ``version`` is None)."""
+    """The dcgm_enricher_* families: per-source health, process counts and build info (none
+    when ``version`` is None). ``extra`` maps a metric name to (help, type, value) for
+    single-value gauges and counters."""
     w = MetricWriter()
     w.family(
         "dcgm_enricher_source_up",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
 
 __all__ = [
     "cgroup_host",
@@ -99,20 +98,6 @@ def write_process(root: StrPath, pid: int, *, comm: str, cgroup: str, start_tick
     _write_atomic(os.path.join(directory, "stat"), f"{pid} ({comm}) {' '.join(after_comm)}\n")
     _write_atomic(os.path.join(directory, "cgroup"), cgroup)
     _write_atomic(os.path.join(directory, "comm"), comm + "\n")
-
-
-def write_tree(
-    root: StrPath,
-    processes: Iterable[tuple[int, str, str]],
-    *,
-    btime: int = 1_700_000_000,
-    first_ticks: int = 1000,
-) -> None:
-    """Write ``<root>/stat`` and each ``(pid, comm, cgroup)`` process, started one tick after
-    the one before it from ``first_ticks``."""
-    write_proc_stat(root, btime)
-    for i, (pid, comm, cgroup) in enumerate(processes):
-        write_process(root, pid, comm=comm, cgroup=cgroup, start_ticks=first_ticks + i)
 
 
 def remove_process(root: StrPath, pid: int) -> None:

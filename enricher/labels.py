@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 from .textformat import unescape_label_value
 
-# The labels that identify a device on dcgm-exporter series, in both naming schemes.
-UUID_LABELS = ("UUID", "uuid")
 GPU_I_ID = "GPU_I_ID"
 IDENTITY_LABELS = frozenset(
     {

@@ -237,13 +237,12 @@ def build_view(last: ScrapeResult | None) -> PageView:
     by_device: dict[DeviceKey, list[Attribution]] = defaultdict(list)
     for a in last.attributions:
         by_device[a.device_key].append(a)
-    # Allocations come with the kubelet PodResources source; older results have none.
-    allocations: Sequence[Allocation] = getattr(last, "allocations", None) or ()
+    allocations: Sequence[Allocation] = last.allocations
     allocated: dict[DeviceKey, list[Allocation]] = defaultdict(list)
     for al in allocations:
         allocated[al.key].append(al)
     memory = parse_device_memory(last.body)
-    power = getattr(last, "power", None)
+    power = last.power
     devices = []
     listed: set[DeviceKey] = set()
     for key, title, model in _device_list(last.snapshot):

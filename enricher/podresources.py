@@ -32,7 +32,6 @@ from .sources import Reading
 if TYPE_CHECKING:
     from .proto import api_pb2
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The NVIDIA device plugin's resources: whole or time-sliced/MPS GPUs, GPUs shared under the
 # renamed resource (renameByDefault), and MIG instances of any profile (also their .shared).
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")

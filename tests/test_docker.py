@@ -41,7 +41,7 @@ from enricher.enrich import (
     plan_devices,
     render_container_info,
     render_families,
-    render_self_metrics,
+    self_metrics,
 )
 from enricher.labels import SHARED, Owner
 from enricher.model import (
@@ -1077,6 +1077,6 @@ def test_render_families_writes_container_info_only_in_docker_mode() -> None:
 
 def test_self_metrics_count_docker_containers_as_attributed() -> None:
     rows = [attribution(0, 1, TRAINER_C), attribution(0, 2, None, "container_not_found")]
-    text = render_self_metrics([], rows, version="test")
+    text = self_metrics([], rows, version="test").render()
     assert 'dcgm_enricher_gpu_processes{state="attributed"} 1' in text
     assert 'dcgm_enricher_gpu_processes{state="unattributed"} 1' in text
