@@ -285,7 +285,7 @@ def _exponent(rows: dict[str, Any], key: str) -> float:
 
 
 def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
-    from enricher.enrich import attribute, plan_devices
+    from enricher.attribution import attribute, plan_devices
     from enricher.kube import build_index, parse_pod
     from enricher.nvml import NvmlSource
     from enricher.procfs import ProcReader

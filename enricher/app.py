@@ -14,23 +14,20 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 
 from . import __version__
-from .cgroupmem import CGROUPFS, read_limit
-from .compress import GzipHead, accepts_gzip
-from .config import Config
-from .enrich import (
+from .attribution import (
     AllocatedDevice,
     Attribution,
-    RenderOptions,
     attribute,
     docker_lookup_ids,
     dra_slice_keys,
     fallback_identity,
     plan_devices,
-    render_families,
     resolve_allocations,
-    self_metrics,
-    value_families,
 )
+from .cgroupmem import CGROUPFS, read_limit
+from .compress import GzipHead, accepts_gzip
+from .config import Config
+from .families import RenderOptions, render_families, self_metrics, value_families
 from .labels import DeviceKey, RewritePlan
 from .model import (
     DockerContainer,

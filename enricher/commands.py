@@ -12,9 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from .app import PodSource, Scraper, make_app, serve
-from .config import Config
-from .docker import DockerSource
-from .enrich import (
+from .attribution import (
     REASON_CONFLICT,
     REASON_CONTAINER_NOT_FOUND,
     REASON_POD_NOT_FOUND,
@@ -25,6 +23,8 @@ from .enrich import (
     docker_lookup_ids,
     pod_of,
 )
+from .config import Config
+from .docker import DockerSource
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .podresources import PodResourcesSource
 from .procfs import ProcReader

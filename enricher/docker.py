@@ -2,7 +2,7 @@
 Kubernetes.
 
 ``parse_*`` are pure; what they return (``model.DockerContainer``) and its family
-(``enrich.render_container_info``) live with the pure core. ``DockerSource`` asks the Docker
+(``families.render_container_info``) live with the pure core. ``DockerSource`` asks the Docker
 Engine API on its unix socket (``GET /_ping`` and ``GET /containers/<id>/json`` only: it never
 changes anything) and keeps the answers in a bounded cache keyed by container ID.
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
+from .attribution import Attribution
 from .config import Config
-from .enrich import Attribution
 from .labels import DeviceKey
 from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
 from .power import REASON_IDLE
@@ -40,7 +40,7 @@ _FB_RE = re.compile(rb"^DCGM_FI_DEV_FB_(USED|FREE)\{([^\n]*)\} ([^ \n]+)", re.MU
 
 
 class Allocation(Protocol):
-    """A device (or replica) the kubelet gave a container (enrich.AllocatedDevice)."""
+    """A device (or replica) the kubelet gave a container (attribution.AllocatedDevice)."""
 
     @property
     def key(self) -> DeviceKey: ...

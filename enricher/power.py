@@ -18,14 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .enrich import (
-    NO_POD,
-    REASON_MPS_SERVER,
-    AllocatedDevice,
-    Attribution,
-    attributed_to,
-    device_labels,
-)
+from .attribution import REASON_MPS_SERVER, AllocatedDevice, Attribution, attributed_to
+from .families import NO_POD, device_labels
 from .labels import DeviceKey, device_key
 from .model import GpuSnapshot, PowerReading
 from .promclient import MetricWriter

@@ -183,10 +183,10 @@ def write_proc(root: Path) -> None:
         (1601, "python", JUPYTER),
         (1701, "python", FINISHED),
     ]
-    fakeproc.write_tree(
-        root,
-        [(pid, comm, fakeproc.cgroup_v2_systemd(p.uid, p.container_id)) for pid, comm, p in procs],
-    )
+    fakeproc.write_proc_stat(root, 1_700_000_000)
+    for i, (pid, comm, p) in enumerate(procs):
+        cgroup = fakeproc.cgroup_v2_systemd(p.uid, p.container_id)
+        fakeproc.write_process(root, pid, comm=comm, cgroup=cgroup, start_ticks=1000 + i)
 
 
 def nvml_state() -> FakeNvmlState:

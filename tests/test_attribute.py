@@ -1,4 +1,4 @@
-"""The rules of ``enrich.attribute()``, one row each: which GPU process is named after which
+"""The rules of ``attribution.attribute()``, one row each: which GPU process is named after which
 pod (or Docker container), and the reason when none is named."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from enricher.enrich import attribute
+from enricher.attribution import attribute
 from enricher.kube import build_index
 from enricher.model import (
     CgroupRef,

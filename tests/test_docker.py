@@ -18,6 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from enricher.attribution import (
+    Attribution,
+    attribute,
+    cgroup_containers,
+    choose_docker,
+    docker_lookup_ids,
+    plan_devices,
+)
 from enricher.cli import parse_config
 from enricher.commands import make_docker_source
 from enricher.docker import (
@@ -30,15 +38,9 @@ from enricher.docker import (
     parse_inspect,
     parse_inspect_body,
 )
-from enricher.enrich import (
+from enricher.families import (
     CONTAINER_INFO,
-    Attribution,
     RenderOptions,
-    attribute,
-    cgroup_containers,
-    choose_docker,
-    docker_lookup_ids,
-    plan_devices,
     render_container_info,
     render_families,
     self_metrics,

@@ -20,14 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from enricher.attribution import dra_slice_keys, resolve_allocations
 from enricher.demo import SimulatedKubelet, list_response, resource_slices, static_slice_lister
-from enricher.enrich import (
-    ALLOCATED,
-    RenderOptions,
-    dra_slice_keys,
-    render_families,
-    resolve_allocations,
-)
+from enricher.families import ALLOCATED, RenderOptions, render_families
 from enricher.model import DeviceAllocation, DraDevice, GpuDevice, GpuSnapshot, MigDevice
 from enricher.podresources import PodResourcesSource, parse_list_response
 from enricher.proto import api_pb2

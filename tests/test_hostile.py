@@ -41,7 +41,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import fakeproc
 from enricher.app import MAX_IDENTITIES, Scraper, make_app, serve
-from enricher.enrich import RenderOptions, attribute, render_families
+from enricher.attribution import attribute
+from enricher.families import RenderOptions, render_families
 from enricher.kube import build_index, parse_pod
 from enricher.labels import RewritePlan
 from enricher.model import (
@@ -522,7 +523,7 @@ def parse_all(text: str) -> tuple[list[Sample], dict[str, str]]:
 def owners(
     pods: Sequence[PodSpec], procs: Sequence[ProcSpec]
 ) -> dict[str, tuple[str, str, str] | None]:
-    """Who each busy GPU's series must name (None: nobody). Independent of enrich.py."""
+    """Who each busy GPU's series must name (None: nobody). Independent of attribution.py."""
     users: dict[str, set[tuple[str, str, str] | None]] = {}
     for p in procs:
         who = None

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.app import PowerView, ScrapeResult
+from enricher.attribution import AllocatedDevice, Attribution
 from enricher.config import Config
-from enricher.enrich import AllocatedDevice, Attribution
 from enricher.landing import (
     MIB,
     build_view,

@@ -19,19 +19,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from enricher.cli import parse_config
-from enricher.commands import make_podresources_source
-from enricher.demo import SimulatedKubelet, list_response
-from enricher.enrich import (
+from enricher.attribution import (
     REASON_MPS_SERVER,
     AllocatedDevice,
     Attribution,
-    RenderOptions,
     attribute,
     plan_devices,
-    render_families,
     resolve_allocations,
 )
+from enricher.cli import parse_config
+from enricher.commands import make_podresources_source
+from enricher.demo import SimulatedKubelet, list_response
+from enricher.families import RenderOptions, render_families
 from enricher.labels import SHARED, Owner
 from enricher.model import (
     CgroupRef,

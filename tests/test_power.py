@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
+from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
 from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
-from enricher.enrich import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
 from enricher.labels import RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
 from enricher.power import (

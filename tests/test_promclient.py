@@ -30,7 +30,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from enricher import promclient
 from enricher.app import Scraper, make_app
-from enricher.enrich import plan_devices
+from enricher.attribution import plan_devices
 from enricher.promclient import (
     LatestMetrics,
     MetricWriter,

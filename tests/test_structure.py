@@ -17,7 +17,8 @@ PACKAGE = ROOT / "enricher"
 # The pure core (STYLE point 3): enrichment, the text format, the label policy, the rewrite and
 # the types they share.
 PURE_MODULES = (
-    "enricher.enrich",
+    "enricher.attribution",
+    "enricher.families",
     "enricher.textformat",
     "enricher.labels",
     "enricher.rewrite",

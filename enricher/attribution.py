@@ -1,8 +1,10 @@
-"""The pure enrichment step: snapshots in, attribution and exposition out.
+"""Attribution, pure: who owns each GPU process, and what each device series names.
 
-No I/O, no event loop, no globals: ``attribute`` decides who owns each GPU process,
-``plan_devices`` decides what each device series names, and ``render_families`` writes the
-enricher's own families. The app wires them to the sources.
+No I/O, no event loop, no globals. ``attribute`` decides who owns each GPU process (``pod_of``
+reads a cgroup's pod evidence, the ``resolve`` command too), ``resolve_allocations`` puts the
+kubelet's allocations on devices, ``plan_devices`` decides what each device series names, and
+``fallback_identity`` gives NVML's devices dcgm-exporter's labels where the upstream has none.
+What the enricher writes of it is in ``families``.
 
 On a host without Kubernetes, a process in a container is attributed to its Docker container
 (``docker_lookup_ids`` says what to ask the Docker source, ``attribute`` picks the answer):
@@ -11,7 +13,6 @@ its series then carry ``container`` = the container's name, and ``namespace``/``
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,12 +30,10 @@ from .model import (
     PodInfo,
     ProcError,
     ProcInfo,
-    SourceStatus,
     parse_device_id,
 )
 from .procfs import container_chain
-from .promclient import RUNTIME_PREFIXES, MetricWriter
-from .textformat import MAX_LABEL_VALUE_LENGTH
+from .promclient import RUNTIME_PREFIXES
 
 # Why a GPU process was not attributed to a pod: the `reason` label of
 # gpu_unattributed_memory_used_bytes. ProcError values are reasons too.
@@ -52,11 +51,9 @@ REASON_MPS_SERVER = "mps_server"
 # both read "nvidia-cuda-mps".
 MPS_DAEMON_COMM_PREFIX = "nvidia-cuda-mps"
 
-_LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
 # The families the enricher writes, prometheus_client's process_* and python_* among them: an
 # upstream family of such a name is dropped, so no family is written twice.
 _RESERVED_PREFIXES = (*RewritePlan().reserved_prefixes, *RUNTIME_PREFIXES)
-NO_POD = (("namespace", ""), ("pod", ""), ("container", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,14 +288,6 @@ def _owner_of(
     return Owner(ns, pod, containers.pop() if len(containers) == 1 else "", uids.get((ns, pod), ""))
 
 
-def device_labels(
-    identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]], key: DeviceKey
-) -> tuple[tuple[str, str], ...]:
-    """The device labels our families write for ``key``: the upstream's (``identities``), else
-    ``UUID`` and, for a MIG instance, ``GPU_I_ID``."""
-    return identities.get(key) or (("UUID", key[0]),) + ((("GPU_I_ID", key[1]),) if key[1] else ())
-
-
 def attributed_to(a: Attribution) -> tuple[str, str, str] | None:
     """(namespace, pod, container) of an attributed process (a Docker container's: empty
     namespace and pod); None when it is unattributed."""
@@ -368,11 +357,6 @@ def plan_devices(
     )
 
 
-def sanitize_label_name(name: str) -> str:
-    """Kube-state-metrics' rule: every character outside [a-zA-Z0-9_] becomes ``_``."""
-    return _LABEL_SANITIZE_RE.sub("_", name)
-
-
 def fallback_identity(
     snapshot: GpuSnapshot, node_name: str
 ) -> dict[DeviceKey, tuple[tuple[str, str], ...]]:
@@ -400,280 +384,3 @@ def fallback_identity(
             *host,
         )
     return out
-
-
-# --------------------------------------------------------------------------- families
-
-MEM = "gpu_container_memory_used_bytes"
-UTIL = "gpu_container_utilization_ratio"
-PROC_MEM = "gpu_process_memory_used_bytes"
-UNATTR = "gpu_unattributed_memory_used_bytes"
-POD_INFO = "gpu_pod_info"
-ALLOCATED = "gpu_container_allocated"
-# dcgm-exporter's labels for a device given through DRA, in its order; on
-# gpu_container_allocated they join with the upstream's series of the same claim.
-DRA_LABELS = (
-    "dra_claim_name",
-    "dra_claim_namespace",
-    "dra_driver_name",
-    "dra_pool_name",
-    "dra_device_name",
-)
-
-
-def _dra_values(dra: DraDevice) -> tuple[str, ...]:
-    return (dra.claim_name, dra.claim_namespace, dra.driver, dra.pool, dra.device)
-
-
-CONTAINER_INFO = "gpu_container_info"
-
-
-@dataclass(frozen=True, slots=True)
-class RenderOptions:
-    node_name: str = ""
-    label_keys: Sequence[str] = ()
-    annotation_keys: Sequence[str] = ()
-    process_series: bool = False
-    # Docker mode: gpu_container_info is written (its HELP and TYPE even with no container).
-    docker: bool = False
-
-
-def render_families(
-    attributions: Sequence[Attribution],
-    identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
-    options: RenderOptions,
-    allocated: Sequence[AllocatedDevice] = (),
-) -> str:
-    """Render the per-container, per-process, unattributed, allocation and pod-info families,
-    and in Docker mode gpu_container_info."""
-    w = MetricWriter()
-    w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
-    w.family(
-        UTIL,
-        "Share of SM time a container's processes used on a GPU since the previous NVML read "
-        "(by default the previous dcgm-exporter collection), 0 to 1 (NVML process "
-        "utilization; absent where NVML has no data, e.g. MIG).",
-    )
-    w.family(
-        ALLOCATED,
-        "GPUs and MIG instances the kubelet allocated to a container (PodResources API): 1 per "
-        "device, or the number of replicas a container holds of a shared GPU.",
-    )
-    if options.process_series:
-        w.family(PROC_MEM, "GPU memory used by one process (NVML), with its pod if known.")
-    w.family(
-        UNATTR,
-        "GPU memory held by processes that belong to no known pod, by reason.",
-    )
-    w.family(
-        POD_INFO,
-        "Pods with a process on a GPU of this node, for group_left joins; always 1.",
-    )
-
-    mem: dict[tuple[DeviceKey, str, str, str], int] = defaultdict(int)
-    mem_known: set[tuple[DeviceKey, str, str, str]] = set()
-    util: dict[tuple[DeviceKey, str, str, str], float] = defaultdict(float)
-    unattr: dict[tuple[DeviceKey, str], int] = defaultdict(int)
-    pods: dict[str, PodInfo] = {}
-    containers: dict[str, DockerContainer] = {}
-
-    def ident(key: DeviceKey) -> tuple[tuple[str, str], ...]:
-        return device_labels(identities, key)
-
-    for a in attributions:
-        key = a.device_key
-        p = a.process
-        who = attributed_to(a)
-        if who is None:
-            unattr[(key, a.reason)] += p.used_memory_bytes or 0
-        else:
-            if a.pod is not None:
-                pods[a.pod.uid] = a.pod
-            elif a.docker is not None:
-                containers[a.docker.id] = a.docker
-            # Keyed by the values as they will be written (cut to the label length bound), so
-            # two names that only differ past the cut add up instead of repeating a series.
-            ns, pod, container = (v[:MAX_LABEL_VALUE_LENGTH] for v in who)
-            ck = (key, ns, pod, container)
-            if p.used_memory_bytes is not None:
-                mem[ck] += p.used_memory_bytes
-                mem_known.add(ck)
-            if p.sm_util_ratio is not None:
-                util[ck] += p.sm_util_ratio
-        if options.process_series and p.used_memory_bytes is not None:
-            ns, pod = (a.pod.namespace, a.pod.name) if a.pod else ("", "")
-            w.sample(
-                PROC_MEM,
-                (
-                    *ident(key),
-                    ("namespace", ns),
-                    ("pod", pod),
-                    ("container", a.container),
-                    ("pid", str(p.pid)),
-                    ("process_name", a.comm),
-                ),
-                p.used_memory_bytes,
-            )
-
-    for ck in sorted(mem_known):
-        key, ns, pod, container = ck
-        labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", container))
-        w.sample(MEM, labels, mem[ck])
-    for ck in sorted(util):
-        key, ns, pod, container = ck
-        labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", container))
-        w.sample(UTIL, labels, min(1.0, max(0.0, util[ck])))
-    for key, reason in sorted(unattr):
-        # Empty pod labels, present: with honor_labels Prometheus would otherwise attach the
-        # enricher's own pod to memory that belongs to no pod.
-        w.sample(UNATTR, (*ident(key), *NO_POD, ("reason", reason)), unattr[(key, reason)])
-
-    label_names = _unique_sanitized("label_", options.label_keys)
-    annotation_names = _unique_sanitized("annotation_", options.annotation_keys)
-    for info in sorted(pods.values(), key=lambda p: (p.namespace, p.name, p.uid)):
-        info_labels = [
-            ("namespace", info.namespace),
-            ("pod", info.name),
-            ("pod_uid", info.uid),
-            ("node", info.node or options.node_name),
-            ("workload_kind", info.workload_kind),
-            ("workload_name", info.workload_name),
-            ("gpu_requested", "true" if info.gpu_requested else "false"),
-            ("container", ""),  # blocks the scrape target's container label (honor_labels)
-        ]
-        info_labels += [(n, info.labels.get(k, "")) for k, n in label_names]
-        info_labels += [(n, info.annotations.get(k, "")) for k, n in annotation_names]
-        w.sample(POD_INFO, info_labels, 1)
-
-    held: dict[tuple[DeviceKey, str, str, str, str, tuple[str, ...]], int] = defaultdict(int)
-    for d in allocated:
-        dra = () if d.dra is None else _dra_values(d.dra)
-        held[(d.key, d.namespace, d.pod, d.container, d.resource, dra)] += 1
-    for hk in sorted(held):
-        key, ns, pod, container, resource, dra = hk
-        labels = (
-            *ident(key),
-            ("namespace", ns),
-            ("pod", pod),
-            ("container", container),
-            ("resource", resource),
-            *zip(DRA_LABELS, dra, strict=False),
-        )
-        w.sample(ALLOCATED, labels, held[hk])
-    text = w.render()
-    if options.docker or containers:
-        text += render_container_info(containers.values())
-    return text
-
-
-def render_container_info(containers: Iterable[DockerContainer]) -> str:
-    """``gpu_container_info{container, container_id, image, compose_project, compose_service} 1``
-    per container, for ``group_left`` joins; one series per container ID.
-
-    ``namespace`` and ``pod`` are written empty, like on every other series, so that with
-    ``honor_labels: true`` no target label lands on them.
-    """
-    by_id = {c.id: c for c in containers}
-    w = MetricWriter()
-    w.family(
-        CONTAINER_INFO,
-        "Docker containers with a process on a GPU of this host, for group_left joins; always 1.",
-    )
-    for c in sorted(by_id.values(), key=lambda c: (c.name, c.id)):
-        w.sample(
-            CONTAINER_INFO,
-            (
-                ("namespace", ""),
-                ("pod", ""),
-                ("container", c.name),
-                ("container_id", c.id),
-                ("image", c.image),
-                ("compose_project", c.compose_project),
-                ("compose_service", c.compose_service),
-            ),
-            1,
-        )
-    return w.render()
-
-
-def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]:
-    """(key, label name) pairs; a key whose sanitized name collides with an earlier one is
-    skipped (the first wins), so a series never carries the same label twice."""
-    out: list[tuple[str, str]] = []
-    taken: set[str] = set()
-    for key in keys:
-        name = prefix + sanitize_label_name(key)
-        if name in taken:
-            continue
-        taken.add(name)
-        out.append((key, name))
-    return out
-
-
-def self_metrics(
-    statuses: Sequence[SourceStatus],
-    attributions: Sequence[Attribution],
-    *,
-    version: str | None,
-    extra: Mapping[str, tuple[str, str, float]] | None = None,
-) -> MetricWriter:
-    """The dcgm_enricher_* families: per-source health, process counts and build info (none
-    when ``version`` is None). ``extra`` maps a metric name to (help, type, value) for
-    single-value gauges and counters."""
-    w = MetricWriter()
-    w.family(
-        "dcgm_enricher_source_up",
-        "Whether a data source worked in the last collection (1) or failed (0); absent when "
-        "disabled.",
-    )
-    w.family(
-        "dcgm_enricher_source_enabled", "Whether a data source is configured (1) or disabled (0)."
-    )
-    w.family(
-        "dcgm_enricher_source_duration_seconds",
-        "Time the source took in the last collection.",
-    )
-    w.family(
-        "dcgm_enricher_source_errors_total",
-        "Errors a data source has had since the enricher started.",
-        "counter",
-    )
-    for st in statuses:
-        src = (("source", st.name),)
-        w.sample("dcgm_enricher_source_enabled", src, 1 if st.enabled else 0)
-        if not st.enabled:
-            continue
-        w.sample("dcgm_enricher_source_up", src, 1 if st.up else 0)
-        w.sample("dcgm_enricher_source_duration_seconds", src, st.duration_seconds)
-        w.sample("dcgm_enricher_source_errors_total", src, st.errors_total)
-    w.family(
-        "dcgm_enricher_gpu_processes",
-        "GPU processes on this node in the last collection, by whether a pod (or, without "
-        "Kubernetes, a Docker container) was found for them.",
-    )
-    attributed = sum(1 for a in attributions if a.attributed)
-    w.sample("dcgm_enricher_gpu_processes", (("state", "attributed"),), attributed)
-    w.sample(
-        "dcgm_enricher_gpu_processes",
-        (("state", "unattributed"),),
-        len(attributions) - attributed,
-    )
-    return value_families(extra or {}, version=version, writer=w)
-
-
-def value_families(
-    extra: Mapping[str, tuple[str, str, float]],
-    *,
-    version: str | None = None,
-    writer: MetricWriter | None = None,
-) -> MetricWriter:
-    """Single-value families (``extra``: name -> (help, type, value)), then
-    dcgm_enricher_build_info when ``version`` is given, added to ``writer`` (or a new one)."""
-    w = writer if writer is not None else MetricWriter()
-    for name, (help_text, typ, value) in extra.items():
-        w.family(name, help_text, typ)
-        w.sample(name, (), value)
-    if version is not None:
-        w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
-        w.sample("dcgm_enricher_build_info", (("version", version),), 1)
-    return w
