@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .cgroups import container_chain
 from .labels import SHARED, DeviceKey, Owner, RewritePlan
 from .model import (
     CgroupRef,
@@ -32,7 +33,6 @@ from .model import (
     ProcInfo,
     parse_device_id,
 )
-from .procfs import container_chain
 from .promclient import RUNTIME_PREFIXES
 
 # Why a GPU process was not attributed to a pod: the `reason` label of

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import posixpath
 
-from .procfs import MAX_FILE_BYTES, cgroup_lines, read_bounded
+from .cgroups import MAX_FILE_BYTES, cgroup_lines
+from .procfs import read_bounded
 
 CGROUPFS = "/sys/fs/cgroup"
 # cgroup v1 writes "no limit" as the page counter's maximum rounded to pages
@@ -30,7 +31,7 @@ _MAX_LIMIT_BYTES = 64  # a limit file holds one number or "max"
 def own_cgroups(text: str) -> tuple[str | None, str | None]:
     """The process's cgroup v2 path and its v1 ``memory`` path from /proc/<pid>/cgroup text
     (None where there is none, or the path climbs with ``..``); the lines as
-    procfs.cgroup_lines accepts them."""
+    cgroups.cgroup_lines accepts them."""
     unified: str | None = None
     memory: str | None = None
     for hierarchy, controllers, path in cgroup_lines(text):

@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enricher import fakeproc, procfs
+from enricher.cgroups import container_chain, parse_cgroup
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
-from enricher.procfs import ProcReader, container_chain, parse_btime, parse_cgroup, parse_stat
+from enricher.procfs import ProcReader, parse_btime, parse_stat
 
 UID = "0b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e8"
 UID_ = UID.replace("-", "_")

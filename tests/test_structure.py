@@ -19,6 +19,7 @@ PACKAGE = ROOT / "enricher"
 PURE_MODULES = (
     "enricher.attribution",
     "enricher.families",
+    "enricher.cgroups",
     "enricher.textformat",
     "enricher.labels",
     "enricher.rewrite",
