@@ -548,3 +548,29 @@ def test_per_collection_values_are_not_described_per_scrape() -> None:
             if line.startswith("# HELP DCGM_") or (where.endswith(".out") and "# HELP" not in line):
                 continue
             assert "on this scrape" not in line, (where, line)
+
+
+# --------------------------------------------------------------------------- architecture.md
+
+# The modules whose tests are a file of their own name: the pure core's decisions.
+CENTRAL_MODULES = ("attribution", "families", "rewrite", "power", "procfs", "nvml", "kube")
+
+
+def test_architecture_lists_every_module_and_its_tests() -> None:
+    text = (DOCS / "architecture.md").read_text()
+    rows = re.findall(r"^\| `(enricher/[\w/]+\.py)` \| [^|]+ \| ([^|]+) \|$", text, re.MULTILINE)
+    listed = [module for module, _ in rows]
+    actual = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "enricher").rglob("*.py")
+        if not {"proto", "_build"} & set(p.parts)
+    )
+    assert sorted(listed) == actual, "docs/architecture.md's module table is out of date"
+    for module, tests in rows:
+        named = re.findall(r"`(tests/[\w/]+\.py)`", tests)
+        assert named, module
+        for test in named:
+            assert (ROOT / test).is_file(), (module, test)
+    for name in CENTRAL_MODULES:
+        assert (ROOT / "tests" / f"test_{name}.py").is_file(), name
+        assert f"`tests/test_{name}.py`" in dict(rows)[f"enricher/{name}.py"], name
