@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from .episodes import EpisodeLog
+from .httpread import read_body
 from .model import DockerContainer, short_id
 from .sources import Reading
 
@@ -425,17 +426,10 @@ class DockerSource:
                     timeout=aiohttp.ClientTimeout(total=self.timeout),
                     allow_redirects=False,
                 ) as resp:
-                    chunks: list[bytes] = []
-                    size = 0
-                    while True:
-                        chunk = await resp.content.read(65536)
-                        if not chunk:
-                            break
-                        size += len(chunk)
-                        if size > self.max_bytes:
-                            raise DockerError("too_large", f"{path}: over {self.max_bytes} bytes")
-                        chunks.append(chunk)
-                    return resp.status, resp.headers, b"".join(chunks)
+                    body = await read_body(resp.content, self.max_bytes)
+                    if body is None:
+                        raise DockerError("too_large", f"{path}: over {self.max_bytes} bytes")
+                    return resp.status, resp.headers, body
             except DockerError:
                 raise
             except asyncio.TimeoutError as exc:

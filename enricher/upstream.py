@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from .httpread import read_body
 from .sources import Reading
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
@@ -68,17 +69,10 @@ async def fetch_upstream(
                 if resp.content_length > max_bytes:
                     raise UpstreamError("too_large", f"over {max_bytes} bytes")
                 return decode_body(await resp.read())
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                chunk = await resp.content.read(65536)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > max_bytes:
-                    raise UpstreamError("too_large", f"over {max_bytes} bytes")
-                chunks.append(chunk)
-            return decode_body(b"".join(chunks))
+            body = await read_body(resp.content, max_bytes)
+            if body is None:
+                raise UpstreamError("too_large", f"over {max_bytes} bytes")
+            return decode_body(body)
     except UpstreamError:
         raise
     except asyncio.TimeoutError as exc:
