@@ -43,6 +43,7 @@ from .power import (
     UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
+    HeadDevices,
     Part,
     UpstreamPower,
     Who,
@@ -54,11 +55,11 @@ from .power import (
 )
 from .promclient import (
     OWN_PROCFS,
+    LabelSets,
     LatestMetrics,
     MetricWriter,
     RuntimeFamilies,
     make_registry,
-    turn_label_sets,
 )
 from .refresh import Follower, Refresher
 from .resourceslices import SliceIndex
@@ -374,6 +375,12 @@ class Scraper:
         # Energy per container, from each GPU's energy counter: advanced on every upstream
         # collection (when following) and every scrape; a repeated reading adds nothing.
         self._energy = EnergyLedger()
+        # The label blocks of our own families (a set formatted once while it is in use, one
+        # turn per collection) and the devices of the upstream's power lines (each head
+        # parsed once): this Scraper's, so that another in the same process (tests, the
+        # bench) neither turns nor fills them.
+        self._label_sets = LabelSets()
+        self._power_heads = HeadDevices()
         # The last collection accounted and the last power families written: a scrape of the
         # same collection (the same upstream text and node view) reuses them.
         self._power_memo: tuple[str | None, NodeView, list[DeviceDraw], Any] | None = None
@@ -482,7 +489,7 @@ class Scraper:
             self.upstream_collections_total += 1
         # A new collection (or node view): label sets not written since the previous one (a
         # pod that left) leave the label memo at the next.
-        turn_label_sets()
+        self._label_sets.turn()
         rewritten: RewriteResult | None = None
         if text is not None:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
@@ -644,7 +651,9 @@ class Scraper:
         memo = self._power_memo
         if memo is not None and memo[0] is text and memo[1] is node:
             return memo[2], memo[3]
-        upstream = upstream_power(watched) if text is not None else UpstreamPower()
+        upstream = (
+            upstream_power(watched, self._power_heads) if text is not None else UpstreamPower()
+        )
         draws = choose_readings(upstream, node.snapshot)
         parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
         self._energy.advance(draws, parts)
@@ -670,6 +679,7 @@ class Scraper:
             self._energy.totals,
             identities,
             families=(container_watts, unattributed_watts),
+            label_sets=self._label_sets,
         ).encode("utf-8")
         view = PowerView(
             {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
@@ -699,7 +709,9 @@ class Scraper:
         ):
             self._families_memo = (node, identities, memo[2])
             return memo[2]
-        text = render_families(node.attributions, identities, options, node.allocated)
+        text = render_families(
+            node.attributions, identities, options, node.allocated, self._label_sets
+        )
         self._families_memo = (node, identities, text)
         return text
 
@@ -736,8 +748,8 @@ class Scraper:
                 head,
                 before,
                 after,
-                before.render().encode("utf-8"),
-                after.render().encode("utf-8"),
+                before.render(self._label_sets).encode("utf-8"),
+                after.render(self._label_sets).encode("utf-8"),
                 runtime,
                 limit,
             )
@@ -745,7 +757,8 @@ class Scraper:
         self._latest.parts = (memo.before, per_scrape, memo.after)
         # What render_registry(self.registry) writes: the collection's families written once,
         # the per-scrape counters on every scrape.
-        tail = memo.before_text + per_scrape.render().encode("utf-8") + memo.after_text
+        tail = memo.before_text + per_scrape.render(self._label_sets).encode("utf-8")
+        tail += memo.after_text
         tail += memo.runtime_text
         self._last_duration = self._clock() - started
         return ScrapeResult(

@@ -24,7 +24,7 @@ from .model import (
     PodInfo,
     SourceStatus,
 )
-from .promclient import MetricWriter
+from .promclient import LabelSets, MetricWriter
 from .textformat import MAX_LABEL_VALUE_LENGTH
 
 _LABEL_SANITIZE_RE = re.compile(r"[^a-zA-Z0-9_]")
@@ -83,9 +83,11 @@ def render_families(
     identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
     options: RenderOptions,
     allocated: Sequence[AllocatedDevice] = (),
+    label_sets: LabelSets | None = None,
 ) -> str:
     """Render the per-container, per-process, unattributed, allocation and pod-info families,
-    and in Docker mode gpu_container_info."""
+    and in Docker mode gpu_container_info. ``label_sets``: the caller's label memo
+    (MetricWriter.render)."""
     w = MetricWriter()
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
     w.family(
@@ -200,13 +202,15 @@ def render_families(
             *zip(DRA_LABELS, dra, strict=False),
         )
         w.sample(ALLOCATED, labels, held[hk])
-    text = w.render()
+    text = w.render(label_sets)
     if options.docker or containers:
-        text += render_container_info(containers.values())
+        text += render_container_info(containers.values(), label_sets)
     return text
 
 
-def render_container_info(containers: Iterable[DockerContainer]) -> str:
+def render_container_info(
+    containers: Iterable[DockerContainer], label_sets: LabelSets | None = None
+) -> str:
     """``gpu_container_info{container, container_id, image, compose_project, compose_service} 1``
     per container, for ``group_left`` joins; one series per container ID.
 
@@ -233,7 +237,7 @@ def render_container_info(containers: Iterable[DockerContainer]) -> str:
             ),
             1,
         )
-    return w.render()
+    return w.render(label_sets)
 
 
 def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]:

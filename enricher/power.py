@@ -22,7 +22,7 @@ from .attribution import REASON_MPS_SERVER, AllocatedDevice, Attribution, attrib
 from .families import NO_POD, device_labels
 from .labels import DeviceKey, device_key
 from .model import GpuSnapshot, PowerReading
-from .promclient import MetricWriter
+from .promclient import LabelSets, MetricWriter
 from .textformat import (
     MAX_LABEL_VALUE_LENGTH,
     WatchedLine,
@@ -109,10 +109,24 @@ def parse_upstream_power(text: str) -> UpstreamPower:
     return upstream_power(watched_lines(text, UPSTREAM_NAMES))
 
 
-def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
+class HeadDevices:
+    """upstream_power's memo: the line heads of its previous call and the devices they name.
+    The heads are the same from one collection to the next (the Rewriter's template hands
+    over the same strings), so each is parsed once; only the last call's are kept, so a head
+    of a pod that left (the upstream's pod labels follow the pods) does not stay. Its owner
+    (each Scraper has one) passes it to every call."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, str], DeviceKey | None] = {}
+
+
+def upstream_power(
+    lines: Iterable[WatchedLine], heads_memo: HeadDevices | None = None
+) -> UpstreamPower:
     """The power, energy and per-instance activity samples among ``lines``: the upstream's
     sample lines of ``UPSTREAM_NAMES`` (``RewriteResult.watched`` of a Rewriter that watches
-    them, or ``textformat.watched_lines``), each name's in the body's order.
+    them, or ``textformat.watched_lines``), each name's in the body's order. ``heads_memo``:
+    the heads' devices from the previous call, updated to this call's (None: parse each).
 
     A line that is not valid exposition, or names no GPU, is skipped, and so are non-finite
     and negative values. Power and energy are device fields: the GPU's sample without
@@ -125,8 +139,7 @@ def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
     activity: dict[DeviceKey, float] = {}
     copies: dict[str, dict[str, float]] = {UPSTREAM_POWER: {}, UPSTREAM_ENERGY: {}}
     device_level = {UPSTREAM_POWER: power, UPSTREAM_ENERGY: energy}
-    global _last_heads
-    known = _last_heads
+    known = heads_memo.last if heads_memo is not None else {}
     heads: dict[tuple[str, str], DeviceKey | None] = {}
     for name, head, tail in lines:
         line_head = (name, head)
@@ -151,7 +164,8 @@ def upstream_power(lines: Iterable[WatchedLine]) -> UpstreamPower:
         for uuid, value in copies[name].items():
             if uuid not in level and len(level) < MAX_UPSTREAM_DEVICES:
                 level[uuid] = value
-    _last_heads = heads
+    if heads_memo is not None:
+        heads_memo.last = heads
     return UpstreamPower(power, energy, activity)
 
 
@@ -165,13 +179,6 @@ def _head_device(name: str, head: str) -> DeviceKey | None:
         return None
     key = device_key(pairs)
     return key if key is not None and key[0] else None
-
-
-# The heads of the previous upstream_power call and their devices. The heads are the same
-# from one collection to the next (the Rewriter's template hands over the same strings), so
-# each is parsed once; only the last call's are kept, so a head of a pod that left (the
-# upstream's pod labels follow the pods) does not stay.
-_last_heads: dict[tuple[str, str], DeviceKey | None] = {}
 
 
 # A value as exporters write it (an integer or a %f float), alone after the label block: every
@@ -435,9 +442,11 @@ def render_power(
     identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
     families: tuple[Mapping[tuple[DeviceKey, Who], float], Mapping[tuple[DeviceKey, str], float]]
     | None = None,
+    label_sets: LabelSets | None = None,
 ) -> str:
     """The three power families (HELP and TYPE even when empty). ``families``: what
-    :func:`power_families` gives for ``draws`` and ``parts``, when the caller has it."""
+    :func:`power_families` gives for ``draws`` and ``parts``, when the caller has it;
+    ``label_sets``: the caller's label memo (MetricWriter.render)."""
     w = MetricWriter()
     w.family(
         POWER,
@@ -469,4 +478,4 @@ def render_power(
         w.sample(ENERGY, labels, ledger[ek])
     for (key, reason), value in sorted(unattr.items()):
         w.sample(UNATTR_POWER, (*ident(key), *NO_POD, ("reason", reason)), value)
-    return w.render()
+    return w.render(label_sets)

@@ -81,17 +81,19 @@ class MetricWriter(Collector):
             out.append(metric)
         return out
 
-    def render(self) -> str:
+    def render(self, labels: LabelSets | None = None) -> str:
         """The families as text exposition (empty when none was declared): what
-        ``render_metrics(self.collect())`` writes, each family's HELP and TYPE lines and each
-        distinct label set formatted once (bounded caches): the same families and device
-        labels come back on every scrape and collection."""
+        ``render_metrics(self.collect())`` writes, each family's HELP and TYPE lines formatted
+        once (a bounded cache) and each distinct label set once per ``labels`` memo (the
+        Scraper's: the same families and device labels come back on every scrape and
+        collection; without one, once per render)."""
+        memo = labels if labels is not None else LabelSets()
         out: list[str] = []
         for name, spec in self._families.items():
             out.append(_family_head(*spec))
             sname = _metric_name(name)
-            for pairs, value in self._raw[name]:
-                block = label_text(pairs)
+            raw = self._raw[name]
+            for (_, value), block in zip(raw, memo.texts([pairs for pairs, _ in raw]), strict=True):
                 head = f"{sname}{{{block}}}" if block else sname
                 out.append(f"{head} {floatToGoString(value)}\n")
         return "".join(out)
@@ -107,43 +109,60 @@ def _family_head(kept: str, documentation: str, typ: str) -> str:
     return f"# HELP {exposed} {doc}\n# TYPE {exposed} {_TYPES[typ]}\n"
 
 
-# label_text's memo: the label sets written since the last turn, and those of the turn before
-# (written again, one moves back to the current ones). The Scraper turns it once per
-# collection (turn_label_sets), so a set not written for a whole collection (a pod that left)
-# is gone at the next turn: the memo follows the series in use, with no fixed bound for pods
-# that come and go to fill (a bound of 1,024 sets did, over thousands of scrapes under
-# churn), nor for a node with more series than that to outgrow. A process that never turns
-# it turns it every LABEL_SETS_MAX new sets.
+# How many label sets a LabelSets memo takes in one turn before it turns itself.
 LABEL_SETS_MAX = 8192
-_label_sets: dict[tuple[tuple[str, str], ...], str] = {}
-_label_sets_before: dict[tuple[tuple[str, str], ...], str] = {}
 
 
 def label_text(pairs: tuple[tuple[str, str], ...]) -> str:
     """The label block (without braces) prometheus_client writes for ``pairs``: values made
     writable (``written_value``), a repeated name keeping its last value, sorted by name,
     escaped by its rules."""
-    block = _label_sets.get(pairs)
-    if block is None:
-        block = _label_sets_before.pop(pairs, None)
-        if block is None:
-            block = _label_block({k: written_value(v) for k, v in pairs})
-        if len(_label_sets) >= LABEL_SETS_MAX:
-            turn_label_sets()
-        _label_sets[pairs] = block
-    return block
+    return _label_block({k: written_value(v) for k, v in pairs})
 
 
-def turn_label_sets() -> None:
-    """Start a new turn of label_text's memo: the sets written before the previous turn and
-    not since are dropped."""
-    global _label_sets, _label_sets_before
-    _label_sets_before, _label_sets = _label_sets, {}
+class LabelSets:
+    """A memo of :func:`label_text`: the label sets written since the last turn, and those of
+    the turn before (written again, one moves back to the current ones). Its owner (each
+    Scraper has one) turns it once per collection (:meth:`turn`), so a set not written for a
+    whole collection (a pod that left) is gone at the next turn: the memo follows the series
+    in use, with no fixed bound for pods that come and go to fill (a bound of 1,024 sets did,
+    over thousands of scrapes under churn), nor for a node with more series than that to
+    outgrow. An owner that never turns it turns it every ``bound`` new sets."""
 
+    def __init__(self, bound: int = LABEL_SETS_MAX) -> None:
+        self.bound = bound
+        self._current: dict[tuple[tuple[str, str], ...], str] = {}
+        self._before: dict[tuple[tuple[str, str], ...], str] = {}
 
-def label_sets_held() -> int:
-    """How many label sets label_text's memo holds (both turns)."""
-    return len(_label_sets) + len(_label_sets_before)
+    def text(self, pairs: tuple[tuple[str, str], ...]) -> str:
+        """``label_text(pairs)``, formatted once while the set stays in use."""
+        return self.texts((pairs,))[0]
+
+    def texts(self, sets: Iterable[tuple[tuple[str, str], ...]]) -> list[str]:
+        """:meth:`text` of each of ``sets``, in one call (the hot path: a family's samples)."""
+        current, before, bound = self._current, self._before, self.bound
+        out = []
+        for pairs in sets:
+            block = current.get(pairs)
+            if block is None:
+                block = before.pop(pairs, None)
+                if block is None:
+                    block = label_text(pairs)
+                if len(current) >= bound:
+                    self.turn()
+                    current, before = self._current, self._before
+                current[pairs] = block
+            out.append(block)
+        return out
+
+    def turn(self) -> None:
+        """Start a new turn: the sets written before the previous turn and not since are
+        dropped."""
+        self._before, self._current = self._current, {}
+
+    def held(self) -> int:
+        """How many label sets the memo holds (both turns)."""
+        return len(self._current) + len(self._before)
 
 
 def _label_block(labels: dict[str, str]) -> str:

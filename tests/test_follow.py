@@ -228,14 +228,13 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
 async def test_a_new_collection_turns_the_label_memo(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The label memo (promclient.label_text) follows the series in use by one turn per
-    collection: a poll that finds the body unchanged, or a scrape, turns nothing; a new
+    """The Scraper's label memo (promclient.LabelSets) follows the series in use by one turn
+    per collection: a poll that finds the body unchanged, or a scrape, turns nothing; a new
     collection turns it, before its families are written."""
-    from enricher import app as app_module
-
     await env.scrape()
     turns: list[object] = []
-    monkeypatch.setattr(app_module, "turn_label_sets", lambda: turns.append(env.scraper._head))
+    memo = env.scraper._label_sets
+    monkeypatch.setattr(memo, "turn", lambda: turns.append(env.scraper._head))
     polls = env.exporter.requests
     deadline = time.monotonic() + WAIT
     while env.exporter.requests < polls + 3:

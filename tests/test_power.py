@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import payloads
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
 from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
-from enricher.labels import RewritePlan
+from enricher.labels import DeviceKey, RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
 from enricher.power import (
     ENERGY,
@@ -41,6 +41,7 @@ from enricher.power import (
     UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
+    HeadDevices,
     UpstreamPower,
     choose_readings,
     mig_slices,
@@ -166,18 +167,46 @@ def test_the_parse_memo_follows_the_payload_not_the_uptime() -> None:
     of only the last text's line heads are kept (white box: a bound of a fixed size would
     fill with departed pods' heads and show as growth under churn), and each reading is
     still the one of its own text."""
-    from enricher import power as power_module
-
+    memo = HeadDevices()
     for epoch in range(2_000):
-        got = parse_upstream_power(
+        text = (
             f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-{epoch}"}} {epoch}\n'
             f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",pod="q"}} 7\n'
         )
+        got = upstream_power(watched_lines(text, UPSTREAM_NAMES), memo)
         assert dict(got.power_watts) == {U0: float(epoch), U1: 7.0}
-    assert sorted(power_module._last_heads) == [
+    assert sorted(memo.last) == [
         ("DCGM_FI_DEV_POWER_USAGE", f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-1999"}}'),
         ("DCGM_FI_DEV_POWER_USAGE", f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",pod="q"}}'),
     ]
+
+
+def test_each_parse_memo_is_its_owners(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head is parsed once while its memo's owner reads it again; another memo (another
+    Scraper's, over another node) neither uses nor replaces it, and a call without a memo
+    touches none."""
+    import enricher.power as power_module
+
+    parsed: list[str] = []
+    head_device = power_module._head_device
+
+    def counted(name: str, head: str) -> DeviceKey | None:
+        parsed.append(head)
+        return head_device(name, head)
+
+    monkeypatch.setattr(power_module, "_head_device", counted)
+    a_text = f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}"}} 100\n'
+    b_text = f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} 50\n'
+    a, b = HeadDevices(), HeadDevices()
+    for _ in range(2):
+        assert upstream_power(watched_lines(a_text, UPSTREAM_NAMES), a).power_watts == {U0: 100}
+        assert upstream_power(watched_lines(b_text, UPSTREAM_NAMES), b).power_watts == {U1: 50}
+        assert upstream_power(watched_lines(b_text, UPSTREAM_NAMES)).power_watts == {U1: 50}
+    # a and b: once each, on their first reads; the memo-less call: every time.
+    assert parsed.count(a_text.split(" ")[0]) == 1
+    assert parsed.count(b_text.split(" ")[0]) == 1 + 2
+    assert list(a.last) == [("DCGM_FI_DEV_POWER_USAGE", a_text.split(" ")[0])]
+    assert list(b.last) == [("DCGM_FI_DEV_POWER_USAGE", b_text.split(" ")[0])]
 
 
 def test_upstream_reading_preferred_per_gpu_and_per_field() -> None:

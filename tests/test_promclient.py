@@ -28,19 +28,17 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from enricher import promclient
 from enricher.app import Scraper, make_app
 from enricher.attribution import plan_devices
 from enricher.promclient import (
+    LabelSets,
     LatestMetrics,
     MetricWriter,
     RuntimeFamilies,
-    label_sets_held,
     label_text,
     make_registry,
     render_metrics,
     render_registry,
-    turn_label_sets,
 )
 from enricher.rewrite import Rewriter
 from enricher.textformat import FamilyWriter, written_value
@@ -353,33 +351,45 @@ def test_the_label_memo_follows_the_series_in_use() -> None:
     """Pods come and go, ten on the node at a time, one collection each: after 2,000 pods
     the memo holds the sets of the last two turns only (a fixed bound would have filled with
     departed pods'), and every line is still written as prometheus_client writes it."""
-    turn_label_sets()
-    turn_label_sets()
+    memo = LabelSets()
     for collection in range(2_000):
-        turn_label_sets()
-        text = _pod_series(range(collection, collection + 10)).render()
+        memo.turn()
+        text = _pod_series(range(collection, collection + 10)).render(memo)
         assert f't{{namespace="ns",pod="p-{collection}"}} {float(collection)}\n' in text
-    assert label_sets_held() == 11  # this turn's ten and the one pod of the turn before
+    assert memo.held() == 11  # this turn's ten and the one pod of the turn before
 
 
 def test_a_label_set_written_again_survives_its_turn() -> None:
-    turn_label_sets()
+    memo = LabelSets()
     pairs = (("pod", 'a"b'),)
-    first = label_text(pairs)
-    turn_label_sets()
-    assert label_text(pairs) is first  # moved back from the turn before, not written anew
-    turn_label_sets()
-    turn_label_sets()
-    assert label_text(pairs) == first and label_text(pairs) is not first
+    first = memo.text(pairs)
+    assert first == label_text(pairs) == 'pod="a\\"b"'
+    memo.turn()
+    assert memo.text(pairs) is first  # moved back from the turn before, not written anew
+    memo.turn()
+    memo.turn()
+    assert memo.text(pairs) == first and memo.text(pairs) is not first
 
 
-def test_the_label_memo_turns_itself_at_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process that never turns it (no Scraper) still holds at most two bounds of sets."""
-    monkeypatch.setattr(promclient, "LABEL_SETS_MAX", 100)
-    turn_label_sets()
-    turn_label_sets()
-    _pod_series(range(1_000)).render()
-    assert label_sets_held() <= 200
+def test_the_label_memo_turns_itself_at_its_bound() -> None:
+    """An owner that never turns it still holds at most two bounds of sets."""
+    memo = LabelSets(bound=100)
+    _pod_series(range(1_000)).render(memo)
+    assert memo.held() <= 200
+
+
+def test_each_label_memo_is_its_owners() -> None:
+    """Two memos (two Scrapers) in one process: rendering or turning one leaves the other as
+    it was, and a writer rendered without a memo fills none."""
+    a, b = LabelSets(), LabelSets()
+    _pod_series(range(10)).render(a)
+    _pod_series(range(5)).render(b)
+    assert (a.held(), b.held()) == (10, 5)
+    b.turn()
+    b.turn()
+    _pod_series(range(3)).render()
+    assert (a.held(), b.held()) == (10, 0)
+    assert _pod_series(range(3)).render() == _pod_series(range(3)).render(a)
 
 
 def test_families_keep_their_order_and_empty_ones_their_help() -> None:

@@ -1,4 +1,5 @@
-"""The package's shape: a pure core that imports no I/O library, and no import cycles."""
+"""The package's shape: a pure core that imports no I/O library, no import cycles, and no
+state in a module."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ PURE_MODULES = (
     "enricher.labels",
     "enricher.rewrite",
     "enricher.model",
+    "enricher.power",
 )
 # The libraries through which the sources do their I/O.
 IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
@@ -210,3 +212,107 @@ def test_package_has_no_import_cycle() -> None:
 )
 def test_find_cycle(sources: dict[str, tuple[str, bool]], cycle: list[str] | None) -> None:
     assert find_cycle(import_graph(sources)) == cycle
+
+
+# --------------------------------------------------------------------------- state has an owner
+
+# A module-level name a function changes in place with one of these is state of the module.
+_MUTATORS = frozenset(
+    {
+        "add",
+        "append",
+        "appendleft",
+        "clear",
+        "discard",
+        "extend",
+        "insert",
+        "move_to_end",
+        "pop",
+        "popitem",
+        "popleft",
+        "remove",
+        "setdefault",
+        "update",
+    }
+)
+
+
+def module_state(source: str) -> list[str]:
+    """The module-level names of ``source`` that its functions rebind (``global``) or change in
+    place (item assignment or deletion, or a mutating method): a cache or memo of the module,
+    shared by every object that uses it, where it should belong to an object its owner makes
+    (two Scrapers in one process must not turn or fill each other's)."""
+    tree = ast.parse(source)
+    names: set[str] = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    found: set[str] = set()
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Global):
+                found |= set(node.names)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else []
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                    targets = [node.target]
+                found |= {
+                    t.value.id
+                    for t in targets
+                    if isinstance(t, ast.Subscript)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id in names
+                }
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _MUTATORS
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in names
+            ):
+                found.add(node.func.value.id)
+    return sorted(found)
+
+
+def test_no_module_holds_state() -> None:
+    """Every cache and memo belongs to an object its owner makes (the Scraper makes its own),
+    never to a module. Bounded ``functools.lru_cache`` of pure functions of strings (names and
+    HELP texts escaped once) are not state of the pipeline: they give the same answer to every
+    caller."""
+    held = {
+        name: state
+        for name, (source, _) in package_sources().items()
+        if (state := module_state(source))
+    }
+    assert held == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "state"),
+    [
+        pytest.param("_memo = {}\ndef f(k):\n    _memo[k] = 1", ["_memo"], id="item-assignment"),
+        pytest.param(
+            "_memo = {}\ndef f(k):\n    return _memo.pop(k, None)", ["_memo"], id="method"
+        ),
+        pytest.param(
+            "_last = {}\ndef f(d):\n    global _last\n    _last = d", ["_last"], id="global"
+        ),
+        pytest.param(
+            "TABLE = {'a': 1}\ndef f(k):\n    memo = {}\n    memo[k] = TABLE[k]\n    return memo",
+            [],
+            id="constant-and-local",
+        ),
+        pytest.param(
+            "class C:\n    def __init__(self):\n        self.memo = {}\n"
+            "    def f(self, k):\n        self.memo[k] = 1",
+            [],
+            id="an-objects-own",
+        ),
+    ],
+)
+def test_module_state(source: str, state: list[str]) -> None:
+    assert module_state(source) == state
