@@ -24,6 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+from .episodes import EpisodeLog
+
 log = logging.getLogger("enricher")
 
 T = TypeVar("T")
@@ -69,6 +71,8 @@ class Refresher(Generic[T]):
         self._loop_task: asyncio.Task[None] | None = None
         self.runs = 0
         self.errors = 0
+        # The loop's failures, by episode (enricher.episodes, as every source logs them).
+        self._episodes = EpisodeLog(name, log)
 
     @property
     def last_duration(self) -> float:
@@ -152,9 +156,11 @@ class Refresher(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # Logged once per failure; get() keeps serving the last result until it is
+                # Logged once per episode; get() keeps serving the last result until it is
                 # too old, then waits for (and raises from) a collection of its own.
-                log.warning("%s: collection failed: %s", self.name, exc or type(exc).__name__)
+                self._episodes.fail(f"collection failed: {exc or type(exc).__name__}")
+            else:
+                self._episodes.ok()
             elapsed = self._clock() - started
             await asyncio.sleep(max(0.0, interval - elapsed))
 
@@ -315,6 +321,9 @@ class Follower(Generic[T]):
         self.polls = 0
         self.changes = 0
         self.errors = 0
+        # Failed polls and failed preparations, each by episode (enricher.episodes).
+        self._poll_episodes = EpisodeLog(name, log)
+        self._prepare_episodes = EpisodeLog(f"{name} on_change", log)
 
     @property
     def interval(self) -> float | None:
@@ -381,8 +390,9 @@ class Follower(Generic[T]):
             raise
         except Exception as exc:
             self.errors += 1
-            log.warning("%s: poll failed: %s", self.name, exc or type(exc).__name__)
+            self._poll_episodes.fail(f"poll failed: {exc or type(exc).__name__}")
             return False
+        self._poll_episodes.ok()
         content = answer if self._key is None else self._key(answer)
         changed = self._latest is None or content != self._content
         previous, self._previous_poll = self._previous_poll, started
@@ -417,7 +427,9 @@ class Follower(Generic[T]):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # preparing is an optimisation: never stop polling
-                    log.warning("%s: on_change failed: %s", self.name, exc or type(exc).__name__)
+                    self._prepare_episodes.fail(f"failed: {exc or type(exc).__name__}")
+                else:
+                    self._prepare_episodes.ok()
         self._latest, self._content = (answer, started), content
         return changed
 

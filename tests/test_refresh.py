@@ -7,6 +7,7 @@ machine is; the one test of the background loop waits for events, not for durati
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -215,6 +216,83 @@ async def test_background_loop_survives_a_failing_collection(
     assert r.errors == 1
     assert "node: collection failed: transient" in caplog.text
     assert await Refresher(collect, 1.0).get() >= 2
+
+
+def _episode_lines(caplog: pytest.LogCaptureFixture, name: str) -> list[tuple[str, str]]:
+    """(level, message) of each record of ``name`` (``<name>: ...``), in order."""
+    return [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.getMessage().startswith(name + ": ")
+    ]
+
+
+async def test_loop_failures_are_logged_once_per_episode(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As every source logs (enricher.episodes): an episode's first failure at WARNING, its
+    repeats at DEBUG, the recovery at INFO, and the next failure begins a new episode."""
+    caplog.set_level(logging.DEBUG)
+    outcomes = iter(["down", "down", "down", "up", "up", "down"])
+    done = asyncio.Event()
+
+    async def collect() -> int:
+        outcome = next(outcomes, None)
+        if outcome is None:
+            done.set()
+            await asyncio.Event().wait()  # the test closes the refresher now
+        if outcome == "down":
+            raise RuntimeError("transient")
+        return 1
+
+    r = Refresher(collect, 0.001, name="node")
+    r.start()
+    await asyncio.wait_for(done.wait(), 10)
+    await r.close()
+    failed = "node: collection failed: transient"
+    assert _episode_lines(caplog, "node") == [
+        ("WARNING", failed),
+        ("DEBUG", failed),
+        ("DEBUG", failed),
+        ("INFO", "node: recovered"),
+        ("WARNING", failed),
+    ]
+
+
+async def test_follower_failures_are_logged_once_per_episode(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Polls and preparations (on_change) each by episode, apart: a failing preparation does
+    not end the episode of failing polls, nor the other way round."""
+    caplog.set_level(logging.DEBUG)
+    clock, source = Clock(), Source()
+
+    async def prepare(answer: tuple[str, float]) -> None:
+        if answer[0].startswith("bad"):
+            raise ValueError("cannot prepare")
+
+    f = follower(clock, source, on_change=prepare, name="follow")
+    source.fail = RuntimeError("connection refused")
+    for _ in range(3):
+        await f.poll_once()
+    source.fail = None
+    for content in ("bad-1", "bad-2", "good", "good", "bad-3"):
+        source.content = content
+        await f.poll_once()
+    poll_failed = "follow: poll failed: connection refused"
+    assert _episode_lines(caplog, "follow") == [
+        ("WARNING", poll_failed),
+        ("DEBUG", poll_failed),
+        ("DEBUG", poll_failed),
+        ("INFO", "follow: recovered"),
+    ]
+    prepare_failed = "follow on_change: failed: cannot prepare"
+    assert _episode_lines(caplog, "follow on_change") == [
+        ("WARNING", prepare_failed),
+        ("DEBUG", prepare_failed),
+        ("INFO", "follow on_change: recovered"),
+        ("WARNING", prepare_failed),
+    ]
 
 
 # --------------------------------------------------------------------------- following
