@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -15,8 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "enricher"
 
-# The pure core (STYLE point 3): enrichment, the text format, the label policy, the rewrite and
-# the types they share.
+# The pure core: attribution, the families, cgroup-path parsing, the text format, the label
+# policy, the rewrite, the power split and the types they share. The rule they keep: they take
+# snapshots (upstream text, GPU processes, pid to pod, pods) and return output, with no I/O, no
+# event loop, no globals and no mutation of their inputs; so none imports an I/O library.
 PURE_MODULES = (
     "enricher.attribution",
     "enricher.families",
@@ -59,6 +62,25 @@ def test_pure_core_imports_no_io_library() -> None:
 def test_the_check_sees_an_io_library() -> None:
     """The check above can fail: a source module that does I/O pulls its library in."""
     assert "aiohttp" in loaded_after_import(["enricher.docker"])
+
+
+# A citation of the team's style guide, which lives outside the repository: a reader of a
+# clone cannot follow it, so a file states the rule it keeps instead.
+_STYLE_CITATION = re.compile(r"STYLE(?:\.md|\s+point)")
+
+
+def test_no_file_cites_the_style_guide_outside_the_repository() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    files = [ROOT / name for name in tracked if name.endswith((".py", ".md", ".toml", ".yaml"))]
+    assert any(f == Path(__file__) for f in files)
+    citing = [
+        str(f.relative_to(ROOT))
+        for f in files
+        if f.is_file() and _STYLE_CITATION.search(f.read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert citing == []
 
 
 # --------------------------------------------------------------------------- import cycles
