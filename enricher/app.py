@@ -56,10 +56,8 @@ from .power import (
 from .promclient import (
     OWN_PROCFS,
     LabelSets,
-    LatestMetrics,
     MetricWriter,
     RuntimeFamilies,
-    make_registry,
 )
 from .refresh import Follower, Refresher
 from .resourceslices import SliceIndex
@@ -250,12 +248,10 @@ class Scraper:
         self.resource_slices = resource_slices
         self.docker = docker
         self._clock = clock
-        # The enricher's self-metrics, process_* and python_*: a registry per Scraper.
-        self._latest = LatestMetrics()
+        # process_* and python_*, this Scraper's (never in prometheus_client's global registry).
         self._runtime = RuntimeFamilies(own_procfs)
         self._own_procfs = own_procfs
         self._own_cgroupfs = own_cgroupfs
-        self.registry = make_registry(self._latest, runtime=self._runtime)
         # The self-metrics that change once per collection (not per scrape), written once.
         self._tail_memo: _CollectionTail | None = None
         self._rewriter = Rewriter(watch=UPSTREAM_NAMES)
@@ -754,9 +750,7 @@ class Scraper:
                 limit,
             )
         per_scrape = self._scrape_metrics()
-        self._latest.parts = (memo.before, per_scrape, memo.after)
-        # What render_registry(self.registry) writes: the collection's families written once,
-        # the per-scrape counters on every scrape.
+        # The collection's families written once, the per-scrape counters on every scrape.
         tail = memo.before_text + per_scrape.render(self._label_sets).encode("utf-8")
         tail += memo.after_text
         tail += memo.runtime_text

@@ -1,10 +1,11 @@
 """Power and energy per container: each GPU's draw split between the containers on it.
 
 Pure: the readings come in (dcgm-exporter's text, NVML's snapshot), shares and exposition go
-out. ``parse_upstream_power`` reads the three upstream fields it needs, ``choose_readings``
-prefers the upstream's reading of a GPU to NVML's, ``split_power`` decides each container's
-share of each GPU, ``EnergyLedger`` adds each GPU's energy-counter increase to the containers
-by those shares, and ``render_power`` writes the families. docs/power.md states the rules and
+out. ``upstream_power`` reads the three upstream fields it needs from the lines the rewrite
+hands over, ``choose_readings`` prefers the upstream's reading of a GPU to NVML's,
+``split_power`` decides each container's share of each GPU, ``EnergyLedger`` adds each GPU's
+energy-counter increase to the containers by those shares, and ``render_power`` writes the
+families. docs/power.md states the rules and
 where they are an estimate.
 
 Invariant: for every GPU with a power reading, the shares ``split_power`` returns add up to 1,
@@ -29,7 +30,6 @@ from .textformat import (
     first_blank,
     parse_label_block,
     valid_value,
-    watched_lines,
 )
 
 UPSTREAM_POWER = "DCGM_FI_DEV_POWER_USAGE"  # W
@@ -100,13 +100,6 @@ RULE_IDLE = "idle"
 
 
 # --------------------------------------------------------------------------- parsing
-
-
-def parse_upstream_power(text: str) -> UpstreamPower:
-    """The power, energy and per-instance activity samples of dcgm-exporter's text: what
-    :func:`upstream_power` reads from its lines of the three names (found with ``str.find``,
-    so the rest of the body costs nothing)."""
-    return upstream_power(watched_lines(text, UPSTREAM_NAMES))
 
 
 class HeadDevices:

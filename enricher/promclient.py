@@ -1,5 +1,5 @@
-"""The enricher's own families through prometheus_client: metric families, the registry each
-Scraper serves its self-metrics from, and prometheus_client's text exposition.
+"""The enricher's own families through prometheus_client: metric families, the runtime
+families (``process_*``, ``python_*``), and prometheus_client's text exposition.
 
 The upstream rewrite stays hand-written (rewrite.Rewriter): it is the hot path, and it
 copies the upstream's values and label order as they came. What the enricher writes itself
@@ -28,7 +28,7 @@ from .textformat import written_value
 # PID namespace shows it. Never --path.procfs: that is the host's /proc (or a fake tree in the
 # demo and tests), read for the GPU processes' PIDs.
 OWN_PROCFS = "/proc"
-# The name prefixes of the families make_registry adds.
+# The name prefixes of the families RuntimeFamilies writes.
 RUNTIME_PREFIXES = ("process_", "python_")
 
 
@@ -175,21 +175,6 @@ def _label_block(labels: dict[str, str]) -> str:
     )
 
 
-class LatestMetrics(Collector):
-    """Serves the families of the latest scrape: the Scraper sets ``parts`` (writers of
-    distinct families, in order) before it renders its registry."""
-
-    def __init__(self) -> None:
-        self.parts: tuple[MetricWriter, ...] = ()
-
-    def collect(self) -> Iterable[Metric]:
-        return [metric for part in self.parts for metric in part.collect()]
-
-    def render(self) -> str:
-        """What ``render_metrics(self.collect())`` writes, through ``MetricWriter.render``."""
-        return "".join(part.render() for part in self.parts)
-
-
 class RuntimeFamilies(Collector):
     """prometheus_client's process (from ``procfs``/self), platform and garbage collector
     families, registered nowhere (never in prometheus_client's global registry): a Collector
@@ -215,22 +200,6 @@ class RuntimeFamilies(Collector):
         gc_text = render_metrics(self._gc.collect()) if self._gc is not None else ""
         text = render_metrics(self._process.collect()) + self._platform_text + gc_text
         return text.encode("utf-8")
-
-
-def make_registry(
-    own: Collector, procfs: str = OWN_PROCFS, runtime: RuntimeFamilies | None = None
-) -> CollectorRegistry:
-    """A registry of its own (never prometheus_client's global one): ``own`` first, then the
-    runtime families (``runtime``, or new ones from ``procfs``)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(own)
-    registry.register(runtime if runtime is not None else RuntimeFamilies(procfs))
-    return registry
-
-
-def render_registry(registry: CollectorRegistry) -> bytes:
-    """prometheus_client's text exposition of ``registry`` (see render_metrics)."""
-    return render_metrics(registry.collect()).encode("utf-8")
 
 
 # The families the fast path writes; any other (histograms, summaries, OpenMetrics-only

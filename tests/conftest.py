@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from .promreleases import PromRelease, releases, require
 from .tools import require_tool
@@ -89,6 +93,22 @@ def assert_valid_exposition(promtool: str, text: str) -> None:
     for line in out.splitlines():
         if line.startswith(("gpu_", "dcgm_enricher_")):
             assert "should be written in 'snake_case'" in line, line
+
+
+def as_prometheus_client_writes(text: str) -> str:
+    """``text``'s families as prometheus_client reads them (its parser) and writes them back
+    (``generate_latest``): the oracle for what the enricher writes of its own families."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Parsed(list(text_string_to_metric_families(text))))
+    return generate_latest(registry).decode("utf-8")
+
+
+class _Parsed(Collector):
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self.metrics
 
 
 @pytest.fixture(scope="session")

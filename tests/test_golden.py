@@ -24,7 +24,7 @@ from enricher.config import Config
 from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
 from enricher.model import GpuDevice, MigDevice, ProcessKind
 
-from .conftest import assert_valid_exposition
+from .conftest import as_prometheus_client_writes, assert_valid_exposition
 from .harness import MakeStack, Stack, api_pod, check_golden, cid, nvml_state_of, series
 from .kubeapi import make_pod
 from .nvmlfake import default_mig_uuid
@@ -226,6 +226,11 @@ PER_SCRAPE_FAMILIES = (
 )
 
 
+def _own_text(text: str) -> str:
+    """The dcgm_enricher_* lines of a body (with their HELP and TYPE), as text."""
+    return "".join(line + "\n" for line in text.split("\n") if "dcgm_enricher_" in line)
+
+
 def _own(text: str) -> tuple[list[str], list[str]]:
     """The dcgm_enricher_* lines of a body: (written per collection, written per scrape)."""
     own = [line for line in text.split("\n") if "dcgm_enricher_" in line]
@@ -238,10 +243,8 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
 ) -> None:
     """Following the upstream, a collection's self-metrics are written once and served to
     each of its scrapes; the per-scrape counters are current on every scrape; a new collection
-    writes them again, with the process's own figures. Each body's own families are what the
-    registry collects then."""
-    from prometheus_client.exposition import generate_latest
-
+    writes them again, with the process's own figures. Each body's own families are what
+    prometheus_client writes for them."""
     upstream = (FIXTURES / "node.prom").read_text()
     node = await node_factory(upstream, upstream_follow_step=Config().upstream_follow_step)
     runtime_reads = []
@@ -264,8 +267,7 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
     assert runtime[0] == runtime[1] == runtime[2] and runtime[0]
     # Read with the collection (again only if a poll came between the scrapes), not per scrape.
     assert 1 <= len(runtime_reads) < len(bodies)
-    registry = generate_latest(node.scraper.registry).decode()
-    assert _own(registry) == _own(bodies[-1])
+    assert _own(as_prometheus_client_writes(_own_text(bodies[-1]))) == _own(bodies[-1])
 
     def samples(body: str) -> str:
         return series(body, "dcgm_enricher_upstream_samples")[0]["__value__"]
@@ -279,7 +281,7 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
             break
         await asyncio.sleep(0.05)
     assert float(samples(body)) == float(before) + 1
-    assert _own(generate_latest(node.scraper.registry).decode()) == _own(body)
+    assert _own(as_prometheus_client_writes(_own_text(body))) == _own(body)
 
 
 async def test_node_attribution(node_factory: Any) -> None:

@@ -45,7 +45,6 @@ from enricher.power import (
     UpstreamPower,
     choose_readings,
     mig_slices,
-    parse_upstream_power,
     render_power,
     split_power,
     upstream_power,
@@ -150,13 +149,13 @@ A, B = pod("a"), pod("b")
         ),
     ],
 )
-def test_parse_upstream_power(
+def test_upstream_power(
     text: str,
     power: dict[str, float],
     energy: dict[str, float],
     activity: dict[tuple[str, str], float],
 ) -> None:
-    got = parse_upstream_power(text)
+    got = upstream_power(watched_lines(text, UPSTREAM_NAMES))
     assert dict(got.power_watts) == power
     assert dict(got.energy_millijoules) == energy
     assert dict(got.activity) == activity
@@ -691,7 +690,7 @@ def test_the_rewrites_watched_lines_give_the_whole_bodys_power() -> None:
             text = payloads.generate(shape, variant, 0)
             got = rw.rewrite(text, RewritePlan())
             fast.append(got.fast)
-            whole = parse_upstream_power(text)
+            whole = upstream_power(watched_lines(text, UPSTREAM_NAMES))
             assert whole.power_watts and upstream_power(got.watched) == whole
             assert got.watched == tuple(watched_lines(text, UPSTREAM_NAMES))
         assert fast == [False, True, True]
