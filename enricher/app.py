@@ -67,7 +67,7 @@ from .textformat import WatchedLine
 from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
 from .worker import Worker
 
-log = logging.getLogger("enricher")
+log = logging.getLogger(__name__)
 
 LANDING_MAX_AGE_SECONDS = 15.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

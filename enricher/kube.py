@@ -36,9 +36,9 @@ import kubernetes.config
 import kubernetes.watch
 import urllib3
 
-from enricher.episodes import EpisodeLog
-from enricher.model import PodIndex, PodInfo
-from enricher.sources import Reading
+from .episodes import EpisodeLog
+from .model import PodIndex, PodInfo
+from .sources import Reading
 
 __all__ = [
     "KubeConfigError",
@@ -52,7 +52,7 @@ __all__ = [
     "strip_container_id",
 ]
 
-log = logging.getLogger("enricher.kube")
+log = logging.getLogger(__name__)
 
 MAX_VALUE_CHARS = 1024  # a kept label or annotation value is cut to this
 MAX_LIST_BYTES = 64 << 20  # a node's pod list is far smaller; more means something is wrong

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import pynvml
 
-from enricher.model import (
+from .model import (
     GpuDevice,
     GpuProcess,
     GpuSnapshot,
@@ -27,7 +27,7 @@ from enricher.model import (
     PowerReading,
     ProcessKind,
 )
-from enricher.sources import Reading
+from .sources import Reading
 
 log = logging.getLogger(__name__)
 

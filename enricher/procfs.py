@@ -17,11 +17,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from enricher.episodes import EpisodeLog
-from enricher.model import ProcError, ProcInfo
-from enricher.sources import Reading
-
 from .cgroups import MAX_FILE_BYTES, parse_cgroup
+from .episodes import EpisodeLog
+from .model import ProcError, ProcInfo
+from .sources import Reading
 
 __all__ = ["ProcReader", "parse_btime", "parse_stat", "read_bounded"]
 

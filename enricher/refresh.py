@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 from .episodes import EpisodeLog
 
-log = logging.getLogger("enricher")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

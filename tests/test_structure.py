@@ -65,6 +65,83 @@ def test_the_check_sees_an_io_library() -> None:
     assert "aiohttp" in loaded_after_import(["enricher.docker"])
 
 
+# --------------------------------------------------------------------------- one scheme each
+
+# Generated gRPC stubs: protoc writes their imports.
+GENERATED = ("enricher.proto",)
+
+
+def absolute_package_imports(source: str, top: str = "enricher") -> list[str]:
+    """The imports of ``source`` that name the package absolutely (``from enricher.x import``,
+    ``import enricher.x``): inside the package every import of it is relative."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [n for n in names if n == top or n.startswith(top + ".")]
+    return found
+
+
+def logger_names(source: str) -> list[str]:
+    """The argument of each ``logging.getLogger(...)`` call of ``source``, as written."""
+    return [
+        ast.unparse(node.args[0]) if node.args else ""
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "getLogger"
+    ]
+
+
+def _ours() -> dict[str, str]:
+    return {
+        name: source
+        for name, (source, _) in package_sources().items()
+        if not name.startswith(GENERATED)
+    }
+
+
+def test_the_package_imports_itself_relatively() -> None:
+    absolute = {n: found for n, s in _ours().items() if (found := absolute_package_imports(s))}
+    assert absolute == {}
+
+
+def test_every_logger_is_named_after_its_module() -> None:
+    """``logging.getLogger(__name__)`` everywhere: a record's logger (in the log line, as
+    ``%(name)s``) says which module wrote it, and ``enricher`` (what --log.level sets through
+    the root) holds them all."""
+    named = {n: names for n, s in _ours().items() if (names := logger_names(s)) != ["__name__"]}
+    assert {n: names for n, names in named.items() if names} == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "absolute", "loggers"),
+    [
+        pytest.param(
+            "import logging\nfrom enricher.model import X\nlog = logging.getLogger('enricher')",
+            ["enricher.model"],
+            ["'enricher'"],
+            id="absolute-and-fixed-name",
+        ),
+        pytest.param("import enricher.kube", ["enricher.kube"], [], id="import-statement"),
+        pytest.param(
+            "import logging\nfrom .model import X\nfrom enricherish import Y\n"
+            "log = logging.getLogger(__name__)",
+            [],
+            ["__name__"],
+            id="relative-and-module-name",
+        ),
+    ],
+)
+def test_the_scheme_checks(source: str, absolute: list[str], loggers: list[str]) -> None:
+    assert absolute_package_imports(source) == absolute
+    assert logger_names(source) == loggers
+
+
 # A citation of the team's style guide, which lives outside the repository: a reader of a
 # clone cannot follow it, so a file states the rule it keeps instead.
 _STYLE_CITATION = re.compile(r"STYLE(?:\.md|\s+point)")
