@@ -31,7 +31,7 @@ from .procfs import ProcReader
 from .sources import Source
 from .upstream import discovery_target
 
-log = logging.getLogger("enricher")
+log = logging.getLogger(__name__)
 
 
 def start_pod_cache(config: Config) -> Any:

@@ -24,7 +24,7 @@ from .episodes import EpisodeLog
 from .model import SourceStatus
 from .worker import Worker
 
-log = logging.getLogger("enricher")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
