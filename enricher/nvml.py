@@ -52,15 +52,6 @@ REASON_VERSION_MISMATCH = "driver_library_mismatch"
 REASON_UNINITIALIZED = "uninitialized"
 REASON_INIT_FAILED = "init_failed"
 REASON_READ_FAILED = "read_failed"
-REASONS = (
-    REASON_LIBRARY_NOT_FOUND,
-    REASON_DRIVER_NOT_LOADED,
-    REASON_NO_PERMISSION,
-    REASON_VERSION_MISMATCH,
-    REASON_UNINITIALIZED,
-    REASON_INIT_FAILED,
-    REASON_READ_FAILED,
-)
 
 _SUCCESS = 0
 _ERROR_UNINITIALIZED = 1
@@ -115,7 +106,7 @@ _MIG_PROFILE = re.compile(r"\bMIG\s+(?:\d+c\.)?(\d+g\.\d+gb(?:[+-][a-z0-9.]+)*)\
 class NvmlUnavailable(Exception):
     """NVML cannot be used right now: library missing, init failed, driver gone, ...
 
-    ``reason`` is one of :data:`REASONS`; the message says what happened.
+    ``reason`` is one of the ``REASON_*`` values above; the message says what happened.
     """
 
     def __init__(self, reason: str, message: str) -> None:
