@@ -77,17 +77,10 @@ async def _serve_enricher(
 
     from enricher.app import Scraper, make_app, serve
     from enricher.config import Config
-    from enricher.demo import (
-        DEMO,
-        NODE,
-        PODS,
-        SimulatedGpus,
-        StaticPods,
-        pod_object,
-        write_proc_tree,
-    )
-    from enricher.kube import parse_pod
+    from enricher.demo import DEMO, NODE, demo_pods
     from enricher.procfs import ProcReader
+    from enricher.simnode.fakeproc import write_proc_tree
+    from enricher.simnode.gpus import SimulatedGpus
 
     with tempfile.TemporaryDirectory(prefix="bench-load-proc-") as tmp:
         write_proc_tree(Path(tmp), DEMO, time.time())
@@ -100,13 +93,8 @@ async def _serve_enricher(
         )
         if follow_step is not None:
             config = replace(config, upstream_follow_step=follow_step)
-        pods = StaticPods(
-            [
-                parse_pod(pod_object(p), config.kube_pod_labels, config.kube_pod_annotations)
-                for p in PODS
-            ]
-        )
-        scraper = Scraper(config, gpu=SimulatedGpus(), procs=ProcReader(tmp), pods=pods)
+        pods = demo_pods(config)
+        scraper = Scraper(config, gpu=SimulatedGpus(DEMO), procs=ProcReader(tmp), pods=pods)
         runner = await serve(make_app(scraper), "127.0.0.1:0", max_header_bytes=8190)
         print(READY, runner.addresses[0][1], flush=True)
         stop = asyncio.Event()
@@ -156,9 +144,10 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
     """Start the slow upstream and the enricher, drive the scrapers, collect the figures."""
     from aiohttp import web
 
-    from enricher.demo import SimulatedGpus, collected_at, render_upstream
+    from enricher.demo import DEMO, render_upstream
+    from enricher.simnode.gpus import SimulatedGpus, collected_at
 
-    gpus = SimulatedGpus()
+    gpus = SimulatedGpus(DEMO)
     upstream_requests = 0
 
     async def metrics(_request: web.Request) -> web.Response:

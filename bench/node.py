@@ -3,8 +3,9 @@
 The GPUs and MIG instances are those of a :mod:`bench.payloads` shape, so the upstream
 payload, NVML and the pods all name the same devices. Processes are spread over the devices
 (one per device, the rest on the first devices again); each belongs to a pod that owns
-nothing else (pods and processes are :class:`enricher.demo.SimPod` and `SimProc`, and
-:meth:`SimNode.sim` the node as an `enricher.demo.SimNode`, as the demo's and the tests' are).
+nothing else (pods and processes are :class:`enricher.simnode.node.SimPod` and `SimProc`, and
+:meth:`SimNode.sim` the node as an `enricher.simnode.node.SimNode`, as the demo's and the
+tests' are).
 :meth:`SimNode.churn` replaces pods the way a busy node does: the old pods go,
 new pods with new UIDs and container IDs come, and their processes get the old PIDs back
 (PID reuse, with a later start time).
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enricher.demo import SimNode as DemoNode
-from enricher.demo import SimPod, SimProc, write_proc_tree
 from enricher.model import GpuDevice, MigDevice
+from enricher.simnode.api import container_id, pod_object
+from enricher.simnode.fakeproc import write_proc_tree
+from enricher.simnode.node import SimNode as DemoNode
+from enricher.simnode.node import SimPod, SimProc
 from tests.harness import nvml_state_of
-from tests.kubeapi import container_id, make_pod
 from tests.nvmlfake import FakeNvmlState, default_mig_uuid
 
 from . import payloads
@@ -29,20 +31,6 @@ from . import payloads
 NODE = "gpu-node-bench"
 NAMESPACES = ("inference", "training", "jupyterhub", "batch")
 BTIME = 1_700_000_000
-
-
-def pod_object(pod: SimPod) -> dict[str, Any]:
-    """``pod`` as the API-server stand-in holds it."""
-    return make_pod(
-        pod.name,
-        pod.namespace,
-        pod.uid,
-        NODE,
-        containers=[(pod.container, pod.container_id, "containerd")],
-        owner=pod.owner,
-        labels=dict(pod.labels),
-        gpu_request=pod.gpu_request is not None,
-    )
 
 
 @dataclass
@@ -127,7 +115,7 @@ class SimNode:
         self.nvml().write(self.nvml_state)
 
     def pod_objects(self) -> list[dict[str, Any]]:
-        return [pod_object(p) for p in self.pods]
+        return [pod_object(p, NODE) for p in self.pods]
 
     def churn(self, count: int) -> tuple[list[str], list[SimPod]]:
         """Replace ``count`` pods (round robin); returns (UIDs removed, pods added).

@@ -52,7 +52,7 @@ from typing import Any
 import aiohttp
 
 from . import payloads
-from .node import NODE, SimNode, pod_object
+from .node import NODE, SimNode
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
@@ -523,8 +523,8 @@ def _start(target: Callable[..., None], *args: Any) -> Child:
 def start_kubelet(sim: SimNode, socket_path: Path) -> Any:
     """The kubelet's PodResources API on a unix socket (a real gRPC server in this process):
     each List answers the devices the node's pods hold now (after churn too)."""
-    from enricher.demo import SimulatedKubelet, list_response
     from enricher.model import DeviceAllocation
+    from enricher.simnode.kubelet import SimulatedKubelet, list_response
     from tests.nvmlfake import default_mig_uuid
 
     def respond(_context: Any) -> Any:
@@ -1009,6 +1009,8 @@ def bench_memory(
     start_enricher: Callable[[], Child],
     start_without_kube: Callable[[], Child],
 ) -> dict[str, Any]:
+    from enricher.simnode.api import pod_object
+
     upstream.ask(("every", 1))  # new values on every scrape: the rewrite runs every time
     floor_maps: dict[str, dict[str, int]] = {}
     floors = import_floors(floor_maps)
@@ -1034,7 +1036,7 @@ def bench_memory(
                         for uid in removed:
                             kube.delete_pod(uid)
                         for pod in added:
-                            kube.add_pod(pod_object(pod))
+                            kube.add_pod(pod_object(pod, NODE))
                         if upstream.ask(("epoch", sim.generation)) != sim.generation:
                             raise RuntimeError("the upstream did not switch epochs")
 

@@ -1,118 +1,50 @@
 """``dcgm-enricher demo``: the real pipeline on a SIMULATED node, for a newcomer with no GPU.
 
-Everything simulated is in this module and says so: the GPUs (a stand-in for NVML), the
-dcgm-exporter it serves (an HTTP server on loopback), the /proc tree (written to a temporary
-directory), the node's pods (a fixed list instead of a watch) and the kubelet's PodResources
-API (a real gRPC server on a temporary unix socket, answering with the simulated allocations,
-DRA devices among them) and the DRA driver's ResourceSlices (a fixed list body).
+This module is the demo node's story (its GPUs, MIG devices, pods and processes, and what
+dcgm-exporter's own mapping says of them), its simulated dcgm-exporter and the commands that
+start it; the simulation itself is enricher.simnode, and says so: the GPUs (a stand-in for
+NVML), the /proc tree (written to a temporary directory), the node's pods (a fixed list
+instead of a watch), the kubelet's PodResources API (a real gRPC server on a temporary unix
+socket, answering with the simulated allocations, DRA devices among them) and the DRA
+driver's ResourceSlices (a fixed list body). The dcgm-exporter is an HTTP server on loopback.
 What runs on top is the real thing: the upstream fetch over HTTP, the PodResources client, the
 procfs reader and cgroup parser, attribution, the rewrite and the HTTP server.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
-from . import fakeproc
 from .app import Scraper, make_app, serve
 from .commands import wait_for_signal
 from .config import Config
-from .kube import build_index, parse_pod
-from .model import (
-    DeviceAllocation,
-    DraDevice,
-    GpuDevice,
-    GpuProcess,
-    GpuSnapshot,
-    MigDevice,
-    PodIndex,
-    PodInfo,
-    PowerReading,
-    ProcessKind,
-)
-from .podresources import PodResourcesSource, load_grpc
+from .kube import parse_pod
+from .model import DraDevice, GpuDevice, MigDevice, ProcessKind
+from .podresources import PodResourcesSource
 from .procfs import ProcReader
 from .resourceslices import ResourceSliceSource
-from .sources import Reading
+from .simnode.api import (
+    DRA_DRIVER,
+    StaticPods,
+    pod_object,
+    resource_slices,
+    static_slice_lister,
+)
+from .simnode.fakeproc import write_proc_tree
+from .simnode.gpus import MIG_PROCESS_LOAD, SimulatedGpus, collected_at, wave
+from .simnode.kubelet import SimulatedKubelet, allocations, list_response
+from .simnode.node import SimNode, SimPod, SimProc
 from .textformat import FamilyWriter
 
 NODE = "demo-gpu-node-1"
 EXPORTER_POD = "dcgm-exporter-demo"
-
-
-@dataclass(frozen=True)
-class SimPod:
-    """A pod of a simulated node: the demo's, and the nodes the tests and the bench build."""
-
-    namespace: str
-    name: str
-    uid: str
-    container: str
-    container_id: str
-    owner: tuple[str, str] | None
-    gpu_request: str | None  # resource name requested, None when the pod asked for no GPU
-    labels: tuple[tuple[str, str], ...] = ()
-    annotations: tuple[tuple[str, str], ...] = ()
-    cgroup_style: str = "systemd"  # systemd | cgroupfs | crio
-    # Device IDs the (simulated) device plugin allocated to the container, as the kubelet
-    # reports them: GPU-<uuid>, GPU-<uuid>::<replica>, MIG-<uuid>.
-    devices: tuple[str, ...] = ()
-    # A static pod's config hash: the API server holds its mirror, under this hash, and the
-    # kubelet names the pod's cgroup after it.
-    mirror_of: str = ""
-    qos: str = "burstable"  # guaranteed | burstable | besteffort: the cgroup path says which
-    # Devices the (simulated) DRA driver allocated to the container through ResourceClaims.
-    claims: tuple[DraDevice, ...] = ()
-
-
-@dataclass(frozen=True)
-class SimProc:
-    """A GPU process of a simulated node: what NVML lists and what /proc holds for it."""
-
-    pid: int
-    comm: str
-    gpu: int
-    gi: int | None
-    base_mib: int | None  # memory swings around this; None: NVML cannot tell
-    util: float  # mean SM utilization 0..1
-    pod: SimPod | None  # None: a host process
-    kind: ProcessKind = ProcessKind.COMPUTE
-    also: tuple[ProcessKind, ...] = ()  # further NVML lists naming it (a graphics context)
-    # NVML's utilization samples (timestamp, SM percent) for the fake NVML; () derives one
-    # sample from ``util``.
-    samples: tuple[tuple[int, int], ...] = ()
-    exited: bool = False  # NVML still lists it, /proc no longer has it
-    host_cgroup: str = "/system.slice/gpu-benchmark.service"  # a host process's cgroup
-    cgroup: str | None = None  # the cgroup file as written, where it is not its pod's
-    start_ticks: int | None = None  # when it started; None: after the process before it
-
-
-@dataclass(frozen=True)
-class SimNode:
-    """A simulated node: its GPUs and MIG devices, its GPU processes, and the pods the API
-    server holds for it (a process's pod may be missing from them: deleted since)."""
-
-    name: str
-    gpus: tuple[GpuDevice, ...]
-    migs: tuple[MigDevice, ...]
-    procs: tuple[SimProc, ...]
-    pods: tuple[SimPod, ...]
-    driver: str = "550.90.07"
-    first_ticks: int = 100_000  # the first process's start time, in clock ticks after boot
-    ticks_apart: int = 1000
 
 
 def _cid(n: int) -> str:
@@ -257,9 +189,6 @@ LLAMA_EVAL = SimPod(
     labels=(("team", "llm"),),
     devices=(GPUS[6].uuid,),
 )
-# NVIDIA's DRA driver (gpu.nvidia.com) publishes one pool per node, named after the node, and
-# names a full GPU gpu-<minor number>; the ResourceSlice's uuid attribute says which GPU it is.
-DRA_DRIVER = "gpu.nvidia.com"
 DRA_TRAIN = SimPod(
     "ml-team",
     "dra-train-0",
@@ -315,387 +244,6 @@ UPSTREAM_PODS: dict[tuple[int, int | None], SimPod] = {
     (7, None): DRA_TRAIN,  # with the dra_* labels of its claim, as dcgm-exporter writes them
 }
 DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS)
-
-
-def _wave(t: float, period: float, phase: float) -> float:
-    return 0.5 + 0.5 * math.sin(2 * math.pi * (t / period) + phase)
-
-
-# SIMULATED power: each GPU draws 60 W idle plus up to 300 W with its mean load, swinging
-# slowly. The form has a closed integral, so the simulated energy counter is exactly the
-# energy the simulated power draws (as a real GPU's counter is), whatever times are asked.
-IDLE_WATTS = 60.0
-LOAD_WATTS = 300.0
-POWER_PERIOD_SECONDS = 300.0
-
-
-# A MIG instance's processes show no per-process utilization in NVML; the simulated engine
-# activity of each counts this much.
-MIG_PROCESS_LOAD = 0.3
-
-
-def _mean_load(gpu: int) -> float:
-    return min(
-        1.0, sum((p.util if p.gi is None else MIG_PROCESS_LOAD) for p in PROCS if p.gpu == gpu)
-    )
-
-
-def gpu_power_watts(gpu: int, t: float) -> float:
-    """The SIMULATED draw of GPU ``gpu`` at ``t``, in watts."""
-    load = _mean_load(gpu)
-    return IDLE_WATTS + LOAD_WATTS * load * (0.7 + 0.6 * _wave(t, POWER_PERIOD_SECONDS, gpu))
-
-
-def gpu_energy_millijoules(gpu: int, t: float) -> float:
-    """The SIMULATED energy counter of GPU ``gpu`` at ``t``: the integral of
-    ``gpu_power_watts`` from 0 to ``t``, in millijoules."""
-    load = _mean_load(gpu)
-    omega = 2 * math.pi / POWER_PERIOD_SECONDS
-    # The integral of _wave: 0.5 t - 0.5 cos(omega t + phase) / omega, from 0.
-    wave = 0.5 * t - 0.5 * (math.cos(omega * t + gpu) - math.cos(gpu)) / omega
-    joules = IDLE_WATTS * t + LOAD_WATTS * load * (0.7 * t + 0.6 * wave)
-    return joules * 1000.0
-
-
-class SimulatedGpus:
-    """SIMULATED stand-in for NVML: the demo's GPUs with memory and utilization that move."""
-
-    name = "nvml"
-    enabled = True
-
-    def __init__(self, clock: Callable[[], float] = time.time, step: float = 0.0) -> None:
-        """``step``: memory and utilization move once per ``step`` seconds (the simulated
-        dcgm-exporter's collection interval, so that both report the same moment), or
-        continuously with 0. Power and energy always follow ``clock``."""
-        self.clock = clock
-        self.step = step
-        self.errors_total = 0
-
-    def proc_memory(self, proc: SimProc, t: float) -> int | None:
-        if proc.base_mib is None:
-            return None
-        return int((proc.base_mib * (0.9 + 0.2 * _wave(t, 120, proc.pid))) * 2**20)
-
-    def proc_util(self, proc: SimProc, t: float) -> float | None:
-        if proc.gi is not None:
-            return None
-        return round(min(1.0, proc.util * (0.7 + 0.6 * _wave(t, 45, proc.pid))), 3)
-
-    def fetch(self) -> GpuSnapshot:
-        t = self.clock()
-        state = collected_at(t, self.step)
-        procs = tuple(
-            GpuProcess(
-                GPUS[p.gpu].uuid,
-                p.gpu,
-                p.gi,
-                p.pid,
-                self.proc_memory(p, state),
-                self.proc_util(p, state),
-                frozenset({p.kind, *p.also}),
-            )
-            for p in PROCS
-        )
-        power = tuple(
-            PowerReading(g.uuid, gpu_power_watts(g.index, t), gpu_energy_millijoules(g.index, t))
-            for g in GPUS
-        )
-        return GpuSnapshot(
-            GPUS,
-            MIGS,
-            procs,
-            power=power,
-            driver_version=f"{DEMO.driver} (simulated)",
-            taken_at=t,
-        )
-
-    def read(self) -> Reading[GpuSnapshot]:
-        return Reading(self.fetch())
-
-    def close(self) -> None:
-        pass
-
-
-def proc_cgroup(proc: SimProc) -> str:
-    """The cgroup file of ``proc``: its pod's, in the pod's layout, or its host unit's."""
-    if proc.cgroup is not None:
-        return proc.cgroup
-    pod = proc.pod
-    if pod is None:
-        return fakeproc.cgroup_host(proc.host_cgroup)
-    uid = pod.mirror_of or pod.uid
-    if pod.cgroup_style == "cgroupfs":
-        return fakeproc.cgroup_v1_cgroupfs(uid, pod.container_id, qos=pod.qos)
-    runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
-    return fakeproc.cgroup_v2_systemd(uid, pod.container_id, qos=pod.qos, runtime=runtime)
-
-
-def write_proc_tree(root: Path, node: SimNode, now: float) -> None:
-    """Write ``node``'s SIMULATED /proc tree (booted a day before ``now``): one directory
-    per live process with stat, comm and cgroup, started one after the other."""
-    fakeproc.write_proc_stat(root, int(now) - 86_400)
-    live = [p for p in node.procs if not p.exited]
-    for i, proc in enumerate(live):
-        ticks = proc.start_ticks
-        if ticks is None:
-            ticks = node.first_ticks + i * node.ticks_apart
-        fakeproc.write_process(
-            root, proc.pid, comm=proc.comm, cgroup=proc_cgroup(proc), start_ticks=ticks
-        )
-
-
-def pod_object(pod: SimPod) -> dict[str, Any]:
-    """The SIMULATED pod as the API server would return it."""
-    meta: dict[str, Any] = {
-        "name": pod.name,
-        "namespace": pod.namespace,
-        "uid": pod.uid,
-        "labels": dict(pod.labels),
-        "annotations": dict(pod.annotations),
-    }
-    if pod.mirror_of:
-        meta["annotations"] |= {
-            "kubernetes.io/config.mirror": pod.mirror_of,
-            "kubernetes.io/config.hash": pod.mirror_of,
-            "kubernetes.io/config.source": "file",
-        }
-    if pod.owner is not None:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": "apps/v1",
-                "kind": pod.owner[0],
-                "name": pod.owner[1],
-                "controller": True,
-                "uid": "x",
-            }
-        ]
-    resources: dict[str, Any] = {"limits": {pod.gpu_request: "1"}} if pod.gpu_request else {}
-    spec: dict[str, Any] = {"nodeName": NODE}
-    if pod.claims:
-        names = sorted({c.claim_name for c in pod.claims})
-        resources["claims"] = [{"name": n} for n in names]
-        spec["resourceClaims"] = [{"name": n, "resourceClaimName": n} for n in names]
-    spec["containers"] = [{"name": pod.container, "resources": resources}]
-    runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": spec,
-        "status": {
-            "phase": "Running",
-            "podIP": "10.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [
-                {
-                    "name": pod.container,
-                    "ready": True,
-                    "containerID": f"{runtime}://{pod.container_id}",
-                }
-            ],
-        },
-    }
-
-
-def allocations(pods: Iterable[SimPod] = PODS) -> list[DeviceAllocation]:
-    """The SIMULATED kubelet's allocations: every pod's device IDs and DRA devices (the
-    demo's by default)."""
-    pods = tuple(pods)
-    return [
-        DeviceAllocation(p.namespace, p.name, p.container, p.gpu_request or "", device)
-        for p in pods
-        for device in p.devices
-    ] + [
-        DeviceAllocation(p.namespace, p.name, p.container, c.driver, c.device, c)
-        for p in pods
-        for c in p.claims
-    ]
-
-
-def list_response(entries: Iterable[DeviceAllocation]) -> Any:
-    """A PodResources ``ListPodResourcesResponse`` holding ``entries``, grouped as the kubelet
-    groups them (per pod, per container, per resource)."""
-    from .proto import api_pb2
-
-    pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
-    claims: dict[tuple[str, str, str], dict[tuple[str, str], list[DraDevice]]] = {}
-    for e in entries:
-        by_resource = pods.setdefault((e.namespace, e.pod), {}).setdefault(e.container, {})
-        if e.dra is None:
-            by_resource.setdefault(e.resource, []).append(e.device_id)
-        else:
-            claim = (e.dra.claim_name, e.dra.claim_namespace)
-            claims.setdefault((e.namespace, e.pod, e.container), {}).setdefault(claim, [])
-            claims[(e.namespace, e.pod, e.container)][claim].append(e.dra)
-
-    def dynamic(ns: str, name: str, container: str) -> list[Any]:
-        return [
-            api_pb2.DynamicResource(
-                claim_name=claim_name,
-                claim_namespace=claim_ns,
-                claim_resources=[
-                    api_pb2.ClaimResource(
-                        cdi_devices=[api_pb2.CDIDevice(name=f"k8s.{d.driver}/device={d.device}")],
-                        driver_name=d.driver,
-                        pool_name=d.pool,
-                        device_name=d.device,
-                    )
-                    for d in devices
-                ],
-            )
-            for (claim_name, claim_ns), devices in claims.get((ns, name, container), {}).items()
-        ]
-
-    return api_pb2.ListPodResourcesResponse(
-        pod_resources=[
-            api_pb2.PodResources(
-                namespace=ns,
-                name=name,
-                containers=[
-                    api_pb2.ContainerResources(
-                        name=container,
-                        devices=[
-                            api_pb2.ContainerDevices(resource_name=r, device_ids=ids)
-                            for r, ids in resources.items()
-                        ],
-                        dynamic_resources=dynamic(ns, name, container),
-                    )
-                    for container, resources in containers.items()
-                ],
-            )
-            for (ns, name), containers in pods.items()
-        ]
-    )
-
-
-class SimulatedKubelet:
-    """A real gRPC server on a unix socket speaking the kubelet's PodResources v1 API, with
-    SIMULATED answers: ``respond(context)`` makes each List reply (it may also sleep, or end
-    the call with ``context.abort``). Counts calls, and the most that ran at once."""
-
-    def __init__(self, socket_path: str, respond: Callable[[Any], Any]) -> None:
-        self.socket_path = socket_path
-        self.respond = respond
-        self.calls = 0
-        self.max_concurrent = 0
-        self._running = 0
-        self._count_lock = threading.Lock()
-        self._server: Any = None
-
-    # Named as the gRPC method it serves.
-    def List(self, _request: Any, context: Any) -> Any:
-        with self._count_lock:
-            self.calls += 1
-            self._running += 1
-            self.max_concurrent = max(self.max_concurrent, self._running)
-        try:
-            return self.respond(context)
-        finally:
-            with self._count_lock:
-                self._running -= 1
-
-    def start(self) -> None:
-        from .proto import api_pb2_grpc
-
-        grpc = load_grpc()
-
-        server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet"))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call,unused-ignore]
-        if not server.add_insecure_port("unix://" + os.path.abspath(self.socket_path)):
-            raise OSError(f"cannot listen on {self.socket_path}")
-        server.start()
-        self._server = server
-
-    def stop(self, grace: float | None = 0.5) -> None:
-        if self._server is not None:
-            self._server.stop(grace).wait()
-            self._server = None
-
-
-def resource_slices(node: SimNode = DEMO, driver: str = DRA_DRIVER) -> dict[str, Any]:
-    """The SIMULATED DRA driver's ResourceSliceList for ``node`` (resource.k8s.io/v1), in
-    the shape NVIDIA's driver publishes: one pool named after the node, a device per GPU
-    (``gpu-<minor>``; the simulated minor number is the index) and per MIG device (in the
-    driver's ``gpu-<minor>-mig-...`` form, with simulated numbers), each with its ``uuid``
-    attribute."""
-    devices: list[dict[str, Any]] = [
-        {
-            "name": f"gpu-{g.index}",
-            "attributes": {
-                "type": {"string": "gpu"},
-                "uuid": {"string": g.uuid},
-                "productName": {"string": g.name},
-            },
-        }
-        for g in node.gpus
-        if not g.mig_enabled
-    ]
-    devices += [
-        {
-            "name": f"gpu-{m.gpu_index}-mig-{m.gi_id}-{m.ci_id}",
-            "attributes": {
-                "type": {"string": "mig"},
-                "uuid": {"string": m.uuid},
-                "parentUUID": {"string": m.gpu_uuid},
-                "profile": {"string": m.profile},
-            },
-        }
-        for m in node.migs
-    ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSliceList",
-        "metadata": {"resourceVersion": "1"},
-        "items": [
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": f"{node.name}-{driver}-x1"},
-                "spec": {
-                    "driver": driver,
-                    "nodeName": node.name,
-                    "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
-                    "devices": devices,
-                },
-            }
-        ],
-    }
-
-
-def static_slice_lister(body: Mapping[str, Any]) -> Callable[[str, str, float], bytes]:
-    """SIMULATED stand-in for the API server's ResourceSlice list: ``body`` for
-    resource.k8s.io/v1, whatever node is asked."""
-    data = json.dumps(body).encode()
-
-    def list_slices(_version: str, _node: str, _timeout: float) -> bytes:
-        return data
-
-    return list_slices
-
-
-class StaticPods:
-    """SIMULATED stand-in for the pod watch: the demo node's fixed pods."""
-
-    name = "kubernetes"
-    enabled = True
-
-    def __init__(self, pods: Sequence[PodInfo]) -> None:
-        self._index = build_index(pods)
-        self.up = True
-        self.errors_total = 0
-        self.last_sync = time.time()
-
-    def index(self) -> PodIndex:
-        return self._index
-
-    def read(self) -> Reading[PodIndex]:
-        return Reading(self._index, self.up)
-
-    def upstream_pods(self) -> list[PodInfo]:
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 # --------------------------------------------------------------------------- fake dcgm-exporter
@@ -807,10 +355,10 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                 value = {
                     "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
                     "DCGM_FI_DEV_MEM_CLOCK": 1593,
-                    "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * _wave(t, 300, gpu.index)),
-                    "DCGM_FI_DEV_POWER_USAGE": round(gpu_power_watts(gpu.index, t), 3),
+                    "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * wave(t, 300, gpu.index)),
+                    "DCGM_FI_DEV_POWER_USAGE": round(gpus.power_watts(gpu.index, t), 3),
                     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(
-                        gpu_energy_millijoules(gpu.index, t)
+                        gpus.energy_millijoules(gpu.index, t)
                     ),
                     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
                     "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
@@ -833,12 +381,6 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
 UPSTREAM_COLLECT_INTERVAL = 5.0
 
 
-def collected_at(now: float, interval: float) -> float:
-    """When the collection serving ``now`` was made: the start of its interval (``now``
-    itself with no interval, for a stand-in that changes on every request)."""
-    return now - now % interval if interval > 0 else now
-
-
 def make_upstream_app(
     gpus: SimulatedGpus, collect_interval: float = UPSTREAM_COLLECT_INTERVAL
 ) -> web.Application:
@@ -857,14 +399,14 @@ def make_upstream_app(
 def demo_gpus(clock: Callable[[], float] = time.time) -> SimulatedGpus:
     """The demo node's SIMULATED NVML: memory and utilization step with its dcgm-exporter's
     collections."""
-    return SimulatedGpus(clock, step=UPSTREAM_COLLECT_INTERVAL)
+    return SimulatedGpus(DEMO, clock, step=UPSTREAM_COLLECT_INTERVAL)
 
 
 def demo_pods(config: Config) -> StaticPods:
     """The demo node's SIMULATED pods, as the pod watch would parse them under ``config``."""
     return StaticPods(
         [
-            parse_pod(pod_object(p), config.kube_pod_labels, config.kube_pod_annotations)
+            parse_pod(pod_object(p, NODE), config.kube_pod_labels, config.kube_pod_annotations)
             for p in PODS
         ]
     )
@@ -877,7 +419,7 @@ async def start_demo(
     ``clock``: the simulated node's time (tests freeze it)."""
     gpus = demo_gpus(clock)
     write_proc_tree(proc_root, DEMO, clock())
-    response = list_response(allocations())
+    response = list_response(allocations(PODS))
     kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
     kubelet.start()
     upstream = await serve(make_upstream_app(gpus), "127.0.0.1:0", max_header_bytes=8190)
@@ -904,7 +446,7 @@ async def start_demo(
         procs=ProcReader(str(proc_root)),
         pods=pods,
         podresources=podresources,
-        resource_slices=ResourceSliceSource(static_slice_lister(resource_slices()), NODE),
+        resource_slices=ResourceSliceSource(static_slice_lister(resource_slices(DEMO)), NODE),
     )
     try:
         runner = await serve(

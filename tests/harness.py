@@ -9,9 +9,9 @@ differ in those parameters only; the plumbing is here.
 
 Stand-ins: dcgm-exporter is an aiohttp server on loopback (:class:`Upstream`, which also
 plays its failures), NVML is pynvml over the fake libnvidia-ml built from C
-(tests/nvmlfake.py), /proc is a tree on disk (enricher.fakeproc), the API server is
+(tests/nvmlfake.py), /proc is a tree on disk (enricher.simnode.fakeproc), the API server is
 tests/kubeapi.py under the real kubernetes client, the kubelet is a real gRPC server on a unix
-socket (enricher.demo.SimulatedKubelet) and the Docker Engine is tests/dockerapi.py.
+socket (enricher.simnode.kubelet.SimulatedKubelet) and the Docker Engine is tests/dockerapi.py.
 """
 
 from __future__ import annotations
@@ -44,14 +44,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.app import Scraper, make_app
 from enricher.commands import make_podresources_source
 from enricher.config import Config
-from enricher.demo import SimNode, SimPod, SimulatedKubelet
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.procfs import ProcReader
+from enricher.simnode.kubelet import SimulatedKubelet
+from enricher.simnode.node import SimNode, SimPod
 
 from .conftest import GOLDEN
 from .dockerapi import DockerAPI
-from .kubeapi import KubeApiStandIn, make_api_client, make_pod
+from .kubeapi import KubeApiStandIn, make_api_client
 from .nvmlfake import ERROR_NOT_SUPPORTED, FakeNvml, FakeNvmlState
 from .scraping import PER_SCRAPE
 
@@ -163,24 +164,6 @@ def ps_rows(text: str) -> dict[str, dict[str, str]]:
         row = {n: line[a:b].strip() for n, (a, b) in zip(names, bounds, strict=True)}
         rows[row["PID"]] = row
     return rows
-
-
-def api_pod(pod: SimPod, node: str) -> dict[str, Any]:
-    """``pod`` as the API-server stand-in holds it, scheduled on ``node``."""
-    runtime = "cri-o" if pod.cgroup_style == "crio" else "containerd"
-    return make_pod(
-        pod.name,
-        pod.namespace,
-        pod.uid,
-        node,
-        containers=[(pod.container, pod.container_id, runtime)],
-        owner=pod.owner,
-        labels=dict(pod.labels),
-        annotations=dict(pod.annotations),
-        gpu_request=pod.gpu_request is not None,
-        gpu_resource=pod.gpu_request or "nvidia.com/gpu",
-        mirror_of=pod.mirror_of,
-    )
 
 
 def nvml_state_of(node: SimNode) -> FakeNvmlState:

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import select
 import socket
 import struct
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,10 +44,7 @@ import kubernetes.client
 __all__ = [
     "ApiRequest",
     "KubeApiStandIn",
-    "container_id",
     "make_api_client",
-    "make_pod",
-    "pod_uid",
 ]
 
 # The real server picks a random watch duration when the client sends none; a fixed one keeps
@@ -668,151 +663,3 @@ def make_api_client(url: str) -> kubernetes.client.ApiClient:
     cfg = kubernetes.client.Configuration(host=url)
     cfg.retries = 0
     return kubernetes.client.ApiClient(cfg)
-
-
-def container_id(seed: str) -> str:
-    """A realistic 64-hex container id, stable for a given seed."""
-    return hashlib.sha256(seed.encode()).hexdigest()
-
-
-def pod_uid(namespace: str, name: str) -> str:
-    """A stable RFC 4122 UID for a pod name, so that tests are reproducible."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{namespace}/{name}"))
-
-
-ContainerSpec = tuple[str, str, str]  # (name, bare id or "" while waiting, runtime scheme)
-
-
-def make_pod(
-    name: str,
-    namespace: str = "default",
-    uid: str | None = None,
-    node: str = "node-a",
-    *,
-    containers: Iterable[ContainerSpec] | None = None,
-    init_containers: Iterable[ContainerSpec] = (),
-    ephemeral_containers: Iterable[ContainerSpec] = (),
-    owner: tuple[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    gpu_request: bool | int = False,
-    gpu_resource: str = "nvidia.com/gpu",
-    gpu_limits_only: bool = False,
-    ready: bool = True,
-    phase: str = "Running",
-    pod_ip: str = "10.244.1.17",
-    mirror_of: str = "",
-) -> dict[str, Any]:
-    """A pod as the API server returns it (camelCase JSON), with realistic status.
-
-    ``containers`` are (name, bare id, runtime) where runtime is the containerID scheme
-    ("containerd", "cri-o", "docker"); an empty id is a container still waiting to start.
-    ``gpu_request`` puts ``gpu_resource`` into the first container's limits (and requests,
-    unless ``gpu_limits_only``). ``mirror_of`` makes it a static pod's mirror: the mirror
-    annotations and a Node owner, as the kubelet creates them.
-    """
-    if containers is None:
-        containers = [("main", container_id(f"{namespace}/{name}/main"), "containerd")]
-    containers = list(containers)
-    uid = uid or pod_uid(namespace, name)
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "uid": uid,
-        "creationTimestamp": "2024-05-01T10:00:00Z",
-        "labels": dict(labels or {}),
-    }
-    notes = dict(annotations or {})
-    if mirror_of:
-        notes.setdefault("kubernetes.io/config.mirror", mirror_of)
-        notes.setdefault("kubernetes.io/config.hash", mirror_of)
-        notes.setdefault("kubernetes.io/config.source", "file")
-        owner = owner or ("Node", node)
-    if notes:
-        meta["annotations"] = notes
-    if owner is not None:
-        kind, owner_name = owner
-        api_version = {
-            "ReplicaSet": "apps/v1",
-            "StatefulSet": "apps/v1",
-            "DaemonSet": "apps/v1",
-            "Job": "batch/v1",
-            "Node": "v1",
-        }.get(kind, "example.com/v1")
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": api_version,
-                "kind": kind,
-                "name": owner_name,
-                "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{kind}/{owner_name}")),
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-
-    def spec_of(specs: Sequence[ContainerSpec], gpu: bool) -> list[dict[str, Any]]:
-        out = []
-        for i, (cname, _cid, _rt) in enumerate(specs):
-            item: dict[str, Any] = {"name": cname, "image": f"registry.example/{cname}:1.0"}
-            if gpu and i == 0:
-                count = str(int(gpu_request))
-                item["resources"] = {"limits": {gpu_resource: count}}
-                if not gpu_limits_only:
-                    item["resources"]["requests"] = {gpu_resource: count}
-            out.append(item)
-        return out
-
-    def status_of(specs: Sequence[ContainerSpec], done: bool) -> list[dict[str, Any]]:
-        out = []
-        for cname, cid, runtime in specs:
-            item: dict[str, Any] = {
-                "name": cname,
-                "image": f"registry.example/{cname}:1.0",
-                "imageID": f"registry.example/{cname}@sha256:{container_id(cname)}",
-                "restartCount": 0,
-                "ready": bool(cid) and ready and not done,
-                "started": bool(cid) and not done,
-            }
-            if cid:
-                item["containerID"] = f"{runtime}://{cid}"
-                if done:
-                    item["state"] = {"terminated": {"exitCode": 0, "reason": "Completed"}}
-                else:
-                    item["state"] = {"running": {"startedAt": "2024-05-01T10:00:05Z"}}
-            else:
-                item["state"] = {"waiting": {"reason": "ContainerCreating"}}
-            out.append(item)
-        return out
-
-    inits = list(init_containers)
-    ephemerals = list(ephemeral_containers)
-    spec: dict[str, Any] = {
-        "nodeName": node,
-        "containers": spec_of(containers, bool(gpu_request)),
-        "restartPolicy": "Always",
-    }
-    if inits:
-        spec["initContainers"] = spec_of(inits, False)
-    if ephemerals:
-        spec["ephemeralContainers"] = [
-            {"name": c[0], "image": f"registry.example/{c[0]}:1.0"} for c in ephemerals
-        ]
-    cond = "True" if ready else "False"
-    status: dict[str, Any] = {
-        "phase": phase,
-        "hostIP": "192.168.10.4",
-        "podIP": pod_ip,
-        "podIPs": [{"ip": pod_ip}] if pod_ip else [],
-        "conditions": [
-            {"type": "Initialized", "status": "True"},
-            {"type": "Ready", "status": cond},
-            {"type": "ContainersReady", "status": cond},
-            {"type": "PodScheduled", "status": "True"},
-        ],
-        "containerStatuses": status_of(containers, False),
-    }
-    if inits:
-        status["initContainerStatuses"] = status_of(inits, True)
-    if ephemerals:
-        status["ephemeralContainerStatuses"] = status_of(ephemerals, False)
-    return {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec, "status": status}

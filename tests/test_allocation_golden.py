@@ -27,13 +27,16 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import demo, fakeproc
 from enricher.config import Config
-from enricher.demo import SimPod, list_response
 from enricher.model import DeviceAllocation
+from enricher.simnode import fakeproc
+from enricher.simnode.api import pod_object
+from enricher.simnode.kubelet import allocations as pod_allocations
+from enricher.simnode.kubelet import list_response
+from enricher.simnode.node import SimPod
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .harness import MakeStack, Stack, api_pod, cid, normalise, series
+from .harness import MakeStack, Stack, cid, normalise, series
 from .nvmlfake import FakeNvmlState
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "allocation.prom"
@@ -169,7 +172,7 @@ OTHER_ALLOCATIONS = [
 
 
 def allocations() -> list[DeviceAllocation]:
-    return demo.allocations(PODS) + OTHER_ALLOCATIONS
+    return pod_allocations(PODS) + OTHER_ALLOCATIONS
 
 
 def write_proc(root: Path) -> None:
@@ -211,7 +214,7 @@ def nvml_state() -> FakeNvmlState:
 
 
 def pod_objects() -> list[dict[str, Any]]:
-    return [api_pod(p, NODE) for p in PODS]
+    return [pod_object(p, NODE) for p in PODS]
 
 
 @pytest.fixture

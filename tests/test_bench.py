@@ -10,7 +10,6 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
@@ -20,11 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import payloads
 from bench.node import NODE, SimNode
 from enricher.app import Scraper
-from enricher.kube import build_index, parse_pod
-from enricher.model import PodIndex, PodInfo
+from enricher.kube import parse_pod
 from enricher.procfs import ProcReader
 from enricher.promclient import RUNTIME_PREFIXES
-from enricher.sources import Reading
+from enricher.simnode.api import StaticPods
 
 from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
@@ -209,31 +207,6 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     }
 
 
-class StaticPods:
-    """A node's pods that never change (the pod watch's interface, without a watch)."""
-
-    name = "kubernetes"
-    enabled = True
-    up = True
-    errors_total = 0
-    last_sync = 1_700_000_000.0
-
-    def __init__(self, objects: list[dict[str, Any]]) -> None:
-        self._index = build_index(parse_pod(o) for o in objects)
-
-    def index(self) -> PodIndex:
-        return self._index
-
-    def read(self) -> Reading[PodIndex]:
-        return Reading(self._index)
-
-    def upstream_pods(self) -> list[PodInfo]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
 def _without_self_metrics(body: bytes) -> str:
     # Our own health series differ in durations and request counts by design, and the
     # process's own figures (process_*, python_*) from one moment to the next.
@@ -276,7 +249,7 @@ async def test_background_modes_serve_what_the_app_serves(
             kube_node_name=NODE,
             kubelet_pod_resources_socket="",
         )
-        pods = StaticPods(sim.pod_objects())
+        pods = StaticPods([parse_pod(o) for o in sim.pod_objects()])
         plain = Scraper(
             config, gpu=fake_nvml.source(), procs=ProcReader(str(sim.proc_root)), pods=pods
         )

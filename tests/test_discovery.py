@@ -29,12 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.cli import parse_config
 from enricher.commands import pod_cache_options
 from enricher.kube import parse_selector
+from enricher.simnode.api import make_pod
 from tests.scraping import NoProcs
 
 from .harness import MakeStack
 from .helmreleases import releases as helm_releases
 from .helmreleases import require as require_helm
-from .kubeapi import make_pod
 from .test_chart import CHART, run_helm
 from .test_manifests import (
     MANIFESTS,

@@ -31,13 +31,14 @@ from typing import Any
 
 import pytest
 
-from enricher import fakeproc
 from enricher.app import Scraper
 from enricher.commands import ps, resolve
 from enricher.config import Config
-from enricher.demo import SimNode, SimProc, write_proc_tree
 from enricher.model import GpuDevice, MigDevice, short_id
 from enricher.procfs import ProcReader
+from enricher.simnode import fakeproc
+from enricher.simnode.fakeproc import write_proc_tree
+from enricher.simnode.node import SimNode, SimProc
 
 from .conftest import ROOT, assert_valid_exposition
 from .dockerapi import DockerAPI, compose_labels, container_id

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.attribution import dra_slice_keys, resolve_allocations
-from enricher.demo import SimulatedKubelet, list_response, resource_slices, static_slice_lister
 from enricher.families import ALLOCATED, RenderOptions, render_families
 from enricher.model import DeviceAllocation, DraDevice, GpuDevice, GpuSnapshot, MigDevice
 from enricher.podresources import PodResourcesSource, parse_list_response
@@ -33,6 +32,8 @@ from enricher.resourceslices import (
     api_client_lister,
     parse_slice_list,
 )
+from enricher.simnode.api import resource_slices, static_slice_lister
+from enricher.simnode.kubelet import SimulatedKubelet, allocations, list_response
 
 from .harness import short_dir
 from .kubeapi import KubeApiStandIn, make_api_client
@@ -311,8 +312,9 @@ def test_parse_slice_list_never_crashes(doc: Any) -> None:
 
 def test_demo_slices_describe_every_device() -> None:
     """The simulated driver's slices give each simulated GPU and MIG device its UUID."""
-    uuids, skipped = parse_slice_list(json.dumps(resource_slices()))
     from enricher.demo import DEMO
+
+    uuids, skipped = parse_slice_list(json.dumps(resource_slices(DEMO)))
 
     assert skipped == 0
     assert sorted(uuids.values()) == sorted(
@@ -569,11 +571,11 @@ def test_dra_devices_over_the_socket(
 
 def test_demo_node_maps_its_dra_pod() -> None:
     """The demo's DRA pod, through the demo's kubelet answer and simulated slices."""
-    from enricher.demo import DEMO, DRA_TRAIN, allocations
+    from enricher.demo import DEMO, DRA_TRAIN, PODS
 
-    response = list_response(allocations())
+    response = list_response(allocations(PODS))
     listed, skipped = parse_list_response(response.SerializeToString())
-    src = ResourceSliceSource(static_slice_lister(resource_slices()), DEMO.name)
+    src = ResourceSliceSource(static_slice_lister(resource_slices(DEMO)), DEMO.name)
     index = src.read(dra_slice_keys(listed)).value
     snapshot = GpuSnapshot(devices=DEMO.gpus, migs=DEMO.migs)
     mapped, unmapped = resolve_allocations(listed, snapshot, index.uuids)

@@ -31,18 +31,20 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import fakeproc
 from enricher.app import Scraper
-from enricher.demo import SimNode as DemoNode
-from enricher.demo import SimPod, SimProc, write_proc_tree
 from enricher.kube import PodCache
 from enricher.model import GpuDevice, MigDevice
 from enricher.nvml import NvmlSource
+from enricher.simnode import fakeproc
+from enricher.simnode.api import make_pod, pod_object
+from enricher.simnode.fakeproc import write_proc_tree
+from enricher.simnode.node import SimNode as DemoNode
+from enricher.simnode.node import SimPod, SimProc
 from enricher.textformat import FamilyWriter
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, Stack, Upstream, api_pod, nvml_state_of, who
-from .kubeapi import KubeApiStandIn, make_pod
+from .harness import MakeStack, Stack, Upstream, nvml_state_of, who
+from .kubeapi import KubeApiStandIn
 from .nvmlfake import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_FUNCTION_NOT_FOUND,
@@ -100,7 +102,7 @@ def proc(
 
 @dataclass
 class SimNode:
-    """The node as it is now: processes (:class:`enricher.demo.SimProc`), MIG layout, what
+    """The node as it is now: processes (:class:`enricher.simnode.node.SimProc`), MIG layout, what
     dcgm-exporter allocates and the faults injected; :meth:`sim` is it as a demo SimNode."""
 
     procs: list[SimProc] = field(
@@ -392,7 +394,7 @@ def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str) -> MakeE
             nvml=node.nvml_state(),
             proc=node.write_proc,
             node=NODE,
-            pods=[api_pod(p, NODE) for p in (TRAIN, INFER, NOTEBOOK, RESERVED)]
+            pods=[pod_object(p, NODE) for p in (TRAIN, INFER, NOTEBOOK, RESERVED)]
             + [make_pod("elsewhere", "default", node="another-node")],
             kube={"request_timeout_seconds": 1.0},
             kube_down_at_start=kube_down_at_start,
@@ -785,7 +787,7 @@ async def test_watch_dropped_resumes_without_relisting(make_env: MakeEnv) -> Non
     assert named(text, "DCGM_FI_DEV_GPU_UTIL") == named(before, "DCGM_FI_DEV_GPU_UTIL")
 
     new = gpu_pod("ml", "train-1", "aaaaaaaa-0000-4000-8000-000000000011", "trainer", _cid(0x11))
-    env.api.add_pod(api_pod(new, NODE))
+    env.api.add_pod(pod_object(new, NODE))
     env.node.procs.append(proc(501, 2, new, memory=GIB))
     env.apply()
     await env.wait_index(lambda: env.has_container(new.container_id), "the new pod")
@@ -803,7 +805,7 @@ async def test_410_gone_relists(make_env: MakeEnv) -> None:
     new = gpu_pod(
         "serving", "infer-1", "bbbbbbbb-0000-4000-8000-000000000012", "server", _cid(0x12)
     )
-    env.api.add_pod(api_pod(new, NODE))
+    env.api.add_pod(pod_object(new, NODE))
     env.api.compact()  # and the history the client would resume from is gone
     env.node.procs.append(proc(502, 2, new, memory=GIB))
     env.apply()
@@ -829,7 +831,7 @@ async def test_slow_api_never_blocks_a_scrape(make_env: MakeEnv) -> None:
     env.api.set_delay(30.0)  # far over the client's 1 s request timeout
     env.api.drop_watches()
     new = gpu_pod("ml", "train-2", "aaaaaaaa-0000-4000-8000-000000000013", "trainer", _cid(0x13))
-    env.api.add_pod(api_pod(new, NODE))
+    env.api.add_pod(pod_object(new, NODE))
     env.node.procs.append(proc(503, 2, new, memory=GIB))
     env.apply()
     # The scrape reads the cache only. The guard is a hang guard, not a speed goal: far above
@@ -863,7 +865,7 @@ async def test_pod_deleted_while_its_process_runs(make_env: MakeEnv) -> None:
     # The StatefulSet recreates infer-0 (new UID) while the old process still runs: the old
     # process must not be given to the new pod of the same name.
     again = replace(INFER, uid="bbbbbbbb-0000-4000-8000-0000000000ff", container_id=_cid(0xFF))
-    env.api.add_pod(api_pod(again, NODE))
+    env.api.add_pod(pod_object(again, NODE))
     await env.wait_index(lambda: env.has_pod(again.uid), "the new pod")
     text = await env.scrape()
     assert reasons(text) == {((UUIDS[1], ""), "pod_not_found"): 4 * GIB}
@@ -893,7 +895,7 @@ async def test_container_restarted_with_a_new_id(make_env: MakeEnv) -> None:
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[0], "")] == {("ml", "train-0", "")}
     assert named(text, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {("ml", "train-0", "")}
 
-    env.api.update_pod(api_pod(restarted, NODE))
+    env.api.update_pod(pod_object(restarted, NODE))
     await env.wait_index(lambda: env.has_container(restarted.container_id), "the new status")
     assert not env.has_container(TRAIN.container_id)
     after = await env.scrape()

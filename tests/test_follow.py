@@ -23,10 +23,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import fakeproc
 from enricher.app import Scraper, make_app
 from enricher.config import Config
 from enricher.procfs import ProcReader
+from enricher.simnode import fakeproc
 from tests.harness import series
 from tests.nvmlfake import FakeNvml, FakeNvmlState
 

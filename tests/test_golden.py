@@ -18,15 +18,16 @@ from typing import Any
 
 import pytest
 
-from enricher import fakeproc
 from enricher.commands import resolve
 from enricher.config import Config
-from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
 from enricher.model import GpuDevice, MigDevice, ProcessKind
+from enricher.simnode import fakeproc
+from enricher.simnode.api import make_pod, pod_object
+from enricher.simnode.fakeproc import write_proc_tree
+from enricher.simnode.node import SimNode, SimPod, SimProc
 
 from .conftest import as_prometheus_client_writes, assert_valid_exposition
-from .harness import MakeStack, Stack, api_pod, check_golden, cid, nvml_state_of, series
-from .kubeapi import make_pod
+from .harness import MakeStack, Stack, check_golden, cid, nvml_state_of, series
 from .nvmlfake import default_mig_uuid
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
@@ -158,7 +159,9 @@ def write_proc(root: Path) -> None:
 
 def pod_objects() -> list[dict[str, Any]]:
     """The node's pods as the API server holds them, and one pod of another node."""
-    return [api_pod(p, NODE) for p in PODS] + [make_pod("elsewhere", "default", node="gpu-node-b")]
+    return [pod_object(p, NODE) for p in PODS] + [
+        make_pod("elsewhere", "default", node="gpu-node-b")
+    ]
 
 
 @pytest.fixture

@@ -39,7 +39,6 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import fakeproc
 from enricher.app import MAX_IDENTITIES, Scraper, make_app, serve
 from enricher.attribution import attribute
 from enricher.families import RenderOptions, render_families
@@ -58,6 +57,7 @@ from enricher.model import (
 )
 from enricher.procfs import ProcReader
 from enricher.rewrite import Rewriter
+from enricher.simnode import fakeproc
 from enricher.sources import Reading
 from enricher.textformat import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH
 from enricher.upstream import UpstreamError, fetch_upstream
@@ -998,8 +998,9 @@ def test_help_keeps_leading_unicode_space() -> None:
 def test_discovery_ignores_a_labelled_pod_in_a_tenant_namespace() -> None:
     """A fake upstream: the real kubernetes client and PodCache on the API stand-in."""
     from enricher.kube import PodCache, parse_selector
+    from enricher.simnode.api import make_pod
 
-    from .kubeapi import KubeApiStandIn, make_api_client, make_pod
+    from .kubeapi import KubeApiStandIn, make_api_client
 
     labels = {"app": "nvidia-dcgm-exporter"}
     with KubeApiStandIn() as api:

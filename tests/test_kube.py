@@ -30,7 +30,8 @@ from enricher.kube import (
     strip_container_id,
 )
 from enricher.model import PodInfo
-from tests.kubeapi import KubeApiStandIn, container_id, make_api_client, make_pod, pod_uid
+from enricher.simnode.api import container_id, make_pod, pod_uid
+from tests.kubeapi import KubeApiStandIn, make_api_client
 
 NODE = "node-a"
 CID_A = container_id("a")

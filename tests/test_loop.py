@@ -19,9 +19,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from enricher import fakeproc
 from enricher.app import REWRITE_INLINE_MAX_CHARS, Scraper, make_app
 from enricher.procfs import ProcReader
+from enricher.simnode import fakeproc
 
 from .conftest import ROOT
 from .harness import free_port

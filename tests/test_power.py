@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
-from enricher.demo import SimNode, SimPod, SimProc, write_proc_tree
 from enricher.labels import DeviceKey, RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
 from enricher.power import (
@@ -50,10 +49,13 @@ from enricher.power import (
     upstream_power,
 )
 from enricher.rewrite import Rewriter
+from enricher.simnode.api import pod_object
+from enricher.simnode.fakeproc import write_proc_tree
+from enricher.simnode.node import SimNode, SimPod, SimProc
 from enricher.textformat import watched_lines
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, api_pod, cid, nvml_state_of, series
+from .harness import MakeStack, cid, nvml_state_of, series
 from .nvmlfake import FakeNvml
 
 U0 = "GPU-00000000-0000-4000-8000-000000000000"
@@ -622,7 +624,7 @@ async def start(full_stack: MakeStack, upstream: Callable[[], str] | None, nvml:
         nvml=nvml,
         proc=proc,
         node=NODE,
-        pods=[api_pod(p, NODE) for p in POWER_NODE.pods],
+        pods=[pod_object(p, NODE) for p in POWER_NODE.pods],
     )
 
 

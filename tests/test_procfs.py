@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enricher import fakeproc, procfs
+from enricher import procfs
 from enricher.cgroups import container_chain, parse_cgroup
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
 from enricher.procfs import ProcReader, parse_btime, parse_stat
+from enricher.simnode import fakeproc
 
 UID = "0b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e8"
 UID_ = UID.replace("-", "_")

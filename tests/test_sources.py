@@ -15,12 +15,14 @@ import kubernetes.client
 import pytest
 
 from enricher.app import Scraper
-from enricher.demo import SimulatedGpus, StaticPods
+from enricher.demo import DEMO
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.nvml import NvmlSource
 from enricher.podresources import PodResourcesSource
 from enricher.procfs import ProcReader
+from enricher.simnode.api import StaticPods
+from enricher.simnode.gpus import SimulatedGpus
 from enricher.sources import Measured, Reading, Source, close_all
 from enricher.upstream import UpstreamSource
 from enricher.worker import Worker
@@ -48,7 +50,7 @@ SOURCES: list[Any] = [
     ),
     pytest.param("podresources", lambda _: PodResourcesSource(""), id="podresources"),
     pytest.param("docker", lambda _: DockerSource(""), id="docker"),
-    pytest.param("nvml", lambda _: SimulatedGpus(), id="demo-gpus"),
+    pytest.param("nvml", lambda _: SimulatedGpus(DEMO), id="demo-gpus"),
     pytest.param("kubernetes", lambda _: StaticPods([]), id="demo-pods"),
 ]
 

@@ -65,6 +65,30 @@ def test_the_check_sees_an_io_library() -> None:
     assert "aiohttp" in loaded_after_import(["enricher.docker"])
 
 
+# What `dcgm-enricher serve` imports: the command line, the commands and the pipeline they wire.
+SERVING_MODULES = ("enricher.cli", "enricher.commands", "enricher.app")
+SIMULATION = ("enricher.simnode", "enricher.demo")
+
+
+def _simulation(loaded: Iterable[str]) -> list[str]:
+    return sorted(
+        name for name in loaded for sim in SIMULATION if name == sim or name.startswith(sim + ".")
+    )
+
+
+def test_serving_imports_no_simulation() -> None:
+    """The simulated node is the demo's, the tests' and the bench's: a serving enricher never
+    loads it (the demo's commands import it when they run)."""
+    loaded = loaded_after_import(SERVING_MODULES)
+    assert set(SERVING_MODULES) <= set(loaded)
+    assert _simulation(loaded) == []
+
+
+def test_the_check_sees_the_simulation() -> None:
+    """The check above can fail: the demo pulls the simulated node in."""
+    assert "enricher.simnode.kubelet" in _simulation(loaded_after_import(["enricher.demo"]))
+
+
 # --------------------------------------------------------------------------- one scheme each
 
 # Generated gRPC stubs: protoc writes their imports.

@@ -29,8 +29,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import fakeproc
 from enricher.cli import build_parser, env_name, parse_config
+from enricher.simnode import fakeproc
 
 from .conftest import ROOT
 from .dockerengine import upstream_body

@@ -1,4 +1,4 @@
-"""A simulated ``/proc`` tree for the built-in demo node and for tests.
+"""A SIMULATED node's ``/proc`` tree, for the demo, the tests and the benchmark.
 
 Nothing here touches the real procfs: it writes ordinary files under a directory of your
 choosing, in the same formats the kernel uses, so that ``ProcReader(root=...)`` can read them.
@@ -11,12 +11,16 @@ import os
 import shutil
 import tempfile
 
+from .node import SimNode, SimProc
+
 __all__ = [
     "cgroup_host",
     "cgroup_v1_cgroupfs",
     "cgroup_v2_systemd",
+    "proc_cgroup",
     "remove_process",
     "write_proc_stat",
+    "write_proc_tree",
     "write_process",
 ]
 
@@ -146,3 +150,28 @@ def cgroup_v1_cgroupfs(pod_uid: str, container_id: str, qos: str = "burstable") 
 def cgroup_host(path: str = "/system.slice/sshd.service") -> str:
     """A cgroup v2 file for a process outside any container."""
     return f"0::{path}\n"
+
+
+def proc_cgroup(proc: SimProc) -> str:
+    """The cgroup file of ``proc``: its pod's, in the pod's layout, or its host unit's."""
+    if proc.cgroup is not None:
+        return proc.cgroup
+    pod = proc.pod
+    if pod is None:
+        return cgroup_host(proc.host_cgroup)
+    uid = pod.mirror_of or pod.uid
+    if pod.cgroup_style == "cgroupfs":
+        return cgroup_v1_cgroupfs(uid, pod.container_id, qos=pod.qos)
+    return cgroup_v2_systemd(uid, pod.container_id, qos=pod.qos, runtime=pod.runtime)
+
+
+def write_proc_tree(root: StrPath, node: SimNode, now: float) -> None:
+    """Write ``node``'s SIMULATED /proc tree (booted a day before ``now``): one directory
+    per live process with stat, comm and cgroup, started one after the other."""
+    write_proc_stat(root, int(now) - 86_400)
+    live = [p for p in node.procs if not p.exited]
+    for i, proc in enumerate(live):
+        ticks = proc.start_ticks
+        if ticks is None:
+            ticks = node.first_ticks + i * node.ticks_apart
+        write_process(root, proc.pid, comm=proc.comm, cgroup=proc_cgroup(proc), start_ticks=ticks)
