@@ -44,11 +44,13 @@ def top_level_names(tree: ast.Module) -> list[str]:
 def code_names(text: str) -> list[str]:
     """The names in ``text``'s code (not in its strings or comments), and the entries of an
     ``__all__`` list."""
-    names = [
-        tok.string
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-        if tok.type == tokenize.NAME
-    ]
+    names: list[str] = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.NAME:
+            names.append(tok.string)
+        elif tok.type == tokenize.STRING and "f" in tok.string.split("'")[0].split('"')[0].lower():
+            # Before Python 3.12 an f-string is one STRING token: its fields' names are in it.
+            names += re.findall(r"\w+", tok.string)
     exported = re.search(r"^__all__ = \[([^\]]*)\]", text, re.MULTILINE)
     return names + (re.findall(r"\w+", exported.group(1)) if exported else [])
 
