@@ -1,28 +1,42 @@
-"""The ResourceSlice source: which NVML device each DRA device of this node is.
+"""The ResourceSlice source: which NVML device each DRA device of this node is, and the
+taints its driver put on it.
 
 The kubelet names a device given through Dynamic Resource Allocation by its driver, pool and
 device names (``gpu.nvidia.com``, the node's name, ``gpu-0``), which are the driver's own
 names. Only the driver's ResourceSlices say which GPU that is: NVIDIA's DRA driver publishes
 each device with a ``uuid`` attribute, the GPU's (``GPU-...``) or the MIG device's
-(``MIG-...``) UUID as NVML reports it. The device name is not used to find the GPU: the driver
+(``MIG-...``) UUID as NVML reports it, and a MIG device also with ``parentUUID`` (its GPU's)
+and ``profile`` (``1g.10gb``). The device name is not used to find the GPU: the driver
 derives it from the GPU's minor number, not NVML's index, and a MIG device's name from its
 profile ID and placement; neither is a promise of the API, and a rename in a driver release
 must not move a pod to another GPU.
 
-:func:`parse_slice_list` is pure (JSON bytes in, ``(driver, pool, device) -> UUID`` out);
+A device may carry ``taints`` (``key``, optional ``value``, ``effect``, ``timeAdded``; at
+most 16; under ``basic`` in resource.k8s.io/v1beta1, on the device itself in v1beta2 and
+v1): NVIDIA's driver reports device health this way (``gpu.nvidia.com/xid`` with the XID as
+value, ``gpu.nvidia.com/gpu-lost``, ``gpu.nvidia.com/unmonitored``). Effects are ``None``,
+``NoSchedule`` and ``NoExecute``, and the API says more may come (consumers treat an unknown
+one as ``None``), so the effect is kept as written.
+
+:func:`parse_slice_list` is pure (JSON bytes in, :class:`SliceIndex` out: per
+``(driver, pool, device)`` the UUID, the taints and a MIG device's attributes);
 :class:`ResourceSliceSource` does the I/O: a ``list`` of the ResourceSlices whose
 ``spec.nodeName`` is this node, asked only when the kubelet reports a DRA device it has not
 seen yet (at most once per ``min_interval`` seconds) or when the last list is older than
-``max_age``. A node without DRA allocations never calls the API.
+``max_age``. A node without DRA allocations never calls the API, unless health watching is
+on (``watch_health=True``): then it also lists whenever the last list is older than
+``health_interval`` (default 60 s), DRA allocations or not, so that a taint on a device no
+pod uses is seen too (still at most once per ``min_interval``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .model import DeviceIdKind, parse_device_id
@@ -37,52 +51,146 @@ MAX_LIST_BYTES = 16 << 20  # a node's slices are kilobytes; more means something
 MAX_DEVICES = 16384  # device entries kept from one list
 MAX_NAME_LENGTH = 256
 MAX_ERROR_BYTES = 64 * 1024
+MAX_TAINTS = 16  # per device: the API's DeviceTaintsMaxLength
+MAX_TAINT_KEY_LENGTH = 317  # a label name: a DNS subdomain prefix (253), "/", a name (63)
+MAX_TAINT_VALUE_LENGTH = 63  # a label value
+MAX_EFFECT_LENGTH = 63
+MAX_ATTRIBUTE_LENGTH = 64  # the API's DeviceAttributeMaxValueLength
 _UUID_KINDS = (DeviceIdKind.GPU_UUID, DeviceIdKind.MIG_UUID)
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_EFFECT = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """One taint on a DRA device: ``key`` (a label name such as ``gpu.nvidia.com/xid``),
+    ``value`` ("" when none), ``effect`` as written (``None``, ``NoSchedule``,
+    ``NoExecute``, or a newer one)."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MigInfo:
+    """What the slice says of a MIG device: its ``uuid`` (``MIG-...``), its GPU's
+    ``parentUUID`` (``GPU-...``; "" when missing or not a GPU UUID) and its ``profile``
+    (``1g.10gb``; "" when missing)."""
+
+    uuid: str
+    parent_uuid: str = ""
+    profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class SliceIndex:
-    """What one list said: each DRA device's NVML UUID. Devices without a usable ``uuid``
-    attribute are absent (and so stay unmapped)."""
+    """What one list said: each DRA device's NVML UUID, its taints (devices without any are
+    absent from ``taints``) and, for a MIG device, its MIG attributes. Devices without a
+    usable ``uuid`` attribute are absent everywhere (and so stay unmapped)."""
 
     uuids: Mapping[SliceKey, str] = field(default_factory=dict)
     listed_at: float = 0.0  # time.monotonic() of the list; 0: never listed
     api_version: str = ""
-    skipped: int = 0  # device entries dropped: malformed, no UUID, past MAX_DEVICES
+    # entries dropped: devices malformed, without UUID, ambiguous or past MAX_DEVICES; taints
+    # malformed or past MAX_TAINTS
+    skipped: int = 0
+    taints: Mapping[SliceKey, tuple[DeviceTaint, ...]] = field(default_factory=dict)
+    mig: Mapping[SliceKey, MigInfo] = field(default_factory=dict)
 
 
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) and len(value) <= MAX_NAME_LENGTH else ""
+def _str(value: Any, limit: int = MAX_NAME_LENGTH) -> str:
+    return value if isinstance(value, str) and len(value) <= limit else ""
 
 
-def _uuid_attribute(device: Mapping[str, Any], driver: str) -> str:
-    """The device's ``uuid`` attribute when it is a GPU or MIG UUID, else "".
+def _field(device: Mapping[str, Any], name: str) -> Any:
+    """A device field where each served version puts it: on the device (v1, v1beta2) or
+    under ``basic`` (v1beta1)."""
+    return device.get(name) or _map(device.get("basic")).get(name)
 
-    An attribute name without a domain is the driver's own (``uuid`` means
-    ``<driver>/uuid``), so both spellings are read.
-    """
-    attrs = _map(device.get("attributes") or _map(device.get("basic")).get("attributes"))
-    for name in ("uuid", f"{driver}/uuid"):
-        value = _str(_map(attrs.get(name)).get("string"))
-        ref = parse_device_id(value) if value else None
-        if ref is not None and ref.uuid == value and ref.kind in _UUID_KINDS:
+
+def _string_attribute(attrs: Mapping[str, Any], driver: str, name: str, limit: int) -> str:
+    """A string attribute by its bare name or qualified with the driver's domain (an
+    attribute name without a domain is the driver's own: ``uuid`` means
+    ``<driver>/uuid``); "" when neither is a string of at most ``limit`` characters."""
+    for qualified in (name, f"{driver}/{name}"):
+        value = _str(_map(attrs.get(qualified)).get("string"), limit)
+        if value:
             return value
     return ""
 
 
-def parse_slice_list(
-    data: bytes | str, limit: int = MAX_DEVICES
-) -> tuple[dict[SliceKey, str], int]:
-    """The ``(driver, pool, device) -> UUID`` map of a ResourceSliceList, and how many device
-    entries were skipped. ValueError when ``data`` is not a list object.
+def _uuid(value: str, kinds: tuple[DeviceIdKind, ...] = _UUID_KINDS) -> str:
+    ref = parse_device_id(value) if value else None
+    return value if ref is not None and ref.uuid == value and ref.kind in kinds else ""
+
+
+def _uuid_attribute(attrs: Mapping[str, Any], driver: str) -> str:
+    """The device's ``uuid`` attribute when it is a GPU or MIG UUID, else ""."""
+    for qualified in ("uuid", f"{driver}/uuid"):
+        value = _uuid(_str(_map(attrs.get(qualified)).get("string")))
+        if value:
+            return value
+    return ""
+
+
+def _is_label_name(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return _LABEL_NAME.fullmatch(name) is not None
+
+
+def parse_taint(item: Any) -> DeviceTaint | None:
+    """One entry of a device's ``taints``, or None when it is malformed: no ``key`` that is a
+    label name, a ``value`` that is not a label value, no ``effect``. ``timeAdded`` is not
+    kept."""
+    taint = _map(item)
+    key = _str(taint.get("key"), MAX_TAINT_KEY_LENGTH)
+    value = taint.get("value")
+    value = "" if value is None else value  # optional: absent and null are the same
+    effect = _str(taint.get("effect"), MAX_EFFECT_LENGTH)
+    if not key or not _is_label_name(key) or not _EFFECT.fullmatch(effect):
+        return None
+    if not isinstance(value, str) or len(value) > MAX_TAINT_VALUE_LENGTH:
+        return None
+    if not _LABEL_VALUE.fullmatch(value):
+        return None
+    return DeviceTaint(key, value, effect)
+
+
+def _taints(raw: Any, into: list[DeviceTaint]) -> int:
+    """Adds the well-formed taints of ``raw`` not yet in ``into`` (at most MAX_TAINTS);
+    returns how many entries were dropped. A ``taints`` that is not a list counts as one."""
+    if raw is None:
+        return 0
+    if not isinstance(raw, list):
+        return 1
+    dropped = 0
+    for item in raw:
+        taint = parse_taint(item)
+        if taint is None or (taint not in into and len(into) >= MAX_TAINTS):
+            dropped += 1
+        elif taint not in into:  # the API does not forbid repeats: keep one
+            into.append(taint)
+    return dropped
+
+
+def parse_slice_list(data: bytes | str, limit: int = MAX_DEVICES) -> SliceIndex:
+    """What a ResourceSliceList says of each device: UUID, taints, MIG attributes, and how
+    many entries were skipped (``listed_at`` and ``api_version`` are left unset).
+    ValueError when ``data`` is not a list object.
 
     Only the newest generation of each pool counts: while a driver republishes a pool, slices
     of the older generation may still be listed, and their devices are out of date. A device
-    two slices of the same generation name with different UUIDs is dropped (ambiguous).
+    two slices of the same generation name with different UUIDs is dropped (ambiguous); with
+    the same UUID, it has the taints of both.
     """
     try:
         doc = json.loads(data)
@@ -103,7 +211,9 @@ def parse_slice_list(
             generation = 0
         slices.append((driver, pool_name, generation, devices))
         newest[(driver, pool_name)] = max(newest.get((driver, pool_name), generation), generation)
-    out: dict[SliceKey, str] = {}
+    uuids: dict[SliceKey, str] = {}
+    taints: dict[SliceKey, list[DeviceTaint]] = {}
+    mig: dict[SliceKey, MigInfo] = {}
     ambiguous: set[SliceKey] = set()
     skipped = 0
     for driver, pool_name, generation, devices in slices:
@@ -111,17 +221,30 @@ def parse_slice_list(
             continue
         for device in devices:
             dev = _map(device)
-            name, uuid = _str(dev.get("name")), _uuid_attribute(dev, driver)
+            attrs = _map(_field(dev, "attributes"))
+            name, uuid = _str(dev.get("name")), _uuid_attribute(attrs, driver)
             key: SliceKey = (driver, pool_name, name)
-            if not name or not uuid or (key not in out and len(out) >= limit):
+            if not name or not uuid or (key not in uuids and len(uuids) >= limit):
                 skipped += 1
                 continue
-            if out.get(key, uuid) != uuid:
+            if uuids.get(key, uuid) != uuid:
                 ambiguous.add(key)
-            out[key] = uuid
+            uuids[key] = uuid
+            skipped += _taints(_field(dev, "taints"), taints.setdefault(key, []))
+            if _uuid(uuid, (DeviceIdKind.MIG_UUID,)):
+                parent = _string_attribute(attrs, driver, "parentUUID", MAX_ATTRIBUTE_LENGTH)
+                profile = _string_attribute(attrs, driver, "profile", MAX_ATTRIBUTE_LENGTH)
+                mig[key] = MigInfo(uuid, _uuid(parent, (DeviceIdKind.GPU_UUID,)), profile)
     for dropped in ambiguous:
-        del out[dropped]
-    return out, skipped + len(ambiguous)
+        del uuids[dropped]
+        taints.pop(dropped, None)
+        mig.pop(dropped, None)
+    return SliceIndex(
+        uuids,
+        skipped=skipped + len(ambiguous),
+        taints={k: tuple(v) for k, v in taints.items() if v},
+        mig=mig,
+    )
 
 
 # --------------------------------------------------------------------------- I/O
@@ -141,7 +264,10 @@ class ResourceSliceSource:
     :class:`SliceIndex`. It lists again when one of them is missing from the index (at most
     once per ``min_interval`` seconds, so a device no slice describes cannot make us list on
     every scrape) or when the index is older than ``max_age``; with no DRA device it does no
-    I/O. A failed list keeps the previous index and reports the error.
+    I/O. With ``watch_health`` it also lists when the index is older than
+    ``health_interval``, with or without DRA devices, so that taints stay current on every
+    device. A failed list keeps the previous index (its ``listed_at`` says how old its
+    taints are) and reports the error.
 
     ``list_slices`` does the request (``api_client_lister`` builds it from a kubernetes
     ``ApiClient``); a 404 for one API version moves on to the next older one.
@@ -158,6 +284,8 @@ class ResourceSliceSource:
         timeout: float = 5.0,
         min_interval: float = 10.0,
         max_age: float = 300.0,
+        watch_health: bool = False,
+        health_interval: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not node_name:
@@ -167,6 +295,8 @@ class ResourceSliceSource:
         self.timeout = timeout
         self.min_interval = min_interval
         self.max_age = max_age
+        self.watch_health = watch_health
+        self.health_interval = health_interval
         self._clock = clock
         self._lock = threading.Lock()
         self._index = SliceIndex()
@@ -175,16 +305,18 @@ class ResourceSliceSource:
         self.errors_total = 0
 
     def read(self, wanted: Iterable[SliceKey] = ()) -> Reading[SliceIndex]:
-        """The index, listed again first when ``wanted`` needs it (blocking). Never raises."""
+        """The index, listed again first when ``wanted`` or health watching needs it
+        (blocking). Never raises."""
         keys = set(wanted)
         with self._lock:
             now = self._clock()
             index = self._index
-            if not keys:
-                return Reading(index)
-            stale = index.listed_at == 0.0 or now - index.listed_at > self.max_age
-            missing = not keys <= index.uuids.keys()
-            if not (stale or missing) or now - self._attempted < self.min_interval:
+            never = index.listed_at == 0.0
+            due = self.watch_health and (never or now - index.listed_at > self.health_interval)
+            if keys and not due:
+                stale = never or now - index.listed_at > self.max_age
+                due = stale or not keys <= index.uuids.keys()
+            if not due or now - self._attempted < self.min_interval:
                 return Reading(index)
             self._attempted = now
             try:
@@ -205,11 +337,11 @@ class ResourceSliceSource:
                 last = str(exc)
                 continue
             try:
-                uuids, skipped = parse_slice_list(body)
+                index = parse_slice_list(body)
             except ValueError as exc:
                 raise ResourceSliceError(f"resource.k8s.io/{version}: {exc}") from None
             self._version = version
-            return SliceIndex(uuids, now, version, skipped)
+            return replace(index, listed_at=now, api_version=version)
         self._version = ""
         raise ResourceSliceError(last or "no resource.k8s.io version serves resourceslices")
 

@@ -281,7 +281,8 @@ def test_parse_dynamic_resources_never_crashes(
     ],
 )
 def test_parse_slice_list(data: bytes, expected: dict[Any, str], skipped: int) -> None:
-    assert parse_slice_list(data) == (expected, skipped)
+    index = parse_slice_list(data)
+    assert (index.uuids, index.skipped) == (expected, skipped)
 
 
 @pytest.mark.parametrize("data", [b"", b"[]", b'{"items": 3}', b"{", b"null"])
@@ -292,8 +293,8 @@ def test_parse_slice_list_rejects_what_is_no_list(data: bytes) -> None:
 
 def test_parse_slice_list_is_bounded() -> None:
     devices = [dev(f"gpu-{i}", G0) for i in range(300)]
-    uuids, skipped = parse_slice_list(body(slice_obj(devices)), limit=50)
-    assert (len(uuids), skipped) == (50, 250)
+    index = parse_slice_list(body(slice_obj(devices)), limit=50)
+    assert (len(index.uuids), index.skipped) == (50, 250)
 
 
 @settings(max_examples=80, deadline=None)
@@ -314,10 +315,10 @@ def test_demo_slices_describe_every_device() -> None:
     """The simulated driver's slices give each simulated GPU and MIG device its UUID."""
     from enricher.demo import DEMO
 
-    uuids, skipped = parse_slice_list(json.dumps(resource_slices(DEMO)))
+    index = parse_slice_list(json.dumps(resource_slices(DEMO)))
 
-    assert skipped == 0
-    assert sorted(uuids.values()) == sorted(
+    assert index.skipped == 0 and index.taints == {}
+    assert sorted(index.uuids.values()) == sorted(
         [g.uuid for g in DEMO.gpus if not g.mig_enabled] + [m.uuid for m in DEMO.migs]
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..kube import build_index
 from ..model import PodIndex, PodInfo
+from ..resourceslices import DeviceTaint
 from ..sources import Reading
 from .node import SimNode, SimPod
 
@@ -193,12 +194,24 @@ def pod_object(pod: SimPod, node: str) -> dict[str, Any]:
     )
 
 
-def resource_slices(node: SimNode, driver: str = DRA_DRIVER) -> dict[str, Any]:
+def resource_slices(
+    node: SimNode,
+    driver: str = DRA_DRIVER,
+    *,
+    taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
+    api_version: str = "v1",
+) -> dict[str, Any]:
     """The SIMULATED DRA driver's ResourceSliceList for ``node`` (resource.k8s.io/v1), in
     the shape NVIDIA's driver publishes: one pool named after the node, a device per GPU
     (``gpu-<minor>``; the simulated minor number is the index) and per MIG device (in the
     driver's ``gpu-<minor>-mig-...`` form, with simulated numbers), each with its ``uuid``
-    attribute."""
+    attribute, a MIG device also with ``parentUUID`` and ``profile``.
+
+    ``taints`` puts taints on devices, by the GPU's or MIG device's UUID, as the driver's
+    health monitor does (``timeAdded`` is set, as the API server sets it). ``api_version``
+    gives the shape that version serves: v1beta1 wraps each device's fields in ``basic``."""
+    if api_version not in ("v1", "v1beta2", "v1beta1"):
+        raise ValueError(f"resource.k8s.io/{api_version} serves no ResourceSlices")
     devices: list[dict[str, Any]] = [
         {
             "name": f"gpu-{g.index}",
@@ -223,13 +236,23 @@ def resource_slices(node: SimNode, driver: str = DRA_DRIVER) -> dict[str, Any]:
         }
         for m in node.migs
     ]
+    for device in devices:
+        given = (taints or {}).get(device["attributes"]["uuid"]["string"], ())
+        if given:
+            device["taints"] = [_taint_object(t) for t in given]
+    if api_version == "v1beta1":
+        devices = [
+            {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}}
+            for d in devices
+        ]
+    group_version = f"resource.k8s.io/{api_version}"
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": group_version,
         "kind": "ResourceSliceList",
         "metadata": {"resourceVersion": "1"},
         "items": [
             {
-                "apiVersion": "resource.k8s.io/v1",
+                "apiVersion": group_version,
                 "kind": "ResourceSlice",
                 "metadata": {"name": f"{node.name}-{driver}-x1"},
                 "spec": {
@@ -241,6 +264,16 @@ def resource_slices(node: SimNode, driver: str = DRA_DRIVER) -> dict[str, Any]:
             }
         ],
     }
+
+
+def _taint_object(taint: DeviceTaint) -> dict[str, Any]:
+    """A device taint as the API server returns it: ``value`` only when there is one."""
+    out: dict[str, Any] = {"key": taint.key}
+    if taint.value:
+        out["value"] = taint.value
+    out["effect"] = taint.effect
+    out["timeAdded"] = "2024-05-01T10:00:00Z"
+    return out
 
 
 def static_slice_lister(body: Mapping[str, Any]) -> Callable[[str, str, float], bytes]:
