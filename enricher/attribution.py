@@ -45,7 +45,9 @@ REASON_CONFLICT = "cgroup_pod_mismatch"
 # Docker mode: Docker says no container of the cgroup's chain exists (any more).
 REASON_CONTAINER_NOT_FOUND = "container_not_found"
 # The MPS control daemon and server: infrastructure that holds GPU memory for its clients, not
-# a workload. It never names a device's pod nor counts as a pod's usage, whatever pod runs it.
+# a workload. It never names a device's pod nor counts as a pod's usage. A process's name is
+# its own choice, so the name counts only on the host or in a pod the MPS flags admit
+# (PodInfo.mps_daemon): anywhere else such a process is its pod's, like any other.
 REASON_MPS_SERVER = "mps_server"
 # /proc/<pid>/comm keeps 15 characters: nvidia-cuda-mps-control and nvidia-cuda-mps-server
 # both read "nvidia-cuda-mps".
@@ -96,8 +98,21 @@ class AllocatedDevice:
 
 
 def is_mps_daemon(comm: str) -> bool:
-    """Whether a process name is the MPS control daemon's or server's."""
+    """Whether a process name is the MPS control daemon's or server's. The name alone proves
+    nothing (any process can take it): ``attribute`` also asks where the process runs."""
     return comm.startswith(MPS_DAEMON_COMM_PREFIX)
+
+
+def mps_daemon_at(info: ProcInfo, owner: tuple[PodInfo | None, str, str] | None) -> bool:
+    """Whether ``info`` is the MPS control daemon or server: named so (``is_mps_daemon``) and
+    running where one can, on the host (a cgroup of no container) or in a pod marked
+    ``mps_daemon``. ``owner`` is what ``pod_of`` said of its cgroup. ``attribute`` and the
+    ``resolve`` command both ask here."""
+    if not is_mps_daemon(info.comm) or info.cgroup is None:
+        return False
+    if owner is None:
+        return info.cgroup.container_id is None
+    return owner[0] is not None and owner[0].mps_daemon
 
 
 def docker_lookup_ids(procs: Mapping[int, ProcInfo | ProcError]) -> list[str]:
@@ -175,6 +190,9 @@ def attribute(
     """Map each GPU process to its pod and container (``pod_of``), or to the reason it has
     none.
 
+    A process named as the MPS daemon is ``mps_server`` only where one can run
+    (``mps_daemon_at``); in any other pod or container it is attributed like any other.
+
     ``docker`` (Docker mode) holds the Docker source's answers by container ID: a process in a
     container that is in no pod is then attributed to the container ``choose_docker`` picks,
     or is ``container_not_found``. Without it such a process is ``container_not_in_pod``.
@@ -185,18 +203,16 @@ def attribute(
         if isinstance(info, ProcError):
             out.append(Attribution(proc, None, None, "", info.value))
             continue
-        if is_mps_daemon(info.comm):
-            out.append(Attribution(proc, info, None, "", REASON_MPS_SERVER))
-            continue
         cg = info.cgroup
         if cg is None:
             out.append(Attribution(proc, info, None, "", REASON_UNKNOWN_CGROUP))
             continue
         owner = pod_of(cg, pods)
-        if owner is not None:
+        if mps_daemon_at(info, owner):
+            out.append(Attribution(proc, info, None, "", REASON_MPS_SERVER))
+        elif owner is not None:
             out.append(Attribution(proc, info, *owner))
-            continue
-        if cg.container_id is None:
+        elif cg.container_id is None:
             out.append(Attribution(proc, info, None, "", REASON_HOST))
         elif docker is None:
             out.append(Attribution(proc, info, None, "", REASON_NOT_IN_POD))

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -17,8 +16,6 @@ from .config import Config
 from .textformat import LABEL_NAME_RE
 
 COMMANDS = ("serve", "demo", "resolve", "ps")
-# A Kubernetes namespace name: an RFC 1123 label.
-NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _D = Config()
 
 
@@ -262,6 +259,23 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
         "(comma list, default %(default)s)",
     )
     g.add_argument(
+        "--mps.daemon-pod-selector",
+        metavar="SELECTORS",
+        dest="mps_daemon_pod_selector",
+        default=_env("--mps.daemon-pod-selector", _D.mps_daemon_pod_selector),
+        help="label selectors (k=v,..., alternatives separated by ';') of the pods that run "
+        "the MPS control daemon: only in those (and on the host) is a process named "
+        "nvidia-cuda-mps-* the daemon, elsewhere it is its pod's (default %(default)s)",
+    )
+    g.add_argument(
+        "--mps.daemon-pod-namespace",
+        metavar="NAMESPACES",
+        dest="mps_daemon_pod_namespace",
+        default=_env("--mps.daemon-pod-namespace", ",".join(_D.mps_daemon_pod_namespace)),
+        help="namespaces (comma list) the MPS daemon pods must be in: namespaces where "
+        "tenants cannot create pods (default %(default)s)",
+    )
+    g.add_argument(
         "--docker.host",
         metavar="URL",
         dest="docker_host",
@@ -337,6 +351,7 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
         if LABEL_NAME_RE.match(name) is None:
             parser.error(f"--upstream.pod-labels: {name!r} is not a label name")
     values["kube_pod_annotations"] = _csv(values.get("kube_pod_annotations") or "")
+    values["mps_daemon_pod_namespace"] = _csv(values.get("mps_daemon_pod_namespace") or "")
     if "kubelet_pod_resources_socket" in values:
         socket_path = values.pop("kubelet_pod_resources_socket")
         if socket_path is not None:
@@ -369,6 +384,15 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:
                 raise ValueError("--upstream.max-bytes must be at least 1024")
+        from .kube import NAMESPACE_RE, parse_mps_daemon_pods
+
+        try:
+            parse_mps_daemon_pods(values["mps_daemon_pod_selector"], ())
+        except ValueError as exc:
+            raise ValueError(f"--mps.daemon-pod-selector: {exc}") from None
+        for namespace in values["mps_daemon_pod_namespace"]:
+            if NAMESPACE_RE.fullmatch(namespace) is None:
+                raise ValueError(f"--mps.daemon-pod-namespace: {namespace!r} is not a namespace")
         from .docker import parse_docker_host
 
         parse_docker_host(values["docker_host"])

@@ -15,12 +15,14 @@ from .app import PodSource, Scraper, make_app, serve
 from .attribution import (
     REASON_CONFLICT,
     REASON_CONTAINER_NOT_FOUND,
+    REASON_MPS_SERVER,
     REASON_POD_NOT_FOUND,
     Attribution,
     attribute,
     cgroup_containers,
     choose_docker,
     docker_lookup_ids,
+    mps_daemon_at,
     pod_of,
 )
 from .config import Config
@@ -55,7 +57,7 @@ def start_pod_cache(config: Config) -> Any:
 def pod_cache_options(config: Config) -> dict[str, Any]:
     """The pod watch's options from ``config``: the label and annotation keys it copies and,
     with --upstream.discover-pod, the selector and namespace the upstream pod must match."""
-    from .kube import parse_selector
+    from .kube import parse_mps_daemon_pods, parse_selector
 
     selector = (
         parse_selector(config.upstream_pod_selector) if config.upstream_discover_pod else None
@@ -65,6 +67,9 @@ def pod_cache_options(config: Config) -> dict[str, Any]:
         "annotation_keys": config.kube_pod_annotations,
         "upstream_selector": selector,
         "upstream_namespace": config.upstream_pod_namespace,
+        "mps_daemon_pods": parse_mps_daemon_pods(
+            config.mps_daemon_pod_selector, config.mps_daemon_pod_namespace
+        ),
     }
 
 
@@ -234,6 +239,7 @@ def _pod_index(config: Config, wait: float = 5.0) -> tuple[PodIndex | None, str]
 
 # What resolve says of a PID whose cgroup names a pod it cannot name, by the reason /metrics
 # gives the process (gpu_unattributed_memory_used_bytes{reason}): its exit status is 1 then.
+MPS_DAEMON_NOTE = "the MPS control daemon or server (--mps.daemon-pod-selector): not a workload"
 UNRESOLVED_NOTES = {
     REASON_POD_NOT_FOUND: "pod not found on this node",
     REASON_CONFLICT: "the container's pod is not the pod its cgroup names",
@@ -273,7 +279,12 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO, pods: PodSource | 
                 cgroup=cg.path,
             )
             owner = pod_of(cg, index) if index is not None else None
-            if owner is not None:
+            if mps_daemon_at(info, owner):
+                # Not a workload: /metrics names no pod for it either.
+                rec.update(reason=REASON_MPS_SERVER, note=MPS_DAEMON_NOTE)
+                if owner is not None and owner[0] is not None:
+                    rec["mps_daemon_pod"] = f"{owner[0].namespace}/{owner[0].name}"
+            elif owner is not None:
                 pod, container, reason = owner
                 if pod is not None:
                     rec.update(namespace=pod.namespace, pod=pod.name, container=container or None)
@@ -283,7 +294,7 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO, pods: PodSource | 
                 rec["note"] = kube_note
             if docker is not None and cg.container_id and not cg.pod_uid:
                 rec.update(_docker_fields(docker, cg, docker_note))
-            if "reason" in rec:
+            if rec.get("reason", REASON_MPS_SERVER) != REASON_MPS_SERVER:
                 failures += 1
         out.write(json.dumps(rec, sort_keys=True) + "\n")
     return 1 if failures else 0

@@ -28,6 +28,14 @@ class Config:
     kube_kubeconfig: str | None = None
     kube_pod_labels: tuple[str, ...] = ()
     kube_pod_annotations: tuple[str, ...] = ("hub.jupyter.org/username",)
+    # The pods that may run the MPS control daemon and server (kube.parse_mps_daemon_pods):
+    # NVIDIA's device plugin's MPS control daemon as the GPU Operator deploys it (label app=...,
+    # namespace gpu-operator) and as the plugin's Helm chart does (app.kubernetes.io/name=...,
+    # namespace nvidia-device-plugin).
+    mps_daemon_pod_selector: str = (
+        "app=nvidia-device-plugin-mps-control-daemon;app.kubernetes.io/name=nvidia-device-plugin"
+    )
+    mps_daemon_pod_namespace: tuple[str, ...] = ("gpu-operator", "nvidia-device-plugin")
     kubelet_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubelet_enabled: bool | None = None  # None: on when Kubernetes is on
     kubelet_timeout: float = 2.0

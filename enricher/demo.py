@@ -25,7 +25,7 @@ from aiohttp import web
 from .app import Scraper, make_app, serve
 from .commands import wait_for_signal
 from .config import Config
-from .kube import parse_pod
+from .kube import parse_mps_daemon_pods, parse_pod
 from .model import DraDevice, GpuDevice, MigDevice, ProcessKind
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
@@ -148,6 +148,11 @@ MPS_DAEMON = SimPod(
     _cid(0x17),
     ("DaemonSet", "nvidia-device-plugin-mps-control-daemon"),
     None,
+    # The plugin Helm chart's pod labels: --mps.daemon-pod-selector's default admits it.
+    labels=(
+        ("app.kubernetes.io/name", "nvidia-device-plugin"),
+        ("app.kubernetes.io/instance", "nvdp"),
+    ),
 )
 EMBED_A = SimPod(
     "search",
@@ -406,7 +411,14 @@ def demo_pods(config: Config) -> StaticPods:
     """The demo node's SIMULATED pods, as the pod watch would parse them under ``config``."""
     return StaticPods(
         [
-            parse_pod(pod_object(p, NODE), config.kube_pod_labels, config.kube_pod_annotations)
+            parse_pod(
+                pod_object(p, NODE),
+                config.kube_pod_labels,
+                config.kube_pod_annotations,
+                parse_mps_daemon_pods(
+                    config.mps_daemon_pod_selector, config.mps_daemon_pod_namespace
+                ),
+            )
             for p in PODS
         ]
     )

@@ -29,6 +29,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes.client
@@ -36,16 +37,20 @@ import kubernetes.config
 import kubernetes.watch
 import urllib3
 
+from .config import Config
 from .episodes import EpisodeLog
 from .model import PodIndex, PodInfo
 from .sources import Reading
 
 __all__ = [
+    "NAMESPACE_RE",
     "KubeConfigError",
+    "MpsDaemonPods",
     "PodCache",
     "build_index",
     "derive_workload",
     "load_api_client",
+    "parse_mps_daemon_pods",
     "parse_pod",
     "parse_pod_list",
     "parse_selector",
@@ -159,16 +164,110 @@ def upstream_label_name(key: str) -> str:
     return _NOT_LABEL_CHAR.sub("_", key)
 
 
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_LABEL_KEY = re.compile(rf"({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
+# A Kubernetes namespace name: an RFC 1123 label.
+NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """An equality label selector ``"a=b,c==d"`` as a dict; "" (or blanks) selects all.
+
+    Raises ValueError on anything else: ``!=``, set-based terms, empty terms, invalid keys
+    or values, and one key given two different values.
+    """
+    if not isinstance(text, str):
+        raise ValueError("selector must be a string")
+    out: dict[str, str] = {}
+    if not text.strip():
+        return out
+    for raw in text.split(","):
+        term = raw.strip()
+        if not term:
+            raise ValueError(f"empty term in selector {text!r}")
+        if "!=" in term:
+            raise ValueError(f"only equality is supported, not {term!r}")
+        key, sep, value = term.partition("==") if "==" in term else term.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or "=" in value:
+            raise ValueError(f"expected key=value, got {term!r}")
+        prefix, _, name = key.rpartition("/")
+        if (
+            not _LABEL_KEY.fullmatch(key)
+            or len(name) > 63
+            or len(prefix) > 253
+            or not _LABEL_VALUE.fullmatch(value)
+            or len(value) > 63
+        ):
+            raise ValueError(f"invalid label selector term {term!r}")
+        if out.get(key, value) != value:
+            raise ValueError(f"label {key!r} given two values in {text!r}")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonPods:
+    """Which pods may run the MPS control daemon and server: those in one of ``namespaces``
+    whose labels match one of ``selectors``. The namespace is the boundary: pod labels are
+    set by whoever creates the pod, so a selector alone would let any tenant qualify."""
+
+    namespaces: frozenset[str] = frozenset()
+    selectors: tuple[Mapping[str, str], ...] = ()
+
+    def admits(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the pod ``obj`` (API JSON) is one of them."""
+        namespace = _map(_map(obj).get("metadata")).get("namespace")
+        if not isinstance(namespace, str) or namespace not in self.namespaces:
+            return False
+        return any(_labels_match(obj, selector) for selector in self.selectors)
+
+
+def parse_mps_daemon_pods(selectors: str, namespaces: Iterable[str]) -> MpsDaemonPods:
+    """``--mps.daemon-pod-selector`` (equality selectors separated by ``;``: a pod matching
+    any one of them qualifies) and ``--mps.daemon-pod-namespace`` as :class:`MpsDaemonPods`.
+
+    Raises ValueError on an invalid selector, an empty alternative (it would match every pod
+    of the namespaces: give ``k=v`` terms) or a namespace that is not a namespace name.
+    """
+    parsed: list[dict[str, str]] = []
+    for alternative in selectors.split(";") if selectors.strip() else ():
+        selector = parse_selector(alternative)
+        if not selector:
+            raise ValueError(f"empty alternative in MPS daemon pod selector {selectors!r}")
+        parsed.append(selector)
+    names = frozenset(namespaces)
+    for name in names:
+        if NAMESPACE_RE.fullmatch(name) is None:
+            raise ValueError(f"{name!r} is not a namespace name")
+    return MpsDaemonPods(names, tuple(parsed))
+
+
+def _labels_match(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = _map(_map(_map(obj).get("metadata")).get("labels"))
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+DEFAULT_MPS_DAEMON_PODS = parse_mps_daemon_pods(
+    Config().mps_daemon_pod_selector, Config().mps_daemon_pod_namespace
+)
+
+
 def parse_pod(
     obj: Mapping[str, Any],
     label_keys: Sequence[str] = (),
     annotation_keys: Sequence[str] = (),
+    mps_daemon_pods: MpsDaemonPods | None = DEFAULT_MPS_DAEMON_PODS,
 ) -> PodInfo:
     """A :class:`PodInfo` from one pod's API JSON (camelCase dict).
 
     Only the labels and annotations named in ``label_keys`` / ``annotation_keys`` are kept,
     values cut to 1024 characters. Missing or mistyped fields give empty values, never an
     exception; a result with ``uid == ""`` is unusable and :func:`build_index` skips it.
+    ``mps_daemon`` is set when ``mps_daemon_pods`` admits the pod (None admits none; the
+    default is the flags' default).
     """
     pod = _map(obj)
     meta = _map(pod.get("metadata"))
@@ -214,6 +313,7 @@ def parse_pod(
         mirror_of=mirror,
         pod_ip=_str(status.get("podIP")),
         ready=ready,
+        mps_daemon=mps_daemon_pods is not None and mps_daemon_pods.admits(pod),
     )
 
 
@@ -257,48 +357,6 @@ def build_index(pods: Iterable[PodInfo]) -> PodIndex:
     return PodIndex(by_uid=by_uid, by_container=by_container)
 
 
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_LABEL_KEY = re.compile(rf"({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}")
-_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
-
-
-def parse_selector(text: str) -> dict[str, str]:
-    """An equality label selector ``"a=b,c==d"`` as a dict; "" (or blanks) selects all.
-
-    Raises ValueError on anything else: ``!=``, set-based terms, empty terms, invalid keys
-    or values, and one key given two different values.
-    """
-    if not isinstance(text, str):
-        raise ValueError("selector must be a string")
-    out: dict[str, str] = {}
-    if not text.strip():
-        return out
-    for raw in text.split(","):
-        term = raw.strip()
-        if not term:
-            raise ValueError(f"empty term in selector {text!r}")
-        if "!=" in term:
-            raise ValueError(f"only equality is supported, not {term!r}")
-        key, sep, value = term.partition("==") if "==" in term else term.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or "=" in value:
-            raise ValueError(f"expected key=value, got {term!r}")
-        prefix, _, name = key.rpartition("/")
-        if (
-            not _LABEL_KEY.fullmatch(key)
-            or len(name) > 63
-            or len(prefix) > 253
-            or not _LABEL_VALUE.fullmatch(value)
-            or len(value) > 63
-        ):
-            raise ValueError(f"invalid label selector term {term!r}")
-        if out.get(key, value) != value:
-            raise ValueError(f"label {key!r} given two values in {text!r}")
-        out[key] = value
-    return out
-
-
 def parse_pod_list(data: bytes | str) -> tuple[str, list[Mapping[str, Any]]]:
     """``(resourceVersion, items)`` from a PodList response body.
 
@@ -323,11 +381,6 @@ def parse_pod_list(data: bytes | str) -> tuple[str, list[Mapping[str, Any]]]:
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise ValueError("pod list items are not objects")
     return rv, items
-
-
-def _labels_match(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
-    labels = _map(_map(_map(obj).get("metadata")).get("labels"))
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 # --------------------------------------------------------------------------- client config
@@ -426,6 +479,7 @@ class PodCache:
         annotation_keys: Sequence[str] = (),
         upstream_selector: Mapping[str, str] | None = None,
         upstream_namespace: str | None = None,
+        mps_daemon_pods: MpsDaemonPods | None = DEFAULT_MPS_DAEMON_PODS,
         watch_timeout_seconds: int = 300,
         request_timeout_seconds: float = 30.0,
         backoff_max_seconds: float = 30.0,
@@ -440,6 +494,7 @@ class PodCache:
         # Only pods of this namespace may become the upstream: a tenant who can run a pod with
         # the exporter's labels on a GPU node must not be able to feed the enricher.
         self._upstream_namespace = upstream_namespace or None
+        self._mps_daemon_pods = mps_daemon_pods
         self._watch_timeout = max(1, int(watch_timeout_seconds))
         self._request_timeout = max(0.001, float(request_timeout_seconds))
         self._backoff_max = max(0.0, float(backoff_max_seconds))
@@ -722,7 +777,7 @@ class PodCache:
         self._healthy()
 
     def _upsert(self, pods: dict[str, tuple[PodInfo, bool]], obj: Mapping[str, Any]) -> None:
-        pod = parse_pod(obj, self._label_keys, self._annotation_keys)
+        pod = parse_pod(obj, self._label_keys, self._annotation_keys, self._mps_daemon_pods)
         if not pod.uid:
             log.debug("skipping a pod without metadata.uid")
             return

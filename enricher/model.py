@@ -154,6 +154,10 @@ class PodInfo:
     label_names: frozenset[str] = frozenset()
     pod_ip: str = ""
     ready: bool = False
+    # Whether this pod may run the MPS control daemon and server (--mps.daemon-pod-namespace and
+    # --mps.daemon-pod-selector): only then does a process named nvidia-cuda-mps-* in it count
+    # as the daemon rather than as the pod's own workload.
+    mps_daemon: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,11 @@ MPS_DAEMON = SimPod(
     cid(0xA4),
     ("DaemonSet", "nvidia-device-plugin-mps-control-daemon"),
     None,
+    # The plugin Helm chart's pod labels: --mps.daemon-pod-selector's default admits it.
+    labels=(
+        ("app.kubernetes.io/name", "nvidia-device-plugin"),
+        ("app.kubernetes.io/instance", "nvdp"),
+    ),
 )
 EMBED_A = SimPod(
     "search",

@@ -24,6 +24,8 @@ GPU = "GPU-00000000-0000-0000-0000-000000000001"
 UID_A = "aaaaaaaa-1111-4222-8333-444444444444"
 UID_B = "bbbbbbbb-1111-4222-8333-444444444444"
 UID_GONE = "dddddddd-1111-4222-8333-444444444444"
+UID_MPS = "cccccccc-1111-4222-8333-444444444444"
+CID_MPS = "9" * 64
 STATIC_HASH = "0123456789abcdef0123456789abcdef"
 CID_A, CID_B, CID_STATIC, CID_NEW, CID_DOCKER = ("a" * 64, "b" * 64, "c" * 64, "e" * 64, "f" * 64)
 
@@ -31,6 +33,13 @@ PODS = build_index(
     [
         PodInfo(uid=UID_A, namespace="ml", name="train-a", containers={CID_A: "trainer"}),
         PodInfo(uid=UID_B, namespace="ml", name="serve-b", containers={CID_B: "server"}),
+        PodInfo(
+            uid=UID_MPS,
+            namespace="nvidia-device-plugin",
+            name="nvidia-device-plugin-mps-control-daemon-5wq8k",
+            containers={CID_MPS: "mps-control-daemon"},
+            mps_daemon=True,  # what kube.parse_pod sets for a pod the MPS flags admit
+        ),
         PodInfo(
             uid="mmmmmmmm-1111-4222-8333-444444444444",
             namespace="kube-system",
@@ -144,11 +153,49 @@ ROWS = [
         [Want(None, "", "container_not_found")],
         id="docker-mode-container-gone",
     ),
+    # The process name is the process's own choice (#30): it makes an MPS daemon only where
+    # one can be, on the host or in a pod the MPS flags admit.
     pytest.param(
         [Proc(1, info(1, cg(UID_A, CID_A), comm="nvidia-cuda-mps"))],
         None,
+        [Want("train-a", "trainer", "")],
+        id="mps-name-in-a-tenant-pod-is-the-pods",
+    ),
+    pytest.param(
+        [Proc(1, info(1, cg(UID_MPS, CID_MPS), comm="nvidia-cuda-mps"))],
+        None,
         [Want(None, "", "mps_server")],
-        id="mps-server-in-a-pod-is-not-the-pods",
+        id="mps-daemon-in-the-daemon-pod",
+    ),
+    pytest.param(
+        [Proc(1, info(1, cg(UID_MPS, CID_MPS), comm="python"))],
+        None,
+        [Want("nvidia-device-plugin-mps-control-daemon-5wq8k", "mps-control-daemon", "")],
+        id="other-process-in-the-daemon-pod-is-the-pods",
+    ),
+    pytest.param(
+        [Proc(1, info(1, cg(None, None), comm="nvidia-cuda-mps"))],
+        None,
+        [Want(None, "", "mps_server")],
+        id="mps-daemon-on-the-host",
+    ),
+    pytest.param(
+        [Proc(1, info(1, cg(UID_GONE, CID_NEW), comm="nvidia-cuda-mps"))],
+        None,
+        [Want(None, "", "pod_not_found")],
+        id="mps-name-in-an-unknown-pod-is-not-a-daemon",
+    ),
+    pytest.param(
+        [Proc(1, info(1, cg(None, CID_DOCKER), comm="nvidia-cuda-mps"))],
+        DOCKER,
+        [Want(None, "jupyter", "")],
+        id="mps-name-in-a-docker-container-is-the-containers",
+    ),
+    pytest.param(
+        [Proc(1, info(1, None, comm="nvidia-cuda-mps"))],
+        None,
+        [Want(None, "", "unknown_cgroup")],
+        id="mps-name-with-an-unread-cgroup-is-not-a-daemon",
     ),
     pytest.param(
         [Proc(1, ProcError.REUSED)],

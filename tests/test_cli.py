@@ -66,6 +66,17 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.collector_process is False
 
 
+def test_mps_daemon_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, cfg, _ = parse_config([])
+    assert cfg.mps_daemon_pod_namespace == ("gpu-operator", "nvidia-device-plugin")
+    monkeypatch.setenv("ENRICHER_MPS_DAEMON_POD_SELECTOR", "app=mps")
+    _, cfg, _ = parse_config(["ps", "--mps.daemon-pod-namespace", "infra, gpu-system"])
+    assert cfg.mps_daemon_pod_selector == "app=mps"
+    assert cfg.mps_daemon_pod_namespace == ("infra", "gpu-system")
+    _, cfg, _ = parse_config(["--mps.daemon-pod-selector", "", "--mps.daemon-pod-namespace", ""])
+    assert (cfg.mps_daemon_pod_selector, cfg.mps_daemon_pod_namespace) == ("", ())  # host only
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -76,6 +87,8 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             ["--upstream.discover-pod", "--upstream.pod-selector", "no equals"], id="bad-selector"
         ),
         pytest.param(["--log.level", "loud"], id="bad-level"),
+        pytest.param(["--mps.daemon-pod-selector", "app=x;"], id="empty-mps-alternative"),
+        pytest.param(["--mps.daemon-pod-namespace", "GPU_Operator"], id="bad-mps-namespace"),
     ],
 )
 def test_config_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

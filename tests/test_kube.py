@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 from enricher import kube
 from enricher.kube import (
     KubeConfigError,
+    MpsDaemonPods,
     PodCache,
     build_index,
     derive_workload,
     load_api_client,
+    parse_mps_daemon_pods,
     parse_pod,
     parse_pod_list,
     parse_selector,
@@ -470,6 +472,62 @@ def test_parse_selector_rejects(text: str) -> None:
         parse_selector(text)
 
 
+# --------------------------------------------------------------------------- MPS daemon pods
+
+OPERATOR_LABELS = {"app": "nvidia-device-plugin-mps-control-daemon"}
+CHART_LABELS = {
+    "app.kubernetes.io/name": "nvidia-device-plugin",
+    "app.kubernetes.io/instance": "nvdp",
+}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "labels", "want"),
+    [
+        pytest.param("gpu-operator", OPERATOR_LABELS, True, id="gpu-operator-daemonset"),
+        pytest.param("nvidia-device-plugin", CHART_LABELS, True, id="plugin-helm-chart"),
+        pytest.param("ml", OPERATOR_LABELS, False, id="daemon-labels-in-a-tenant-namespace"),
+        pytest.param("gpu-operator", {"app": "nvidia-dcgm-exporter"}, False, id="other-labels"),
+        pytest.param("gpu-operator", {}, False, id="no-labels"),
+    ],
+)
+def test_default_mps_daemon_pods(namespace: str, labels: dict[str, str], want: bool) -> None:
+    """The flags' defaults admit NVIDIA's MPS control daemon as the GPU Operator and the
+    device plugin's Helm chart deploy it, and only in their namespaces."""
+    obj = make_pod("mps-control-daemon-x", namespace, node=NODE, labels=labels)
+    assert parse_pod(obj).mps_daemon is want
+    assert parse_pod(obj, mps_daemon_pods=None).mps_daemon is False  # None admits no pod
+
+
+def test_parse_mps_daemon_pods() -> None:
+    got = parse_mps_daemon_pods("a=b,c=d; e==f", ["ns-1", "ns-2"])
+    assert got == MpsDaemonPods(frozenset({"ns-1", "ns-2"}), ({"a": "b", "c": "d"}, {"e": "f"}))
+    both = make_pod("p", "ns-1", labels={"a": "b", "c": "d"})
+    assert got.admits(both)
+    assert not got.admits(make_pod("p", "ns-1", labels={"a": "b"}))  # terms are ANDed
+    assert got.admits(make_pod("p", "ns-2", labels={"e": "f"}))  # alternatives are ORed
+    assert not got.admits(make_pod("p", "ns-3", labels={"e": "f"}))
+    nobody = parse_mps_daemon_pods("", ["ns-1"])
+    assert not nobody.admits(both)  # no selector: only the host runs the daemon
+    assert not parse_mps_daemon_pods("a=b", []).admits(both)
+    assert not got.admits({"metadata": {"namespace": ["ns-1"], "labels": "a=b"}})
+
+
+@pytest.mark.parametrize(
+    ("selectors", "namespaces"),
+    [
+        pytest.param("a=b;", ["ns"], id="empty-alternative"),
+        pytest.param("a=b;;c=d", ["ns"], id="empty-middle-alternative"),
+        pytest.param("a!=b", ["ns"], id="not-equality"),
+        pytest.param("a=b", ["Not_A_Namespace"], id="bad-namespace"),
+        pytest.param("a=b", ["$(POD_NAMESPACE)"], id="unexpanded-variable"),
+    ],
+)
+def test_parse_mps_daemon_pods_rejects(selectors: str, namespaces: list[str]) -> None:
+    with pytest.raises(ValueError):
+        parse_mps_daemon_pods(selectors, namespaces)
+
+
 # --------------------------------------------------------------------------- parse_pod_list
 
 
@@ -864,6 +922,26 @@ def test_upstream_pods_by_selector(api: KubeApiStandIn, make_cache: CacheFactory
     assert api.wait_for_watch()
     api.delete_pod(pod_uid("gpu", "dcgm-exporter-zzzz"))
     wait_until(lambda: [p.name for p in cache.upstream_pods()] == ["dcgm-exporter-aaaa"])
+
+
+def test_watch_marks_the_mps_daemon_pods(api: KubeApiStandIn, make_cache: CacheFactory) -> None:
+    """The watch applies its MPS daemon rule to listed and watched pods alike."""
+    api.add_pod(make_pod("mps-a", "gpu-operator", labels=OPERATOR_LABELS))
+    api.add_pod(make_pod("mps-lookalike", "ml", labels=OPERATOR_LABELS))
+    cache = make_cache(
+        mps_daemon_pods=parse_mps_daemon_pods(
+            "app=nvidia-device-plugin-mps-control-daemon", ["gpu-operator"]
+        )
+    )
+    assert cache.synced.wait(WAIT)
+    assert api.wait_for_watch()
+    api.add_pod(make_pod("mps-b", "gpu-operator", labels=OPERATOR_LABELS))
+
+    def marked() -> dict[str, bool]:
+        return {p.name: p.mps_daemon for p in cache.index().by_uid.values()}
+
+    wait_until(lambda: len(marked()) == 3)
+    assert marked() == {"mps-a": True, "mps-lookalike": False, "mps-b": True}
 
 
 def test_upstream_pods_without_selector_is_empty(
