@@ -34,6 +34,8 @@ import jsonschema
 import pytest
 import yaml
 
+from enricher.config import Config
+
 from .promreleases import PromRelease
 from .schemas import PROMETHEUS_RULE_SCHEMA
 
@@ -61,6 +63,9 @@ POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_UPSTREAM_URL = "http://127.0.0.1:9400/metrics"
 DEFAULT_POD_SELECTOR = "app=nvidia-dcgm-exporter"
+# The GPU Operator's MPS control daemon pods (its nvidia-device-plugin-mps-control-daemon
+# DaemonSet's label).
+OPERATOR_MPS_SELECTOR = "app=nvidia-device-plugin-mps-control-daemon"
 # Oldest and newest Kubernetes schema sets kubernetes-validate ships that we support.
 K8S_VERSIONS = ("1.32.0", "1.37.0")
 CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
@@ -199,6 +204,15 @@ def bool_flag(args: list[str], flag: str) -> bool | None:
         elif arg == f"--no-{name}":
             state = False
     return state
+
+
+def _downward_variables(container: Doc, field_path: str) -> list[str]:
+    """The container's variables set from the downward API's ``field_path``."""
+    return [
+        e["name"]
+        for e in container.get("env", [])
+        if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == field_path
+    ]
 
 
 def enricher_setting(container: Doc, flag: str, default: str) -> str:
@@ -661,6 +675,20 @@ def gpu_operator_problems(docs: Docs) -> list[str]:
     from_pod = field.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
     if from_pod != "metadata.namespace" and namespace != workload["metadata"].get("namespace"):
         problems.append(f"--upstream.pod-namespace {namespace} is not the enricher's namespace")
+    # The operator's MPS control daemon runs in its namespace too, with its label (#30).
+    defaults = Config()
+    mps_namespaces = enricher_setting(
+        enricher, "--mps.daemon-pod-namespace", ",".join(defaults.mps_daemon_pod_namespace)
+    ).split(",")
+    own = {workload["metadata"].get("namespace")}
+    own |= {f"$({v})" for v in _downward_variables(enricher, "metadata.namespace")}
+    if not own & set(mps_namespaces):
+        problems.append(f"--mps.daemon-pod-namespace {mps_namespaces} misses the operator's")
+    mps_selectors = enricher_setting(
+        enricher, "--mps.daemon-pod-selector", defaults.mps_daemon_pod_selector
+    ).split(";")
+    if OPERATOR_MPS_SELECTOR not in mps_selectors:
+        problems.append(f"--mps.daemon-pod-selector {mps_selectors} misses the operator's label")
     if any(
         c.get("image", "").startswith(EXPORTER_IMAGE_REPO)
         for w in of_kind(docs, *WORKLOAD_KINDS)
@@ -1424,6 +1452,20 @@ def test_invariants_catch(mutate: Mutation, expected: str) -> None:
             lambda d: _enricher(d)["env"].remove(env_entry(_enricher(d), "POD_NAMESPACE")),
             "is not the enricher's namespace",
             id="namespace-variable-undefined",
+        ),
+        pytest.param(
+            # The MPS flag's default namespaces, installed into OpenShift's namespace.
+            lambda d: (
+                _enricher(d)["args"].remove("--mps.daemon-pod-namespace=$(POD_NAMESPACE)"),
+                _first(d, "DaemonSet")["metadata"].update(namespace="nvidia-gpu-operator"),
+            ),
+            "--mps.daemon-pod-namespace",
+            id="default-mps-namespace-elsewhere",
+        ),
+        pytest.param(
+            lambda d: _enricher(d)["args"].append("--mps.daemon-pod-selector=app=my-mps"),
+            "misses the operator's label",
+            id="mps-selector-without-the-operators-label",
         ),
     ],
 )

@@ -62,6 +62,9 @@ user's), else "". */}}
 {{- $_ := set $flags "upstream.pod-selector" "app=nvidia-dcgm-exporter" -}}
 {{- /* The operator's namespace is the pod's own: the kubelet expands $(POD_NAMESPACE). */ -}}
 {{- $_ := set $flags "upstream.pod-namespace" "$(POD_NAMESPACE)" -}}
+{{- /* The operator runs the MPS control daemon in the same namespace, with this label. */ -}}
+{{- $_ := set $flags "mps.daemon-pod-selector" "app=nvidia-device-plugin-mps-control-daemon" -}}
+{{- $_ := set $flags "mps.daemon-pod-namespace" "$(POD_NAMESPACE)" -}}
 {{- end -}}
 {{- if ne (int .Values.enricher.runAsUser) 0 -}}
 {{- /* Non-root cannot connect to the kubelet's root-only PodResources socket. */ -}}
