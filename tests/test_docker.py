@@ -969,10 +969,18 @@ def proc_info(pid: int, ref: CgroupRef | None, comm: str = "python") -> ProcInfo
             id="host",
         ),
         pytest.param(
+            # A name is not a pass: in a container it is that container's, like any other
+            # process (docs/threat-model.md); only the host's counts as the MPS daemon.
             proc_info(1, cg(f"/docker/{CID}", CID), comm="nvidia-cuda-mps"),
             {CID: TRAINER_C},
+            ("t", "", True),
+            id="mps-name-in-a-container",
+        ),
+        pytest.param(
+            proc_info(1, cg("/system.slice/nvidia-mps.service", None), comm="nvidia-cuda-mps"),
+            {},
             ("", "mps_server", False),
-            id="mps-daemon-in-a-container",
+            id="mps-daemon-on-the-host",
         ),
         pytest.param(proc_info(1, None), {}, ("", "unknown_cgroup", False), id="unknown-cgroup"),
         pytest.param(ProcError.EXITED, {}, ("", "process_exited", False), id="exited"),

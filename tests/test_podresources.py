@@ -519,16 +519,26 @@ def test_plan_devices_with_allocations(
 
 
 def test_mps_daemons_are_not_workloads() -> None:
-    """The MPS server runs in the device plugin's pod; it is classified, not attributed."""
-    daemon_pod = PodInfo(uid="u-mps", namespace="nvidia", name="mps-control-daemon")
-    cid = "ab" * 32
-    index = PodIndex(by_uid={"u-mps": daemon_pod}, by_container={cid: (daemon_pod, "mps")})
+    """The MPS server runs in the device plugin's pod (one the MPS flags admit); there it is
+    classified, not attributed. The same names in a pod the flags do not admit are that pod's."""
+    cid, other_cid = "ab" * 32, "cd" * 32
+    daemon_pod = PodInfo(
+        uid="u-mps", namespace="nvidia", name="mps-control-daemon", mps_daemon=True
+    )
+    tenant_pod = PodInfo(uid="u-ten", namespace="ml", name="tenant")
+    index = PodIndex(
+        by_uid={"u-mps": daemon_pod, "u-ten": tenant_pod},
+        by_container={cid: (daemon_pod, "mps"), other_cid: (tenant_pod, "c")},
+    )
     cgroup = CgroupRef("u-mps", cid, Runtime.CONTAINERD, "/kubepods/x")
-    snapshot = GpuSnapshot(processes=(proc_on(G0, 1), proc_on(G0, 2), proc_on(G0, 3)))
+    tenant = CgroupRef("u-ten", other_cid, Runtime.CONTAINERD, "/kubepods/y")
+    snapshot = GpuSnapshot(processes=tuple(proc_on(G0, pid) for pid in (1, 2, 3, 4, 5)))
     procs = {
         1: ProcInfo(1, 1, 1.0, "nvidia-cuda-mps", cgroup),  # /proc comm: 15 characters
         2: ProcInfo(2, 1, 1.0, "nvidia-cuda-mps-server", cgroup),
         3: ProcInfo(3, 1, 1.0, "python", cgroup),
+        4: ProcInfo(4, 1, 1.0, "nvidia-cuda-mps", tenant),
+        5: ProcInfo(5, 1, 1.0, "nvidia-cuda-mps-server", tenant),
     }
     got = [
         (a.process.pid, a.pod.name if a.pod else None, a.reason)
@@ -538,6 +548,8 @@ def test_mps_daemons_are_not_workloads() -> None:
         (1, None, REASON_MPS_SERVER),
         (2, None, REASON_MPS_SERVER),
         (3, "mps-control-daemon", ""),
+        (4, "tenant", ""),
+        (5, "tenant", ""),
     ]
 
 
