@@ -31,17 +31,17 @@ from typing import Any
 # fails the install (tests/test_bench.py runs it), so the list follows the code.
 FUNCTIONS: tuple[tuple[str, str, str], ...] = (
     ("rewrite", "enricher.rewrite", "Rewriter.rewrite"),
-    ("power split and its families", "enricher.app", "Scraper._power"),
-    ("container families", "enricher.app", "Scraper._families"),
+    ("power split and its families", "enricher.pipeline", "Scraper._power"),
+    ("container families", "enricher.pipeline", "Scraper._families"),
     ("gzip of a collection's body", "enricher.compress", "GzipHead.__init__"),
     ("gzip of each scrape's tail", "enricher.compress", "GzipHead.finish"),
-    ("self-metrics of a collection", "enricher.app", "Scraper._collection_metrics"),
-    ("self-metrics of each scrape", "enricher.app", "Scraper._scrape_metrics"),
+    ("self-metrics of a collection", "enricher.pipeline", "Scraper._collection_metrics"),
+    ("self-metrics of each scrape", "enricher.pipeline", "Scraper._scrape_metrics"),
     ("process_* and python_*", "enricher.promclient", "RuntimeFamilies.render"),
     ("NVML read", "enricher.nvml", "NvmlSource.fetch"),
     ("procfs read", "enricher.procfs", "ProcReader.read_many"),
-    ("attribution", "enricher.app", "attribute"),
-    ("rewrite plan", "enricher.app", "plan_devices"),
+    ("attribution", "enricher.node", "attribute"),
+    ("rewrite plan", "enricher.node", "plan_devices"),
 )
 
 

@@ -75,9 +75,10 @@ async def _serve_enricher(
     """The child process: the real app on the demo's simulated node; prints its port."""
     from dataclasses import replace
 
-    from enricher.app import Scraper, make_app, serve
+    from enricher.app import make_app, serve
     from enricher.config import Config
     from enricher.demo import DEMO, NODE, demo_pods
+    from enricher.pipeline import Scraper
     from enricher.procfs import ProcReader
     from enricher.simnode.fakeproc import write_proc_tree
     from enricher.simnode.gpus import SimulatedGpus

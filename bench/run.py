@@ -1422,7 +1422,7 @@ def render_loop(loop: dict[str, Any]) -> list[str]:
     lines.append(
         f"/healthz max, worker / on the loop: values {loop['values_max_ratio']}, labels "
         f"{loop['labels_max_ratio']}. worker: as shipped (bodies over "
-        "enricher.app.REWRITE_INLINE_MAX_CHARS rewritten in a thread); on_loop: every rewrite "
+        "enricher.pipeline.REWRITE_INLINE_MAX_CHARS rewritten in a thread); on_loop: every rewrite "
         "on the event loop, the design before."
     )
     return lines

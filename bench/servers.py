@@ -308,10 +308,11 @@ class _Timings:
 
 
 async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
-    import enricher.app as app_module
-    from enricher.app import Scraper, make_app, serve
+    import enricher.pipeline as pipeline_module
+    from enricher.app import make_app, serve
     from enricher.commands import make_gpu_source, make_podresources_source, start_pod_cache
     from enricher.config import Config
+    from enricher.pipeline import Scraper
     from enricher.procfs import ProcReader
 
     settings: dict[str, Any] = {
@@ -332,7 +333,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
         settings["upstream_follow_step"] = spec.follow_step
     config = replace(Config(), **settings)
     if spec.rewrite_on_loop:
-        app_module.REWRITE_INLINE_MAX_CHARS = sys.maxsize  # type: ignore[misc]
+        pipeline_module.REWRITE_INLINE_MAX_CHARS = sys.maxsize  # type: ignore[misc]
     pods = start_pod_cache(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")
@@ -352,7 +353,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
         cpu.install()
     timings = _Timings()
     if spec.timings:
-        timings.install(app_module, scraper)
+        timings.install(pipeline_module, scraper)
     runner = await serve(
         make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
     )

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from .app import PodSource, Scraper, make_app, serve
+from .app import make_app, serve
 from .attribution import (
     REASON_CONFLICT,
     REASON_CONTAINER_NOT_FOUND,
@@ -28,6 +28,8 @@ from .attribution import (
 from .config import Config
 from .docker import DockerSource
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
+from .node import PodSource
+from .pipeline import Scraper
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
 from .sources import Source

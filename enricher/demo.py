@@ -22,11 +22,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .app import Scraper, make_app, serve
+from .app import make_app, serve
 from .commands import wait_for_signal
 from .config import Config
 from .kube import parse_mps_daemon_pods, parse_pod
 from .model import DraDevice, GpuDevice, MigDevice, ProcessKind
+from .pipeline import Scraper
 from .podresources import PodResourcesSource
 from .procfs import ProcReader
 from .resourceslices import ResourceSliceSource

@@ -5,35 +5,31 @@ SM utilization, namespace, pod, container, workload and the memory of processes 
 to no pod. It refreshes itself and loads nothing from elsewhere (inline CSS, no script), so it
 works offline and behind ``kubectl port-forward``.
 
-``build_view`` and ``parse_device_memory`` are pure; ``render_landing`` only writes HTML.
+It reads the collection's model (``Collection``; ``enricher.collection.ScrapeResult`` is one):
+the attribution, the allocations, the power split and each device's memory from the upstream's
+framebuffer gauges as the rewrite handed them over; never the bytes ``/metrics`` served.
+``build_view`` is pure; ``render_landing`` only writes HTML.
 """
 
 from __future__ import annotations
 
 import html
-import re
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 from . import __version__
 from .attribution import Attribution
+from .collection import MIB, PowerView
 from .config import Config
 from .labels import DeviceKey
 from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
 from .power import REASON_IDLE
-from .textformat import parse_label_block, unescape_label_value
-
-if TYPE_CHECKING:
-    from .app import ScrapeResult
 
 REFRESH_SECONDS = 10
-MIB = 2**20
 MAX_PIDS_SHOWN = 8
-# dcgm-exporter's framebuffer gauges (MiB), as they leave the enricher.
-_FB_RE = re.compile(rb"^DCGM_FI_DEV_FB_(USED|FREE)\{([^\n]*)\} ([^ \n]+)", re.MULTILINE)
 
 
 # --------------------------------------------------------------------------- pure: the view
@@ -54,6 +50,25 @@ class Allocation(Protocol):
     def resource(self) -> str: ...
     @property
     def dra(self) -> DraDevice | None: ...
+
+
+class Collection(Protocol):
+    """What the page reads of a collection (``collection.ScrapeResult`` is one): its model,
+    with no served body in it."""
+
+    @property
+    def attributions(self) -> Sequence[Attribution]: ...
+    @property
+    def allocations(self) -> Sequence[Allocation]: ...
+    @property
+    def snapshot(self) -> GpuSnapshot: ...
+    @property
+    def statuses(self) -> Sequence[SourceStatus]: ...
+    @property
+    def finished_at(self) -> float: ...
+    @property
+    def power(self) -> PowerView | None: ...
+    def device_memory(self) -> Mapping[DeviceKey, tuple[float, float]]: ...
 
 
 def allocation_label(al: Allocation) -> str:
@@ -112,35 +127,6 @@ class PageView:
         return any(s.name == "podresources" and s.enabled and s.up for s in self.statuses)
 
 
-def parse_device_memory(body: bytes) -> dict[DeviceKey, tuple[float, float]]:
-    """(used, total) bytes per device from the FB_USED/FB_FREE series of an exposition body.
-
-    Lines that do not parse, lack a UUID or carry a non-numeric value are skipped; a device
-    whose series repeat (vGPU copies) keeps the last pair seen.
-    """
-    seen: dict[DeviceKey, dict[str, float]] = defaultdict(dict)
-    for m in _FB_RE.finditer(body):
-        pairs = parse_label_block(m.group(2).decode("utf-8", "replace"))
-        if pairs is None:
-            continue
-        labels = {name: unescape_label_value(raw) for name, raw in pairs}
-        uuid = labels.get("UUID") or labels.get("uuid")
-        if not uuid:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if value != value or value < 0:  # NaN or negative: no memory figure
-            continue
-        seen[(uuid, labels.get("GPU_I_ID", ""))][m.group(1).decode()] = value * MIB
-    return {
-        key: (vals["USED"], vals["USED"] + vals["FREE"])
-        for key, vals in seen.items()
-        if "USED" in vals and "FREE" in vals
-    }
-
-
 def _owner_rows(
     attributions: Sequence[Attribution], allocations: Sequence[Allocation] = ()
 ) -> tuple[OwnerRow, ...]:
@@ -193,7 +179,9 @@ def _owner_rows(
     return tuple(rows)
 
 
-def _with_power(key: DeviceKey, owners: tuple[OwnerRow, ...], power: Any) -> tuple[OwnerRow, ...]:
+def _with_power(
+    key: DeviceKey, owners: tuple[OwnerRow, ...], power: PowerView
+) -> tuple[OwnerRow, ...]:
     """Each row with its watts (enricher.power's split, as the metrics say), and a row for the
     idle share of a device nobody holds."""
     if key[0] not in power.device_watts:
@@ -230,8 +218,9 @@ def _device_list(snapshot: GpuSnapshot) -> list[tuple[DeviceKey, str, str]]:
     return out
 
 
-def build_view(last: ScrapeResult | None) -> PageView:
-    """Who is on which device at the last scrape, with device memory from the upstream."""
+def build_view(last: Collection | None) -> PageView:
+    """Who is on which device at the last scrape, with device memory from the upstream's
+    framebuffer gauges (the collection's model: ``ScrapeResult.device_memory``)."""
     if last is None:
         return PageView()
     by_device: dict[DeviceKey, list[Attribution]] = defaultdict(list)
@@ -241,7 +230,7 @@ def build_view(last: ScrapeResult | None) -> PageView:
     allocated: dict[DeviceKey, list[Allocation]] = defaultdict(list)
     for al in allocations:
         allocated[al.key].append(al)
-    memory = parse_device_memory(last.body)
+    memory = last.device_memory()
     power = last.power
     devices = []
     listed: set[DeviceKey] = set()
@@ -384,7 +373,7 @@ _CSS = (
 )
 
 
-def render_landing(last: ScrapeResult | None, config: Config) -> str:
+def render_landing(last: Collection | None, config: Config) -> str:
     """The whole page, self-contained; ``last`` is the newest scrape (None before the first)."""
     view = build_view(last)
     banner = (

@@ -135,6 +135,8 @@ def upstream_power(
     known = heads_memo.last if heads_memo is not None else {}
     heads: dict[tuple[str, str], DeviceKey | None] = {}
     for name, head, tail in lines:
+        if name not in copies and name != UPSTREAM_GR_ACTIVE:
+            continue  # a family the rewrite watches for another reader (device memory)
         line_head = (name, head)
         if line_head in heads:
             key = heads[line_head]
@@ -177,6 +179,13 @@ def _head_device(name: str, head: str) -> DeviceKey | None:
 # A value as exporters write it (an integer or a %f float), alone after the label block: every
 # string it matches is one valid_value accepts as it is.
 _PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
+
+
+def watched_sample(line: WatchedLine) -> tuple[DeviceKey, float] | None:
+    """The device and value of one watched sample line (None: not valid exposition, no GPU,
+    or a non-finite or negative value), as ``upstream_power`` reads its own."""
+    name, head, tail = line
+    return _parse_sample(_head_device(name, head), tail)
 
 
 def _parse_sample(key: DeviceKey | None, tail: str) -> tuple[DeviceKey, float] | None:

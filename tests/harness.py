@@ -41,11 +41,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import Scraper, make_app
+from enricher.app import make_app
 from enricher.commands import make_podresources_source
 from enricher.config import Config
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
+from enricher.pipeline import Scraper
 from enricher.procfs import ProcReader
 from enricher.simnode.kubelet import SimulatedKubelet
 from enricher.simnode.node import SimNode, SimPod

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
 from bench.node import NODE, SimNode
-from enricher.app import Scraper
 from enricher.kube import parse_pod
+from enricher.pipeline import Scraper
 from enricher.procfs import ProcReader
 from enricher.promclient import RUNTIME_PREFIXES
 from enricher.simnode.api import StaticPods

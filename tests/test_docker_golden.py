@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from enricher.app import Scraper
 from enricher.commands import ps, resolve
 from enricher.config import Config
 from enricher.model import GpuDevice, MigDevice, short_id
+from enricher.pipeline import Scraper
 from enricher.procfs import ProcReader
 from enricher.simnode import fakeproc
 from enricher.simnode.fakeproc import write_proc_tree

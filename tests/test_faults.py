@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import Scraper
 from enricher.kube import PodCache
 from enricher.model import GpuDevice, MigDevice
 from enricher.nvml import NvmlSource
+from enricher.pipeline import Scraper
 from enricher.simnode import fakeproc
 from enricher.simnode.api import make_pod, pod_object
 from enricher.simnode.fakeproc import write_proc_tree

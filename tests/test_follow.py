@@ -23,8 +23,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import Scraper, make_app
+from enricher.app import make_app
 from enricher.config import Config
+from enricher.pipeline import Scraper
 from enricher.procfs import ProcReader
 from enricher.simnode import fakeproc
 from tests.harness import series
@@ -214,10 +215,10 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
     while env.exporter.requests < polls + 3:
         assert time.monotonic() < deadline, "the follower stopped polling"
         await asyncio.sleep(STEP)
-    head = env.scraper._head
+    head = env.scraper._newest_head
     await env.scrape()
     await env.scrape()
-    assert env.scraper._head is head
+    assert env.scraper._newest_head is head
     assert reads == []
     # A new collection: read again, with it.
     env.exporter.collection = 2
@@ -234,7 +235,7 @@ async def test_a_new_collection_turns_the_label_memo(
     await env.scrape()
     turns: list[object] = []
     memo = env.scraper._label_sets
-    monkeypatch.setattr(memo, "turn", lambda: turns.append(env.scraper._head))
+    monkeypatch.setattr(memo, "turn", lambda: turns.append(env.scraper._newest_head))
     polls = env.exporter.requests
     deadline = time.monotonic() + WAIT
     while env.exporter.requests < polls + 3:
@@ -242,7 +243,7 @@ async def test_a_new_collection_turns_the_label_memo(
         await asyncio.sleep(STEP)
     await env.scrape()
     assert turns == []
-    head = env.scraper._head
+    head = env.scraper._newest_head
     env.exporter.collection = 2
     await eventually(env, lambda v: v["upstream"] == 2)
     assert turns[:1] == [head]  # turned while the head before was still the current one
@@ -253,7 +254,7 @@ async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     for the one already prepared, so the enricher keeps one copy of it, and a scrape finds the
     prepared head by identity (the body is neither compared nor rewritten again)."""
     await env.scrape()
-    head = env.scraper._head
+    head = env.scraper._newest_head
     assert head is not None
     polls = env.exporter.requests
     deadline = time.monotonic() + WAIT
@@ -265,17 +266,17 @@ async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     latest, _started = await follower.latest()
     assert latest.value is head.text
     repeated = env.scraper._rewriter.repeated_rewrites
-    power = env.scraper._power_memo  # the power split worked out for the prepared head
+    power = env.scraper._power_accounted  # the power split worked out for the prepared head
     assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
-    assert env.scraper._head is head
+    assert env.scraper._newest_head is head
     assert env.scraper._rewriter.repeated_rewrites == repeated
-    assert env.scraper._power_memo is power
+    assert env.scraper._power_accounted is power
 
     # A new collection is a new body: prepared anew, and kept from then on.
     env.exporter.collection = 2
     await eventually(env, lambda v: v["upstream"] == 2)
-    assert env.scraper._head is not head
-    assert (await follower.latest())[0].value is env.scraper._head.text
+    assert env.scraper._newest_head is not head
+    assert (await follower.latest())[0].value is env.scraper._newest_head.text
 
 
 def _counter(text: str, name: str) -> float:

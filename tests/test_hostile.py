@@ -1,6 +1,6 @@
 """Hostile input: property tests over the whole scrape, and the bounds on everything.
 
-The main property drives the real :class:`enricher.app.Scraper` (upstream over real HTTP, the
+The main property drives the real :class:`enricher.pipeline.Scraper` (upstream over real HTTP, the
 real ProcReader on a /proc tree written per example, pods through the real
 ``kube.parse_pod``) with an upstream exposition and pod metadata chosen to break exposition
 or PromQL: arbitrary metric and label names, label values with quotes, backslashes, newlines,
@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import MAX_IDENTITIES, Scraper, make_app, serve
+from enricher.app import make_app, serve
 from enricher.attribution import attribute
 from enricher.families import RenderOptions, render_families
 from enricher.kube import build_index, parse_pod
@@ -55,6 +55,7 @@ from enricher.model import (
     ProcInfo,
     Runtime,
 )
+from enricher.pipeline import MAX_IDENTITIES, Scraper
 from enricher.procfs import ProcReader
 from enricher.rewrite import Rewriter
 from enricher.simnode import fakeproc

@@ -19,15 +19,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import PowerView, ScrapeResult
 from enricher.attribution import AllocatedDevice, Attribution
+from enricher.collection import MEMORY_NAMES, MIB, PowerView, ScrapeResult, device_memory
 from enricher.config import Config
-from enricher.landing import (
-    MIB,
-    build_view,
-    parse_device_memory,
-    render_landing,
-)
+from enricher.labels import RewritePlan
+from enricher.landing import build_view, render_landing
 from enricher.model import (
     GpuDevice,
     GpuProcess,
@@ -37,6 +33,8 @@ from enricher.model import (
     ProcInfo,
     SourceStatus,
 )
+from enricher.rewrite import Rewriter
+from enricher.textformat import watched_lines
 
 from .harness import demo_process
 
@@ -103,8 +101,12 @@ G2 = "GPU-22222222-2222-4222-8222-222222222222"
         ),
     ],
 )
-def test_parse_device_memory(body: str, expected: dict[Any, Any]) -> None:
-    assert parse_device_memory(body.encode()) == expected
+def test_device_memory(body: str, expected: dict[Any, Any]) -> None:
+    """From the lines the rewrite hands over (RewriteResult.watched), as the upstream wrote
+    them: the same figures the served FB_USED and FB_FREE series carry."""
+    assert device_memory(watched_lines(body, MEMORY_NAMES)) == expected
+    rewritten = Rewriter(watch=MEMORY_NAMES).rewrite(body, RewritePlan())
+    assert device_memory(rewritten.watched) == expected
 
 
 # --------------------------------------------------------------------------- the view
@@ -164,6 +166,7 @@ STATUSES = [SourceStatus("upstream", True, 0.01, 0), SourceStatus("nvml", False,
 def result(**kw: Any) -> ScrapeResult:
     fields = {
         "body": FB,
+        "memory": device_memory(watched_lines(FB.decode(), MEMORY_NAMES)),
         "attributions": ATTRIBUTIONS,
         "snapshot": SNAPSHOT,
         "statuses": STATUSES,
@@ -198,6 +201,35 @@ def test_view_lists_every_device_and_who_is_on_it() -> None:
     assert view.devices[2].owners == () and view.devices[3].owners == ()
     assert view.pods == {("ml", "train-0"), ("inference", "vllm-abc"), ("research", "bert-0")}
     assert view.unattributed_bytes == 300 * MIB
+
+
+class _Model:
+    """A collection's model as the page reads it, with no served body at all."""
+
+    def __init__(self, memory: dict[Any, tuple[float, float]]) -> None:
+        self.attributions = ATTRIBUTIONS
+        self.allocations: list[AllocatedDevice] = []
+        self.snapshot = SNAPSHOT
+        self.statuses = STATUSES
+        self.finished_at = time.time()
+        self.power = None
+        self._memory = memory
+
+    def device_memory(self) -> dict[Any, tuple[float, float]]:
+        return self._memory
+
+
+def test_device_memory_comes_from_the_model_never_the_body() -> None:
+    """The page reads the collection's model (the framebuffer gauges as the rewrite handed
+    them over), not the bytes /metrics served: a model without a body builds the page, and
+    where a body says otherwise, the model wins."""
+    view = build_view(_Model({(G0, ""): (1 * MIB, 2 * MIB)}))
+    assert (view.devices[0].used_bytes, view.devices[0].total_bytes) == (MIB, 2 * MIB)
+    assert "1 MiB of 2 MiB used" in render_landing(_Model({(G0, ""): (MIB, 2 * MIB)}), Config())
+    served = result(memory={(G2, ""): (3 * MIB, 4 * MIB)})
+    devices = {d.key: d for d in build_view(served).devices}
+    assert devices[(G0, "")].used_bytes is None  # in the body, not in the model
+    assert devices[(G2, "")].used_bytes == 3 * MIB
 
 
 def test_view_never_hides_processes_on_an_unlisted_device() -> None:

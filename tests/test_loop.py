@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from enricher.app import REWRITE_INLINE_MAX_CHARS, Scraper, make_app
+from enricher.app import make_app
+from enricher.pipeline import REWRITE_INLINE_MAX_CHARS, Scraper
 from enricher.procfs import ProcReader
 from enricher.simnode import fakeproc
 

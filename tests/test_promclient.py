@@ -28,8 +28,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from enricher.app import Scraper, make_app
+from enricher.app import make_app
 from enricher.attribution import plan_devices
+from enricher.pipeline import Scraper
 from enricher.promclient import (
     LabelSets,
     MetricWriter,

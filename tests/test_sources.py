@@ -14,11 +14,11 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from enricher.app import Scraper
 from enricher.demo import DEMO
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.nvml import NvmlSource
+from enricher.pipeline import Scraper
 from enricher.podresources import PodResourcesSource
 from enricher.procfs import ProcReader
 from enricher.simnode.api import StaticPods

@@ -30,6 +30,7 @@ PURE_MODULES = (
     "enricher.rewrite",
     "enricher.model",
     "enricher.power",
+    "enricher.selfmetrics",
 )
 # The libraries through which the sources do their I/O.
 IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
@@ -203,24 +204,26 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST, type_checking: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
     """Every import statement that runs, at module level or in a function; those under
-    ``if TYPE_CHECKING:`` never run, so they make no cycle."""
+    ``if TYPE_CHECKING:`` never run, so they make no cycle at run time (``type_checking``: count
+    them too, as a reader and the type checker see them)."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             stack.extend(node.orelse)
         else:
             stack.extend(ast.iter_child_nodes(node))
 
 
 def import_graph(
-    sources: Mapping[str, tuple[str, bool]], top: str = "enricher"
+    sources: Mapping[str, tuple[str, bool]], top: str = "enricher", *, type_checking: bool = False
 ) -> dict[str, set[str]]:
-    """Edges module -> package modules it imports, from ``{module: (source, is_package)}``.
+    """Edges module -> package modules it imports, from ``{module: (source, is_package)}``
+    (``type_checking``: imports under ``if TYPE_CHECKING:`` too).
 
     ``from . import x`` and ``from .m import x`` are read as Python resolves them: ``x`` is the
     submodule when there is one, otherwise a name in ``m``.
@@ -228,7 +231,7 @@ def import_graph(
     graph: dict[str, set[str]] = {name: set() for name in sources}
     for name, (source, is_package) in sources.items():
         package = name if is_package else name.rpartition(".")[0]
-        for node in _imports(ast.parse(source)):
+        for node in _imports(ast.parse(source), type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -289,6 +292,30 @@ def test_package_has_no_import_cycle() -> None:
     assert "enricher.textformat" in graph["enricher.rewrite"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def test_package_has_no_import_cycle_not_even_a_type_only_one() -> None:
+    """A cycle through ``if TYPE_CHECKING:`` never runs, but it is still a circle a reader
+    follows (the node page once named the scrape result of the app that serves it): the
+    modules form layers, each reading only those below it."""
+    cycle = find_cycle(import_graph(package_sources(), type_checking=True))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def test_the_type_only_check_sees_a_type_only_cycle() -> None:
+    sources = {
+        "enricher.a": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import T",
+            False,
+        ),
+        "enricher.b": ("from .a import f", False),
+    }
+    assert find_cycle(import_graph(sources)) is None
+    assert find_cycle(import_graph(sources, type_checking=True)) == [
+        "enricher.a",
+        "enricher.b",
+        "enricher.a",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.app import Scraper, make_app
+from enricher.app import make_app
+from enricher.pipeline import Scraper
 from enricher.upstream import UpstreamError, fetch_upstream, url_for_pod_ip
 from tests.scraping import PER_SCRAPE, NoProcs
 

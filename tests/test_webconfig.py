@@ -22,8 +22,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from enricher.app import Scraper, make_app
+from enricher.app import make_app
 from enricher.config import Config
+from enricher.pipeline import Scraper
 from enricher.webconfig import (
     BasicAuthChecker,
     WebConfig,

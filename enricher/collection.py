@@ -1,0 +1,157 @@
+"""The model of one collection, as the pipeline (``enricher.pipeline``) makes it and the node
+page (``enricher.landing``) reads it: the head a scrape serves before its self-metrics, the
+power split behind it, each device's memory from the upstream's framebuffer gauges (lines the
+rewrite hands over, never the served bytes), and one scrape's result.
+
+Nothing here does I/O; ``device_memory`` is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .attribution import AllocatedDevice, Attribution
+from .compress import GzipHead
+from .labels import DeviceKey
+from .model import GpuSnapshot, SourceStatus
+from .node import NodeView
+from .power import Who, watched_sample
+from .textformat import WatchedLine
+
+MIB = 2**20
+# dcgm-exporter's framebuffer gauges (MiB): the rewrite watches them for the node page.
+FB_USED = "DCGM_FI_DEV_FB_USED"
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
+MEMORY_NAMES = (FB_USED, FB_FREE)
+
+DeviceLabels = dict[DeviceKey, tuple[tuple[str, str], ...]]
+
+
+def device_memory(lines: Iterable[WatchedLine]) -> dict[DeviceKey, tuple[float, float]]:
+    """(used, total) bytes per device from the upstream's FB_USED and FB_FREE sample lines
+    (``RewriteResult.watched``; other watched names are skipped).
+
+    Lines that are not valid exposition, name no GPU or carry a non-finite or negative value
+    are skipped; a device whose series repeat (vGPU copies) keeps the last pair seen.
+    """
+    seen: dict[DeviceKey, dict[str, float]] = {}
+    for line in lines:
+        if line[0] not in MEMORY_NAMES:
+            continue
+        sample = watched_sample(line)
+        if sample is None:
+            continue
+        key, value = sample
+        seen.setdefault(key, {})[line[0]] = value * MIB
+    return {
+        key: (vals[FB_USED], vals[FB_USED] + vals[FB_FREE])
+        for key, vals in seen.items()
+        if FB_USED in vals and FB_FREE in vals
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class PowerView:
+    """The power split of one collection, for the node page: watts per GPU, per container on a
+    device key, and unattributed per (device key, reason)."""
+
+    device_watts: dict[str, float]
+    container_watts: dict[tuple[DeviceKey, Who], float]
+    unattributed_watts: dict[tuple[DeviceKey, str], float]
+
+
+@dataclass(slots=True)
+class Head:
+    """What a scrape serves before its self-metrics: the rewritten upstream collection and
+    the enricher's families, the same for every scrape until the next collection (or node
+    read), so it is encoded once, and gzipped at most once (``gzip``, when a scraper asks)."""
+
+    text: str | None  # the upstream body it was made from (compared by identity)
+    node: NodeView
+    identities: DeviceLabels
+    # The body in parts (the rewritten upstream, our families, the power families), encoded:
+    # gzip reads them in turn and an identity body joins them with its tail, so the whole
+    # body is never copied into one buffer of its own.
+    chunks: tuple[bytes, ...]
+    samples: int
+    invalid_lines: int
+    rewritten: str | None  # the rewritten upstream body (the Rewriter's, compared by identity)
+    families: str
+    power_body: bytes  # the power families, as written
+    power: PowerView | None  # the power split they were written from
+    watched: tuple[WatchedLine, ...] = ()  # the upstream's lines the rewrite handed over
+    gzip: GzipHead | None = None
+    memory: dict[DeviceKey, tuple[float, float]] | None = None  # device_memory(watched), once
+
+    @property
+    def size(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+    def device_memory(self) -> dict[DeviceKey, tuple[float, float]]:
+        """Each device's (used, total) bytes, worked out on the first call (the node page's)."""
+        if self.memory is None:
+            self.memory = device_memory(self.watched)
+        return self.memory
+
+
+class ScrapeResult:
+    """One scrape: what was served and what the node looked like. ``body`` (the identity
+    body) is joined from ``head`` and ``tail`` when first asked for: a scrape served with
+    gzip never copies the whole body."""
+
+    __slots__ = (
+        "_body",
+        "allocations",
+        "attributions",
+        "finished_at",
+        "head",
+        "identities",
+        "memory",
+        "power",
+        "snapshot",
+        "statuses",
+        "tail",
+    )
+
+    def __init__(
+        self,
+        body: bytes | None,
+        attributions: list[Attribution],
+        snapshot: GpuSnapshot,
+        statuses: list[SourceStatus],
+        finished_at: float,
+        identities: DeviceLabels | None = None,
+        allocations: list[AllocatedDevice] | None = None,
+        power: PowerView | None = None,
+        head: Head | None = None,
+        tail: bytes = b"",
+        memory: dict[DeviceKey, tuple[float, float]] | None = None,
+    ) -> None:
+        """``body`` None: ``head``'s chunks followed by ``tail``. ``memory``: each device's
+        (used, total) bytes (None: the head's, from the lines the rewrite watched)."""
+        self._body = body
+        self.attributions = attributions
+        self.snapshot = snapshot
+        self.statuses = statuses
+        self.finished_at = finished_at
+        self.identities = identities if identities is not None else {}
+        self.allocations = allocations if allocations is not None else []
+        self.power = power
+        self.head = head
+        self.tail = tail
+        self.memory = memory
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            chunks = self.head.chunks if self.head is not None else ()
+            self._body = b"".join((*chunks, self.tail))
+        return self._body
+
+    def device_memory(self) -> dict[DeviceKey, tuple[float, float]]:
+        """Each device's (used, total) bytes in this collection, from the upstream's
+        framebuffer gauges as the rewrite handed them over (the model, not the body)."""
+        if self.memory is None:
+            self.memory = self.head.device_memory() if self.head is not None else {}
+        return self.memory

@@ -1,0 +1,627 @@
+"""The pipeline of a collection: the upstream's answer (followed, ``refresh``) and one read of
+the node (``node``) become a head (the rewritten upstream, our families, the power families,
+encoded once), and each scrape adds its self-metrics (``selfmetrics``). ``Scraper`` owns every
+cache this takes, each named for what it holds."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from .cgroupmem import CGROUPFS, read_limit
+from .collection import MEMORY_NAMES, DeviceLabels, Head, PowerView, ScrapeResult
+from .compress import GzipHead
+from .config import Config
+from .families import RenderOptions, render_families
+from .labels import RewritePlan
+from .model import SourceStatus
+from .node import NodeSide, NodeView, PodSource
+from .power import (
+    UPSTREAM_NAMES,
+    DeviceDraw,
+    EnergyLedger,
+    HeadDevices,
+    Part,
+    UpstreamPower,
+    choose_readings,
+    power_families,
+    render_power,
+    split_power,
+    upstream_power,
+)
+from .promclient import OWN_PROCFS, LabelSets, MetricWriter, RuntimeFamilies
+from .refresh import Follower, Refresher
+from .rewrite import Rewriter, RewriteResult
+from .selfmetrics import collection_families, scrape_families
+from .sources import Measured, Outcome, Source, close_all
+from .textformat import WatchedLine
+from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
+from .worker import Worker
+
+log = logging.getLogger(__name__)
+
+MAX_IDENTITIES = 4096
+# Upstream bodies up to this size are rewritten on the event loop (a few milliseconds at
+# most: the template path does about 1 MiB in 2 ms); larger ones in the rewrite worker, so a
+# body near --upstream.max-bytes never stalls /healthz or other scrapes (bench: loop part).
+REWRITE_INLINE_MAX_CHARS = 1 << 20
+# Heads up to this size are gzipped on the event loop (zlib-ng level 2: about 0.3 ms for
+# mig56's 900 KiB, 2 ms at most); larger ones in the rewrite worker (zlib-ng lets go of the GIL
+# while it compresses). On the loop, the compressor's buffers come from the main thread's heap
+# instead of the worker thread's own malloc arena, which would keep freed memory resident.
+GZIP_INLINE_MAX_BYTES = 4 << 20
+
+
+class _CollectionTail(NamedTuple):
+    """The self-metrics of one node view, upstream answer and head, written once: the families
+    before the per-scrape counters and after them, and process_* and python_*."""
+
+    node: NodeView
+    upstream: Outcome[str | None]
+    head: Head
+    before: MetricWriter
+    after: MetricWriter
+    before_text: bytes
+    after_text: bytes
+    runtime_text: bytes
+    memory_limit: int | None
+
+
+class _ContainerFamilies(NamedTuple):
+    """The container families as written for a node view and the device labels they carry."""
+
+    node: NodeView
+    identities: DeviceLabels
+    text: str
+
+
+class _PowerAccounted(NamedTuple):
+    """The collection (upstream text and node view) whose energy was last accounted, and the
+    draws and parts it was split into."""
+
+    text: str | None
+    node: NodeView
+    draws: list[DeviceDraw]
+    parts: dict[str, list[Part]]
+
+
+class _PowerWritten(NamedTuple):
+    """The power families as written for (draws, device labels): the body and the node page's
+    view."""
+
+    draws: list[DeviceDraw]
+    identities: DeviceLabels
+    body: bytes
+    view: PowerView
+
+
+class Scraper:
+    """Runs one scrape at a time; scrapes that arrive meanwhile share its result."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        gpu: Source | None,
+        procs: Source,
+        pods: PodSource | None,
+        podresources: Source | None = None,
+        docker: Source | None = None,
+        resource_slices: Source | None = None,
+        sources: Sequence[Source] = (),
+        clock: Callable[[], float] = time.monotonic,
+        own_procfs: str = OWN_PROCFS,
+        own_cgroupfs: str = CGROUPFS,
+    ) -> None:
+        """The node's sources, each an ``enricher.sources.Source``; None switches one off (it
+        is reported with enabled 0). ``docker``: name containers outside pods after Docker
+        containers (Docker mode, for hosts without Kubernetes). ``sources``: more sources,
+        read on every node read and reported like the others; nothing else uses their
+        values. ``own_procfs``: the /proc whose ``self`` the process_* families describe (the
+        enricher's own /proc, not --path.procfs); ``own_cgroupfs``: the cgroup filesystem its
+        memory limit is read from (enricher.cgroupmem)."""
+        self.config = config
+        self.pods = pods
+        self.podresources = podresources
+        self._clock = clock
+        # process_* and python_*, this Scraper's (never in prometheus_client's global registry).
+        self._runtime = RuntimeFamilies(own_procfs)
+        self._own_procfs = own_procfs
+        self._own_cgroupfs = own_cgroupfs
+        # The self-metrics of the last collection, written once (not per scrape).
+        self._collection_tail: _CollectionTail | None = None
+        # The power families and the framebuffer gauges are handed over by the rewrite.
+        self._rewriter = Rewriter(watch=UPSTREAM_NAMES + MEMORY_NAMES)
+        # The device labels the upstream last gave each device (bounded by MAX_IDENTITIES).
+        self._upstream_device_labels: DeviceLabels = {}
+        self._inflight: asyncio.Future[ScrapeResult] | None = None
+        self.upstream = UpstreamSource(
+            self._upstream_url,
+            timeout=config.upstream_timeout,
+            max_bytes=config.upstream_max_bytes,
+            missing=_missing_upstream(config, watching=pods is not None),
+        )
+        self._upstream = Measured(self.upstream, clock=clock)
+        self.node = NodeSide(
+            config,
+            gpu=gpu,
+            procs=procs,
+            pods=pods,
+            podresources=podresources,
+            docker=docker,
+            resource_slices=resource_slices,
+            sources=sources,
+            clock=clock,
+        )
+        # Every source, in the order of the dcgm_enricher_source_* series.
+        self.sources: list[Measured] = [self._upstream, *self.node.sources]
+        # Large rewrites, one at a time: the Rewriter's caches see one caller at a time, since
+        # the loop rewrites inline only while this worker is idle.
+        self._rewrite_worker = Worker("enricher-rewrite")
+        self.scrapes_total = 0
+        self.shared_scrapes_total = 0
+        # Upstream bodies that differed from the one before: dcgm-exporter's collections as
+        # seen here (with upstream_requests_total, the upstream's load per collection).
+        self.upstream_collections_total = 0
+        # Bytes of /metrics bodies sent, by Content-Encoding (make_app counts them).
+        self.response_bytes = {"gzip": 0, "identity": 0}
+        self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
+        self.last: ScrapeResult | None = None
+        self._last_duration = 0.0
+        # The upstream fetched right after each of its collections (--upstream.follow-step);
+        # with 0, on every scrape.
+        follow = config.upstream_follow_step > 0
+        # The node side (NVML, procfs, the kubelet, Docker): with --collect.interval, read in
+        # the background every that many seconds. Without it, when following the upstream,
+        # read right after each upstream collection ("aligned": both sides of a scrape are
+        # as old as that collection, and gpu_container_utilization_ratio covers the same
+        # interval as dcgm-exporter's own averages); a scrape reads it itself only when the
+        # last one is older than the upstream's interval. Neither: on every scrape.
+        self._aligned = follow and config.collect_interval == 0
+        self._node_refresh: Refresher[NodeView] | None = None
+        if config.collect_interval > 0:
+            self._node_refresh = Refresher(
+                self.node.read, config.collect_interval, clock=clock, name="node"
+            )
+        elif self._aligned:
+            # No loop of its own: each upstream collection refreshes it (see _prepare).
+            self._node_refresh = Refresher(
+                self.node.read,
+                None,
+                max_age=self._aligned_max_age,
+                clock=clock,
+                name="node",
+            )
+        self._follower = (
+            Follower(
+                self._fetch_upstream,
+                step=config.upstream_follow_step,
+                coarse=max(config.upstream_follow_step, 1.0),
+                key=lambda answer: answer.value,
+                on_change=self._prepare,
+                clock=clock,
+                name="upstream",
+            )
+            if config.upstream_follow_step > 0
+            else None
+        )
+        # The container families last written, with the node view and device labels they
+        # were written for.
+        self._container_families: _ContainerFamilies | None = None
+        # The head of the newest collection: what scrapes serve before their self-metrics.
+        self._newest_head: Head | None = None
+        self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
+        self.gzip_heads_total = 0
+        self._options = RenderOptions(
+            node_name=config.kube_node_name,
+            label_keys=config.kube_pod_labels,
+            annotation_keys=config.kube_pod_annotations,
+            process_series=config.collector_process,
+            docker=docker is not None,
+        )
+        # Energy per container, from each GPU's energy counter: advanced on every upstream
+        # collection (when following) and every scrape; a repeated reading adds nothing.
+        self._energy = EnergyLedger()
+        # The label blocks of our own families (a set formatted once while it is in use, one
+        # turn per collection) and the devices of the upstream's power lines (each head
+        # parsed once): this Scraper's, so that another in the same process (tests, the
+        # bench) neither turns nor fills them.
+        self._label_sets = LabelSets()
+        self._power_line_devices = HeadDevices()
+        # The last collection accounted and the last power families written: a scrape of the
+        # same collection (the same upstream text and node view) reuses them.
+        self._power_accounted: _PowerAccounted | None = None
+        self._power_written: _PowerWritten | None = None
+
+    async def close(self) -> None:
+        """Stop the background work, then close every source (each bounded: a hung NVML call
+        cannot hold up shutdown) and the workers."""
+        if self._follower is not None:
+            await self._follower.close()
+        if self._node_refresh is not None:
+            await self._node_refresh.close()
+        await close_all(m.source for m in self.sources)
+        self.node.close_workers()
+        self._rewrite_worker.close()
+
+    def _aligned_max_age(self) -> float:
+        """How old the node side may be when it is read after each upstream collection: one
+        learnt collection interval (with slack) plus a step and the read itself; before the
+        interval is learnt, the follower's coarse poll."""
+        follower, refresh = self._follower, self._node_refresh
+        if follower is None or refresh is None:
+            return 0.0
+        interval = follower.interval
+        if interval is None:
+            return follower.coarse
+        return interval * 1.1 + follower.step + refresh.last_duration
+
+    def start(self) -> None:
+        """Start the background work (following the upstream, a --collect.interval loop) in the
+        running event loop, so that the first scrape finds it under way; a no-op once it runs.
+        A scrape starts it too."""
+        if self._node_refresh is not None:
+            self._node_refresh.start()
+        if self._follower is not None:
+            self._follower.start()
+
+    async def scrape(self, *, counted: bool = True) -> ScrapeResult:
+        """Return a fresh scrape; joins the one in flight if there is one. ``counted`` False:
+        not a scrape of /metrics (the node page), so dcgm_enricher_scrapes_total keeps still."""
+        self.start()
+        if counted:
+            self.scrapes_total += 1
+        if self._inflight is not None and not self._inflight.done():
+            if counted:
+                self.shared_scrapes_total += 1
+            return await asyncio.shield(self._inflight)
+        fut: asyncio.Future[ScrapeResult] = asyncio.get_running_loop().create_future()
+        self._inflight = fut
+        try:
+            result = await self._scrape_once()
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: joiners re-raise it themselves
+            raise
+        fut.set_result(result)
+        self.last = result
+        return result
+
+    def _upstream_url(self) -> str | None:
+        if not self.config.upstream_discover_pod:
+            return self.config.upstream_url
+        if self.pods is None:
+            return None
+        for pod in self.pods.upstream_pods():
+            if pod.pod_ip:
+                return url_for_pod_ip(self.config.upstream_url, pod.pod_ip)
+        return None
+
+    async def _fetch_upstream(self) -> Outcome[str | None]:
+        """The upstream's answer. A body equal to the one the newest head was made from
+        (dcgm-exporter has not collected since) comes back as that head's object: one copy
+        of the body is kept, not one per poll, and what was prepared for it is found by
+        identity (the head, the power split) instead of being compared or worked out again."""
+        answer: Outcome[str | None] = await self._upstream.read(default=None)
+        text = answer.value
+        last = self._newest_head.text if self._newest_head is not None else None
+        if text is not None and last is not None and text is not last and text == last:
+            return Outcome(last, answer.status)
+        return answer
+
+    async def _prepare(self, answer: Outcome[str | None]) -> None:
+        """A new upstream collection: read the node side now when aligned with the upstream,
+        rewrite the collection and encode it with the families (and gzip it, once a scraper
+        asked for gzip), so scrapes get the cached results."""
+        node = await (
+            self._node_refresh.refresh()
+            if self._aligned and self._node_refresh
+            else self._node_view()
+        )
+        head = await self._head_for(answer.value, node)
+        if self._gzip_wanted:
+            await self._gzip(head)
+
+    async def _head_for(self, text: str | None, node: NodeView) -> Head:
+        """The head for this upstream body and node view: the last one while neither changed
+        (nor the device labels the families carry), else a new one."""
+        head = self._newest_head
+        if (
+            head is not None
+            and head.text is text
+            and head.node is node
+            and head.identities == {**node.fallback, **self._upstream_device_labels}
+        ):
+            return head
+        if text is not None and (head is None or text is not head.text):
+            # A body that differs from the last head's (_fetch_upstream hands an equal one
+            # back as that head's object): one upstream collection.
+            self.upstream_collections_total += 1
+        # A new collection (or node view): label sets not written since the previous one (a
+        # pod that left) leave the label memo at the next.
+        self._label_sets.turn()
+        rewritten: RewriteResult | None = None
+        if text is not None:
+            rewritten, _ = await self._rewrite(text, node.plan, encode=False)
+            self._remember(rewritten.identities)
+        identities = {**node.fallback, **self._upstream_device_labels}
+        families = self._families(node, identities, self._options)
+        # The power split of this collection (its energy accounted once) and its families.
+        power_body, power = self._power(
+            text, rewritten.watched if rewritten is not None else (), node, identities
+        )
+        out = rewritten.text if rewritten is not None else None
+        if (
+            head is not None
+            and head.rewritten is out
+            and head.families == families
+            and head.power_body == power_body
+        ):
+            # Read again (every scrape without following), but the same bytes: keep the
+            # encoded body and its gzip.
+            head.text, head.node, head.identities, head.power = text, node, identities, power
+            return head
+        encoded = b""
+        if out is not None:
+            # A body near --upstream.max-bytes is encoded off the loop, as it is rewritten.
+            if len(out) <= REWRITE_INLINE_MAX_CHARS:
+                encoded = out.encode("utf-8")
+            else:
+                encoded = await self._rewrite_worker.run(lambda: out.encode("utf-8"))
+        head = Head(
+            text,
+            node,
+            identities,
+            (encoded, families.encode("utf-8"), power_body),
+            rewritten.samples if rewritten is not None else 0,
+            rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten is not None else 0,
+            out,
+            families,
+            power_body,
+            power,
+            rewritten.watched if rewritten is not None else (),
+        )
+        self._newest_head = head
+        return head
+
+    async def _gzip(self, head: Head) -> GzipHead:
+        """``head`` gzipped, once per head."""
+        if head.gzip is None:
+            if head.size <= GZIP_INLINE_MAX_BYTES or not self._rewrite_worker.idle:
+                gz = GzipHead(*head.chunks)
+            else:
+                gz = await self._rewrite_worker.run(lambda: GzipHead(*head.chunks))
+            if head.gzip is None:
+                head.gzip = gz
+                self.gzip_heads_total += 1
+        return head.gzip
+
+    async def gzip_body(self, result: ScrapeResult) -> bytes:
+        """``result``'s body gzipped: its head compressed once (and kept), its tail on each
+        call. From now on each new head is compressed as soon as it is made."""
+        self._gzip_wanted = True
+        if result.head is None:  # not made by this Scraper's scrape: compress it whole
+            return GzipHead(result.body).finish(b"")
+        gz = await self._gzip(result.head)
+        return gz.finish(result.tail)
+
+    async def _rewrite(
+        self, text: str, plan: RewritePlan, *, encode: bool
+    ) -> tuple[RewriteResult, bytes]:
+        """Rewrite ``text`` (and encode the result when ``encode``): inline when it is small
+        and no rewrite is under way, else in the rewrite worker. A pure-Python rewrite in a
+        thread still takes the GIL, but gives it up every switch interval (5 ms), so the
+        loop answers meanwhile."""
+
+        def work() -> tuple[RewriteResult, bytes]:
+            result = self._rewriter.rewrite(text, plan)
+            return result, result.text.encode("utf-8") if encode else b""
+
+        if len(text) <= REWRITE_INLINE_MAX_CHARS and self._rewrite_worker.idle:
+            return work()
+        return await self._rewrite_worker.run(work)
+
+    async def _node_view(self) -> NodeView:
+        return await (
+            self._node_refresh.get() if self._node_refresh is not None else self.node.read()
+        )
+
+    async def _upstream_answer(self) -> Outcome[str | None]:
+        if self._follower is not None:
+            answer, _polled_at = await self._follower.latest()
+            if answer.value is None:
+                # A failure is never served from the cache: while the upstream is down (or not
+                # found yet), every scrape asks again, as without following.
+                await self._follower.poll_once()
+                answer, _polled_at = await self._follower.latest()
+            return answer
+        return await self._fetch_upstream()
+
+    def _account_power(
+        self, text: str | None, watched: tuple[WatchedLine, ...], node: NodeView
+    ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
+        """Split each GPU's power for this collection and add its energy-counter increase to
+        the containers (enricher.power); returns the draws and the parts. The same collection
+        again is not accounted twice (it would add nothing: its energy reading is the same).
+        ``watched``: the rewrite's lines of the upstream power families in ``text``."""
+        last = self._power_accounted
+        if last is not None and last.text is text and last.node is node:
+            return last.draws, last.parts
+        upstream = (
+            upstream_power(watched, self._power_line_devices)
+            if text is not None
+            else UpstreamPower()
+        )
+        draws = choose_readings(upstream, node.snapshot)
+        parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
+        self._energy.advance(draws, parts)
+        self._power_accounted = _PowerAccounted(text, node, draws, parts)
+        return draws, parts
+
+    def _power(
+        self,
+        text: str | None,
+        watched: tuple[WatchedLine, ...],
+        node: NodeView,
+        identities: DeviceLabels,
+    ) -> tuple[bytes, PowerView]:
+        """The power families of this scrape and their values for the node page."""
+        draws, parts = self._account_power(text, watched, node)
+        last = self._power_written
+        if last is not None and last.draws is draws and last.identities == identities:
+            return last.body, last.view
+        container_watts, unattributed_watts = power_families(draws, parts)
+        body = render_power(
+            draws,
+            parts,
+            self._energy.totals,
+            identities,
+            families=(container_watts, unattributed_watts),
+            label_sets=self._label_sets,
+        ).encode("utf-8")
+        view = PowerView(
+            {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
+            container_watts,
+            unattributed_watts,
+        )
+        self._power_written = _PowerWritten(draws, identities, body, view)
+        return body, view
+
+    def _families(self, node: NodeView, identities: DeviceLabels, options: RenderOptions) -> str:
+        last = self._container_families
+        if (
+            last is not None
+            and last.identities == identities
+            and (
+                last.node is node
+                # A new read that found the same processes, owners and memory (a MIG node
+                # has no per-process utilization; memory held by a training job rarely
+                # moves): the same text, without rendering it again.
+                or (
+                    last.node.attributions == node.attributions
+                    and last.node.allocated == node.allocated
+                )
+            )
+        ):
+            self._container_families = _ContainerFamilies(node, identities, last.text)
+            return last.text
+        text = render_families(
+            node.attributions, identities, options, node.allocated, self._label_sets
+        )
+        self._container_families = _ContainerFamilies(node, identities, text)
+        return text
+
+    async def _scrape_once(self) -> ScrapeResult:
+        started = self._clock()
+        upstream_task = asyncio.create_task(self._upstream_answer())
+        node = await self._node_view()
+        upstream = await upstream_task
+        head = await self._head_for(upstream.value, node)
+        samples, invalid_lines = head.samples, head.invalid_lines
+
+        statuses = [upstream.status, *node.statuses]
+        memo = self._collection_tail
+        if (
+            memo is None
+            or memo.node is not node
+            or memo.upstream is not upstream
+            or memo.head is not head
+        ):
+            # The process's own figures (and its memory limit) are read with the collection:
+            # once per node view and head, not again for each poll that found the upstream's
+            # body unchanged (a new answer, so new upstream figures, but the same collection;
+            # docs/metrics.md).
+            kept = memo if memo is not None and memo.node is node and memo.head is head else None
+            if kept is not None:
+                limit, runtime = kept.memory_limit, kept.runtime_text
+            else:
+                limit = read_limit(self._own_procfs, self._own_cgroupfs)
+                runtime = self._runtime.render()
+            before, after = self._collection_metrics(statuses, node, samples, invalid_lines, limit)
+            memo = self._collection_tail = _CollectionTail(
+                node,
+                upstream,
+                head,
+                before,
+                after,
+                before.render(self._label_sets).encode("utf-8"),
+                after.render(self._label_sets).encode("utf-8"),
+                runtime,
+                limit,
+            )
+        per_scrape = self._scrape_metrics()
+        # The collection's families written once, the per-scrape counters on every scrape.
+        tail = memo.before_text + per_scrape.render(self._label_sets).encode("utf-8")
+        tail += memo.after_text
+        tail += memo.runtime_text
+        self._last_duration = self._clock() - started
+        return ScrapeResult(
+            None,
+            node.attributions,
+            node.snapshot,
+            statuses,
+            time.time(),
+            head.identities,
+            node.allocated,
+            head.power,
+            head,
+            tail,
+        )
+
+    def _collection_metrics(
+        self,
+        statuses: list[SourceStatus],
+        node: NodeView,
+        samples: int,
+        invalid_lines: int,
+        memory_limit: int | None,
+    ) -> tuple[MetricWriter, MetricWriter]:
+        """The self-metrics of one node view and upstream answer (enricher.selfmetrics)."""
+        return collection_families(
+            statuses,
+            node.attributions,
+            samples=samples,
+            invalid_lines=invalid_lines,
+            pods=len({p.uid for p in node.index.by_uid.values()})
+            if self.pods is not None
+            else None,
+            allocated=len(node.allocated) if self.podresources is not None else None,
+            unmapped=node.unmapped + node.listed.skipped,
+            memory_limit=memory_limit,
+        )
+
+    def _scrape_metrics(self) -> MetricWriter:
+        """The self-metrics that move with every scrape (enricher.selfmetrics)."""
+        return scrape_families(
+            upstream_requests=self.upstream.requests_total,
+            upstream_collections=self.upstream_collections_total,
+            scrapes=self.scrapes_total,
+            shared_scrapes=self.shared_scrapes_total,
+            node_page_requests=self.node_page_requests_total,
+            last_duration=self._last_duration,
+            kubernetes_last_sync=self.pods.last_sync if self.pods is not None else None,
+            response_bytes=self.response_bytes,
+        )
+
+    def _remember(self, seen: DeviceLabels) -> None:
+        """Keep the upstream's device labels so our families keep the same label set when the
+        upstream is briefly down."""
+        if len(self._upstream_device_labels) + len(seen) > MAX_IDENTITIES:
+            self._upstream_device_labels.clear()
+            if len(seen) > MAX_IDENTITIES:  # an upstream claiming absurdly many devices
+                seen = dict(itertools.islice(seen.items(), MAX_IDENTITIES))
+        self._upstream_device_labels.update(seen)
+
+
+def _missing_upstream(config: Config, *, watching: bool) -> str:
+    """Why no upstream URL is known in discovery mode: what was searched, and where."""
+    target = discovery_target(
+        config.upstream_pod_selector, config.upstream_pod_namespace, config.kube_node_name
+    )
+    if not watching:
+        return f"no pod watch to find a {target}"
+    return f"no {target} with a pod IP (--upstream.pod-selector, --upstream.pod-namespace)"
