@@ -39,7 +39,7 @@ FUNCTIONS: tuple[tuple[str, str, str], ...] = (
     ("self-metrics of each scrape", "enricher.pipeline", "Scraper._scrape_metrics"),
     ("process_* and python_*", "enricher.promclient", "RuntimeFamilies.render"),
     ("NVML read", "enricher.nvml", "NvmlSource.fetch"),
-    ("procfs read", "enricher.procfs", "ProcReader.read_many"),
+    ("procfs read", "enricher.procfs", "ProcfsSource.read_many"),
     ("attribution", "enricher.node", "attribute"),
     ("rewrite plan", "enricher.node", "plan_devices"),
 )

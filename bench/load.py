@@ -79,7 +79,7 @@ async def _serve_enricher(
     from enricher.config import Config
     from enricher.demo import DEMO, NODE, demo_pods
     from enricher.pipeline import Scraper
-    from enricher.procfs import ProcReader
+    from enricher.procfs import ProcfsSource
     from enricher.simnode.fakeproc import write_proc_tree
     from enricher.simnode.gpus import SimulatedGpus
 
@@ -95,7 +95,9 @@ async def _serve_enricher(
         if follow_step is not None:
             config = replace(config, upstream_follow_step=follow_step)
         pods = demo_pods(config)
-        scraper = Scraper(config, gpu=SimulatedGpus(DEMO), procs=ProcReader(tmp), pods=pods)
+        scraper = Scraper(
+            config, nvml=SimulatedGpus(DEMO), procfs=ProcfsSource(tmp), kubernetes=pods
+        )
         runner = await serve(make_app(scraper), "127.0.0.1:0", max_header_bytes=8190)
         print(READY, runner.addresses[0][1], flush=True)
         stop = asyncio.Event()

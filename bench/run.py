@@ -288,7 +288,7 @@ def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
     from enricher.attribution import attribute, plan_devices
     from enricher.kube import build_index, parse_pod
     from enricher.nvml import NvmlSource
-    from enricher.procfs import ProcReader
+    from enricher.procfs import ProcfsSource
 
     from .servers import use_fake_nvml
 
@@ -299,13 +299,13 @@ def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
         use_fake_nvml(str(sim.nvml_state))
         index = build_index(parse_pod(p) for p in sim.pod_objects())
         source = NvmlSource(library_path=str(nvml_lib))
-        reader = ProcReader(str(sim.proc_root))
+        reader = ProcfsSource(str(sim.proc_root))
 
         parts: dict[str, list[float]] = {"nvml": [], "procfs": [], "lookup": []}
 
         def once(
             src: NvmlSource = source,
-            rd: ProcReader = reader,
+            rd: ProcfsSource = reader,
             ix: Any = index,
             parts: dict[str, list[float]] = parts,
         ) -> int:

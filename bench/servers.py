@@ -310,10 +310,14 @@ class _Timings:
 async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     import enricher.pipeline as pipeline_module
     from enricher.app import make_app, serve
-    from enricher.commands import make_gpu_source, make_podresources_source, start_pod_cache
     from enricher.config import Config
     from enricher.pipeline import Scraper
-    from enricher.procfs import ProcReader
+    from enricher.procfs import ProcfsSource
+    from enricher.sourcetable import (
+        make_nvml_source,
+        make_podresources_source,
+        start_pod_cache,
+    )
 
     settings: dict[str, Any] = {
         "listen_address": "127.0.0.1:0",
@@ -337,12 +341,12 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     pods = start_pod_cache(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")
-    gpu = make_gpu_source(config)
+    gpu = make_nvml_source(config)
     scraper = Scraper(
         config,
-        gpu=gpu,
-        procs=ProcReader(config.procfs),
-        pods=pods,
+        nvml=gpu,
+        procfs=ProcfsSource(config.procfs),
+        kubernetes=pods,
         podresources=make_podresources_source(config),
     )
     cpu: Any = None

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .attribution import AllocatedDevice, Attribution
 from .compress import GzipHead
 from .labels import DeviceKey
 from .model import GpuSnapshot, SourceStatus
 from .node import NodeView
-from .power import Who, watched_sample
+from .power import DeviceDraw, Part, Who, watched_sample
+from .promclient import MetricWriter
+from .sources import Outcome
 from .textformat import WatchedLine
 
 MIB = 2**20
@@ -155,3 +158,51 @@ class ScrapeResult:
         if self.memory is None:
             self.memory = self.head.device_memory() if self.head is not None else {}
         return self.memory
+
+
+# --------------------------------------------------------------------------- the Scraper's caches
+# What each cache of the Scraper (enricher.pipeline) holds, named: a scrape of the same
+# collection finds them by identity instead of working them out again.
+
+
+class CollectionTail(NamedTuple):
+    """The self-metrics of one node view, upstream answer and head, written once: the families
+    before the per-scrape counters and after them, and process_* and python_*."""
+
+    node: NodeView
+    upstream: Outcome[str | None]
+    head: Head
+    before: MetricWriter
+    after: MetricWriter
+    before_text: bytes
+    after_text: bytes
+    runtime_text: bytes
+    memory_limit: int | None
+
+
+class ContainerFamilies(NamedTuple):
+    """The container families as written for a node view and the device labels they carry."""
+
+    node: NodeView
+    identities: DeviceLabels
+    text: str
+
+
+class PowerAccounted(NamedTuple):
+    """The collection (upstream text and node view) whose energy was last accounted, and the
+    draws and parts it was split into."""
+
+    text: str | None
+    node: NodeView
+    draws: list[DeviceDraw]
+    parts: dict[str, list[Part]]
+
+
+class PowerWritten(NamedTuple):
+    """The power families as written for (draws, device labels): the body and the node page's
+    view."""
+
+    draws: list[DeviceDraw]
+    identities: DeviceLabels
+    body: bytes
+    view: PowerView

@@ -26,104 +26,14 @@ from .attribution import (
     pod_of,
 )
 from .config import Config
-from .docker import DockerSource
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .node import PodSource
 from .pipeline import Scraper
-from .podresources import PodResourcesSource
-from .procfs import ProcReader
-from .sources import Source
+from .procfs import ProcfsSource
+from .sourcetable import make_docker_source, make_sources, start_pod_cache
 from .upstream import discovery_target
 
 log = logging.getLogger(__name__)
-
-
-def start_pod_cache(config: Config) -> Any:
-    """Start the node's pod watch, or return None when Kubernetes is off.
-
-    Raises whatever kube.load_api_client raises when no cluster config can be found.
-    """
-    if not config.kube_active:
-        return None
-    from .kube import PodCache, load_api_client
-
-    if not config.kube_node_name:
-        raise ValueError("--kube.enabled needs --kube.node-name or $NODE_NAME")
-    cache = PodCache(
-        load_api_client(config.kube_kubeconfig), config.kube_node_name, **pod_cache_options(config)
-    )
-    cache.start()
-    return cache
-
-
-def pod_cache_options(config: Config) -> dict[str, Any]:
-    """The pod watch's options from ``config``: the label and annotation keys it copies and,
-    with --upstream.discover-pod, the selector and namespace the upstream pod must match."""
-    from .kube import parse_mps_daemon_pods, parse_selector
-
-    selector = (
-        parse_selector(config.upstream_pod_selector) if config.upstream_discover_pod else None
-    )
-    return {
-        "label_keys": config.kube_pod_labels,
-        "annotation_keys": config.kube_pod_annotations,
-        "upstream_selector": selector,
-        "upstream_namespace": config.upstream_pod_namespace,
-        "mps_daemon_pods": parse_mps_daemon_pods(
-            config.mps_daemon_pod_selector, config.mps_daemon_pod_namespace
-        ),
-    }
-
-
-def make_podresources_source(config: Config) -> PodResourcesSource | None:
-    """The kubelet PodResources source, or None when it is off (see Config.kubelet_active)."""
-    if not config.kubelet_active:
-        return None
-    return PodResourcesSource(
-        config.kubelet_pod_resources_socket,
-        timeout=config.kubelet_timeout,
-        extra_resources=config.kubelet_gpu_resources,
-        extra_drivers=config.kubelet_dra_drivers,
-    )
-
-
-def make_resource_slice_source(config: Config, api_client: Any = None) -> Any:
-    """The ResourceSlice source (which GPU each DRA device is), or None: it runs where the
-    kubelet source and Kubernetes both do, unless --no-kube.resource-slices. ``api_client``:
-    the pod watch's (``PodCache.api_client``), else one is loaded from the configuration.
-
-    Raises whatever kube.load_api_client raises when no cluster config can be found.
-    """
-    if not (config.kube_resource_slices and config.kube_active and config.kubelet_active):
-        return None
-    from .kube import load_api_client
-    from .resourceslices import ResourceSliceSource, api_client_lister
-
-    if api_client is None:
-        api_client = load_api_client(config.kube_kubeconfig)
-    return ResourceSliceSource(api_client_lister(api_client), config.kube_node_name)
-
-
-def make_docker_source(config: Config) -> DockerSource | None:
-    """The Docker source in Docker mode (no Kubernetes), else None. With ``--docker.host=""``
-    it runs in cgroup-only mode and never opens a socket."""
-    if not config.docker_active:
-        return None
-    return DockerSource(config.docker_host, timeout=config.docker_timeout)
-
-
-def extra_sources(config: Config) -> list[Source]:
-    """Sources beyond the seven the enrichment uses: each is read on every node read and
-    reported with the dcgm_enricher_source_* series. A new one is one line here."""
-    return []
-
-
-def make_gpu_source(config: Config) -> Any:
-    if not config.nvml_enabled:
-        return None
-    from .nvml import NvmlSource
-
-    return NvmlSource(library_path=config.nvml_library, retry_interval=config.nvml_retry_interval)
 
 
 async def wait_for_signal() -> None:
@@ -138,21 +48,11 @@ async def wait_for_signal() -> None:
 async def run_server(config: Config) -> int:
     """``dcgm-enricher serve``: the sidecar, until SIGTERM."""
     try:
-        pods = start_pod_cache(config)
-        slices = make_resource_slice_source(config, pods.api_client if pods else None)
+        sources: dict[str, Any] = make_sources(config)
     except Exception as exc:
         log.error("cannot start the Kubernetes pod watch: %s", exc)
         return 2
-    scraper = Scraper(
-        config,
-        gpu=make_gpu_source(config),
-        procs=ProcReader(config.procfs),
-        pods=pods,
-        podresources=make_podresources_source(config),
-        resource_slices=slices,
-        docker=make_docker_source(config),
-        sources=extra_sources(config),
-    )
+    scraper = Scraper(config, **sources)
     from .webconfig import WebConfig, WebConfigError, apply, load_web_config, ssl_context
 
     try:
@@ -253,7 +153,7 @@ def resolve(config: Config, pids: Sequence[int], out: TextIO, pods: PodSource | 
     """``dcgm-enricher resolve PID...``: one JSON line per PID. Exits 0 when every PID
     resolved (its cgroup read, and the pod or Docker container it names found where pods or
     containers are known), else 1. ``pods``: a pod source to ask instead of the API server."""
-    reader = ProcReader(config.procfs)
+    reader = ProcfsSource(config.procfs)
     if pods is not None:
         index: PodIndex | None = pods.index()
         kube_note = ""
@@ -371,7 +271,7 @@ def ps(config: Config, out: TextIO, pods: PodSource | None = None, gpu: Any = No
         return 1
     finally:
         source.close()
-    reader = ProcReader(config.procfs)
+    reader = ProcfsSource(config.procfs)
     procs = reader.read_many([p.pid for p in snapshot.processes], listed_at=snapshot.taken_at)
     if pods is not None:
         index: PodIndex | None = pods.index()

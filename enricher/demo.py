@@ -29,7 +29,7 @@ from .kube import parse_mps_daemon_pods, parse_pod
 from .model import DraDevice, GpuDevice, MigDevice, ProcessKind
 from .pipeline import Scraper
 from .podresources import PodResourcesSource
-from .procfs import ProcReader
+from .procfs import ProcfsSource
 from .resourceslices import ResourceSliceSource
 from .simnode.api import (
     DRA_DRIVER,
@@ -455,11 +455,11 @@ async def start_demo(
     )
     scraper = Scraper(
         demo_config,
-        gpu=gpus,
-        procs=ProcReader(str(proc_root)),
-        pods=pods,
+        nvml=gpus,
+        procfs=ProcfsSource(str(proc_root)),
+        kubernetes=pods,
         podresources=podresources,
-        resource_slices=ResourceSliceSource(static_slice_lister(resource_slices(DEMO)), NODE),
+        resourceslices=ResourceSliceSource(static_slice_lister(resource_slices(DEMO)), NODE),
     )
     try:
         runner = await serve(

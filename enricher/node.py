@@ -1,12 +1,12 @@
-"""The node side of a collection: the node's sources, each read through ``sources.Measured``,
-and one read of them into a :class:`NodeView` (who owns each GPU process, what the kubelet
-allocated, the rewrite's plan)."""
+"""The node side of a collection: every source of the table (``sourcetable``), each read
+through ``sources.Measured``, and one read of the node's into a :class:`NodeView` (who owns
+each GPU process, what the kubelet allocated, the rewrite's plan)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,26 +14,17 @@ from .attribution import (
     AllocatedDevice,
     Attribution,
     attribute,
-    docker_lookup_ids,
-    dra_slice_keys,
     fallback_identity,
     plan_devices,
     resolve_allocations,
 )
 from .config import Config
 from .labels import DeviceKey, RewritePlan
-from .model import (
-    DockerContainer,
-    GpuSnapshot,
-    PodIndex,
-    PodInfo,
-    ProcError,
-    ProcInfo,
-    SourceStatus,
-)
+from .model import GpuSnapshot, PodIndex, PodInfo, SourceStatus
 from .podresources import ListResult
 from .resourceslices import SliceIndex
-from .sources import Measured, Off, Source
+from .sources import Measured, Off, Outcome, Source
+from .sourcetable import SOURCES, SourceEntry, check_table
 from .worker import Worker
 
 
@@ -53,7 +44,7 @@ class NodeView:
     """One read of the node: what the GPUs run and who owns it, and how each source did."""
 
     snapshot: GpuSnapshot
-    statuses: list[SourceStatus]  # the node side's sources, in NodeSide.sources order
+    statuses: list[SourceStatus]  # the node side's sources, in table order
     listed: ListResult
     index: PodIndex
     attributions: list[Attribution]
@@ -64,120 +55,65 @@ class NodeView:
 
 
 class NodeSide:
-    """The node's sources, measured, and the read that turns them into a :class:`NodeView`."""
+    """Every source of ``table``, measured (``sources`` in the table's order: the order of the
+    dcgm_enricher_source_* series), and the read of the node side's."""
 
     def __init__(
         self,
         config: Config,
+        sources: Mapping[str, Source | None],
         *,
-        gpu: Source | None,
-        procs: Source,
-        pods: PodSource | None,
-        podresources: Source | None = None,
-        docker: Source | None = None,
-        resource_slices: Source | None = None,
-        sources: Sequence[Source] = (),
+        table: Sequence[SourceEntry] = SOURCES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``sources``: by the table's names; a name left out or None is switched off (it is
+        reported with enabled 0). Raises ValueError for a name the table does not have."""
+        check_table(table)
+        if unknown := sorted(set(sources) - {entry.name for entry in table}):
+            raise ValueError(f"no such source in the table: {', '.join(unknown)}")
         self.config = config
-        self.gpu = gpu
-        self.procs = procs
-        self.pods = pods
-        self.podresources = podresources
-        self.resource_slices = resource_slices
-        self.docker = docker
-        # One worker: NVML and procfs reads never overlap, and a hung NVML call cannot pile up
-        # threads (the next scrape reports it busy instead). Daemon threads (enricher.worker):
-        # a call that never returns cannot keep the process from exiting.
-        self._gpu_worker = Worker("enricher-gpu")
-        # The kubelet call has its own worker, so a slow kubelet never delays NVML. Its call
-        # carries its own deadline; the margin only guards against a stuck thread.
-        self._kubelet_worker = Worker("enricher-kubelet")
-        self._extra_workers = [Worker(f"enricher-{s.name}") for s in sources]
+        self.table = tuple(table)
+        self._given = {name: source for name, source in sources.items() if source is not None}
+        # One daemon thread per worker the table names (enricher.worker): a call that never
+        # returns cannot keep the process from exiting.
+        self._workers = {
+            e.worker: Worker(f"enricher-{e.worker}") for e in table if e.worker is not None
+        }
+        self.measured = {
+            e.name: Measured(
+                self._given.get(e.name) or Off(e.name),
+                worker=self._workers[e.worker] if e.worker is not None else None,
+                clock=clock,
+            )
+            for e in table
+        }
+        self.sources: list[Measured] = [self.measured[e.name] for e in table]
 
-        def measured(source: Source | None, name: str, **kw: Any) -> Measured:
-            return Measured(source if source is not None else Off(name), clock=clock, **kw)
-
-        self._nvml = measured(gpu, "nvml", worker=self._gpu_worker)
-        self._procfs = measured(procs, "procfs", worker=self._gpu_worker)
-        self._kubernetes = measured(pods, "kubernetes")
-        self._podresources = measured(
-            podresources,
-            "podresources",
-            worker=self._kubelet_worker,
-            timeout=config.kubelet_timeout + 1.0,
-        )
-        self._docker = measured(docker, "docker")
-        # After the kubelet's answer: asked only about the DRA devices it reported. It shares
-        # the kubelet's worker, so a slow API server never delays NVML either.
-        self._resource_slices = measured(
-            resource_slices, "resourceslices", worker=self._kubelet_worker, timeout=10.0
-        )
-        self._extra = [
-            measured(s, s.name, worker=w, timeout=config.scrape_timeout)
-            for s, w in zip(sources, self._extra_workers, strict=True)
-        ]
-        # In the order of the dcgm_enricher_source_* series (after the upstream's).
-        self.sources: list[Measured] = [
-            self._nvml,
-            self._procfs,
-            self._kubernetes,
-            self._podresources,
-            self._resource_slices,
-            self._docker,
-            *self._extra,
-        ]
+    def given(self, name: str) -> Source | None:
+        """The source of that name (None: switched off)."""
+        return self._given.get(name)
 
     def close_workers(self) -> None:
-        for worker in (self._gpu_worker, self._kubelet_worker, *self._extra_workers):
+        for worker in self._workers.values():
             worker.close()
 
     async def read(self) -> NodeView:
-        """Read the node's sources and attribute: the kubelet at once, in its own worker;
-        NVML, then procfs for NVML's PIDs (both bounded together by --scrape.timeout), then
-        Docker for the containers procfs found outside pods; the pod index last."""
-        kubelet_task = asyncio.create_task(
-            self._podresources.read(default=ListResult(enabled=True))
-        )
-        extra_tasks = [asyncio.create_task(m.read(default=None)) for m in self._extra]
-        limit = self.config.scrape_timeout
-        nvml = await self._nvml.read(default=GpuSnapshot(), timeout=limit)
-        snapshot = nvml.value
-        pids = sorted({p.pid for p in snapshot.processes})
-        no_procs: dict[int, ProcInfo | ProcError] = {}
-        procfs = (
-            await self._procfs.read(
-                pids,
-                snapshot.taken_at or None,
-                default=no_procs,
-                timeout=max(limit - nvml.status.duration_seconds, 0.0),
-            )
-            if pids
-            else self._procfs.skip(no_procs)
-        )
-        # Asked on every read, even with no such process, so the source's health stays
-        # current; None when there is no Docker source.
-        no_answers: dict[str, DockerContainer | None] = {}
-        docker = await self._docker.read(docker_lookup_ids(procfs.value), default=no_answers)
-        containers = docker.value if self.docker is not None else None
-        kubelet = await kubelet_task
-        listed = kubelet.value
-        slices = await self._resource_slices.read(
-            dra_slice_keys(listed.allocations), default=SliceIndex()
-        )
-        kube = await self._kubernetes.read(default=PodIndex())
-        index = kube.value
-        attributions = attribute(snapshot, procfs.value, index, containers)
-        slice_index = slices.value if isinstance(slices.value, SliceIndex) else SliceIndex()
+        """Read the node side's sources, each as soon as those it depends on have answered
+        (sourcetable), and attribute."""
+        outcomes = await self.read_sources()
+        values = {name: outcome.value for name, outcome in outcomes.items()}
+        snapshot: GpuSnapshot = values["nvml"]
+        listed: ListResult = values["podresources"]
+        index: PodIndex = values["kubernetes"]
+        # None without a Docker source: outside Docker mode nobody is named after Docker.
+        containers = values["docker"] if self.given("docker") is not None else None
+        attributions = attribute(snapshot, values["procfs"], index, containers)
+        slices = values["resourceslices"]
+        slice_index = slices if isinstance(slices, SliceIndex) else SliceIndex()
         allocated, unmapped = resolve_allocations(listed.allocations, snapshot, slice_index.uuids)
-        extra = [(await task).status for task in extra_tasks]
         return NodeView(
             snapshot=snapshot,
-            statuses=[
-                *(nvml.status, procfs.status, kube.status, kubelet.status),
-                *(slices.status, docker.status),
-                *extra,
-            ],
+            statuses=[outcomes[e.name].status for e in self.table if e.node],
             listed=listed,
             index=index,
             attributions=attributions,
@@ -188,3 +124,36 @@ class NodeSide:
             ),
             fallback=fallback_identity(snapshot, self.config.kube_node_name),
         )
+
+    async def read_sources(self) -> dict[str, Outcome[Any]]:
+        """One read of every node-side source, each started once the sources it depends on
+        have answered; all of them at once otherwise."""
+        tasks: dict[str, asyncio.Task[Outcome[Any]]] = {}
+        spent: dict[str, float] = {}
+
+        async def read(entry: SourceEntry) -> Outcome[Any]:
+            for name in (*entry.needs, *entry.after):
+                await tasks[name]
+            values = {name: tasks[name].result().value for name in entry.needs}
+            measured = self.measured[entry.name]
+            args = entry.args(values)
+            if args is None:
+                outcome: Outcome[Any] = measured.skip(entry.default())
+            else:
+                outcome = await measured.read(
+                    *args,
+                    default=entry.default(),
+                    timeout=entry.timeout(self.config, spent),
+                )
+            spent[entry.name] = outcome.status.duration_seconds
+            return outcome
+
+        for entry in self.table:
+            if entry.node:
+                tasks[entry.name] = asyncio.ensure_future(read(entry))
+        try:
+            await asyncio.gather(*tasks.values())
+        finally:
+            for task in tasks.values():
+                task.cancel()
+        return {name: task.result() for name, task in tasks.items()}

@@ -10,10 +10,20 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import cast
 
 from .cgroupmem import CGROUPFS, read_limit
-from .collection import MEMORY_NAMES, DeviceLabels, Head, PowerView, ScrapeResult
+from .collection import (
+    MEMORY_NAMES,
+    CollectionTail,
+    ContainerFamilies,
+    DeviceLabels,
+    Head,
+    PowerAccounted,
+    PowerView,
+    PowerWritten,
+    ScrapeResult,
+)
 from .compress import GzipHead
 from .config import Config
 from .families import RenderOptions, render_families
@@ -38,6 +48,7 @@ from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
 from .selfmetrics import collection_families, scrape_families
 from .sources import Measured, Outcome, Source, close_all
+from .sourcetable import SOURCES, SourceEntry
 from .textformat import WatchedLine
 from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
 from .worker import Worker
@@ -56,49 +67,6 @@ REWRITE_INLINE_MAX_CHARS = 1 << 20
 GZIP_INLINE_MAX_BYTES = 4 << 20
 
 
-class _CollectionTail(NamedTuple):
-    """The self-metrics of one node view, upstream answer and head, written once: the families
-    before the per-scrape counters and after them, and process_* and python_*."""
-
-    node: NodeView
-    upstream: Outcome[str | None]
-    head: Head
-    before: MetricWriter
-    after: MetricWriter
-    before_text: bytes
-    after_text: bytes
-    runtime_text: bytes
-    memory_limit: int | None
-
-
-class _ContainerFamilies(NamedTuple):
-    """The container families as written for a node view and the device labels they carry."""
-
-    node: NodeView
-    identities: DeviceLabels
-    text: str
-
-
-class _PowerAccounted(NamedTuple):
-    """The collection (upstream text and node view) whose energy was last accounted, and the
-    draws and parts it was split into."""
-
-    text: str | None
-    node: NodeView
-    draws: list[DeviceDraw]
-    parts: dict[str, list[Part]]
-
-
-class _PowerWritten(NamedTuple):
-    """The power families as written for (draws, device labels): the body and the node page's
-    view."""
-
-    draws: list[DeviceDraw]
-    identities: DeviceLabels
-    body: bytes
-    view: PowerView
-
-
 class Scraper:
     """Runs one scrape at a time; scrapes that arrive meanwhile share its result."""
 
@@ -106,34 +74,31 @@ class Scraper:
         self,
         config: Config,
         *,
-        gpu: Source | None,
-        procs: Source,
-        pods: PodSource | None,
-        podresources: Source | None = None,
-        docker: Source | None = None,
-        resource_slices: Source | None = None,
-        sources: Sequence[Source] = (),
+        table: Sequence[SourceEntry] = SOURCES,
         clock: Callable[[], float] = time.monotonic,
         own_procfs: str = OWN_PROCFS,
         own_cgroupfs: str = CGROUPFS,
+        **sources: Source | None,
     ) -> None:
-        """The node's sources, each an ``enricher.sources.Source``; None switches one off (it
-        is reported with enabled 0). ``docker``: name containers outside pods after Docker
-        containers (Docker mode, for hosts without Kubernetes). ``sources``: more sources,
-        read on every node read and reported like the others; nothing else uses their
-        values. ``own_procfs``: the /proc whose ``self`` the process_* families describe (the
+        """The node's sources by their names in ``table`` (enricher.sourcetable), each an
+        ``enricher.sources.Source``; one left out or None is switched off (reported with
+        enabled 0); the Scraper makes the upstream's itself. ``docker``: name containers
+        outside pods after Docker containers (Docker mode, for hosts without Kubernetes).
+        ``own_procfs``: the /proc whose ``self`` the process_* families describe (the
         enricher's own /proc, not --path.procfs); ``own_cgroupfs``: the cgroup filesystem its
-        memory limit is read from (enricher.cgroupmem)."""
+        memory limit is read from (enricher.cgroupmem). Raises ValueError for a name the table
+        does not have."""
+        if "upstream" in sources:
+            raise ValueError("the Scraper makes the upstream source itself")
         self.config = config
-        self.pods = pods
-        self.podresources = podresources
+        self.kubernetes = cast("PodSource | None", sources.get("kubernetes"))
         self._clock = clock
         # process_* and python_*, this Scraper's (never in prometheus_client's global registry).
         self._runtime = RuntimeFamilies(own_procfs)
         self._own_procfs = own_procfs
         self._own_cgroupfs = own_cgroupfs
         # The self-metrics of the last collection, written once (not per scrape).
-        self._collection_tail: _CollectionTail | None = None
+        self._collection_tail: CollectionTail | None = None
         # The power families and the framebuffer gauges are handed over by the rewrite.
         self._rewriter = Rewriter(watch=UPSTREAM_NAMES + MEMORY_NAMES)
         # The device labels the upstream last gave each device (bounded by MAX_IDENTITIES).
@@ -143,22 +108,14 @@ class Scraper:
             self._upstream_url,
             timeout=config.upstream_timeout,
             max_bytes=config.upstream_max_bytes,
-            missing=_missing_upstream(config, watching=pods is not None),
+            missing=_missing_upstream(config, watching=self.kubernetes is not None),
         )
-        self._upstream = Measured(self.upstream, clock=clock)
         self.node = NodeSide(
-            config,
-            gpu=gpu,
-            procs=procs,
-            pods=pods,
-            podresources=podresources,
-            docker=docker,
-            resource_slices=resource_slices,
-            sources=sources,
-            clock=clock,
+            config, {**sources, "upstream": self.upstream}, table=table, clock=clock
         )
-        # Every source, in the order of the dcgm_enricher_source_* series.
-        self.sources: list[Measured] = [self._upstream, *self.node.sources]
+        self._upstream = self.node.measured["upstream"]
+        # Every source, in the order of the dcgm_enricher_source_* series (the table's).
+        self.sources: list[Measured] = self.node.sources
         # Large rewrites, one at a time: the Rewriter's caches see one caller at a time, since
         # the loop rewrites inline only while this worker is idle.
         self._rewrite_worker = Worker("enricher-rewrite")
@@ -211,7 +168,7 @@ class Scraper:
         )
         # The container families last written, with the node view and device labels they
         # were written for.
-        self._container_families: _ContainerFamilies | None = None
+        self._container_families: ContainerFamilies | None = None
         # The head of the newest collection: what scrapes serve before their self-metrics.
         self._newest_head: Head | None = None
         self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
@@ -221,7 +178,7 @@ class Scraper:
             label_keys=config.kube_pod_labels,
             annotation_keys=config.kube_pod_annotations,
             process_series=config.collector_process,
-            docker=docker is not None,
+            docker=self.node.given("docker") is not None,
         )
         # Energy per container, from each GPU's energy counter: advanced on every upstream
         # collection (when following) and every scrape; a repeated reading adds nothing.
@@ -234,8 +191,8 @@ class Scraper:
         self._power_line_devices = HeadDevices()
         # The last collection accounted and the last power families written: a scrape of the
         # same collection (the same upstream text and node view) reuses them.
-        self._power_accounted: _PowerAccounted | None = None
-        self._power_written: _PowerWritten | None = None
+        self._power_accounted: PowerAccounted | None = None
+        self._power_written: PowerWritten | None = None
 
     async def close(self) -> None:
         """Stop the background work, then close every source (each bounded: a hung NVML call
@@ -294,9 +251,9 @@ class Scraper:
     def _upstream_url(self) -> str | None:
         if not self.config.upstream_discover_pod:
             return self.config.upstream_url
-        if self.pods is None:
+        if self.kubernetes is None:
             return None
-        for pod in self.pods.upstream_pods():
+        for pod in self.kubernetes.upstream_pods():
             if pod.pod_ip:
                 return url_for_pod_ip(self.config.upstream_url, pod.pod_ip)
         return None
@@ -459,7 +416,7 @@ class Scraper:
         draws = choose_readings(upstream, node.snapshot)
         parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
         self._energy.advance(draws, parts)
-        self._power_accounted = _PowerAccounted(text, node, draws, parts)
+        self._power_accounted = PowerAccounted(text, node, draws, parts)
         return draws, parts
 
     def _power(
@@ -488,7 +445,7 @@ class Scraper:
             container_watts,
             unattributed_watts,
         )
-        self._power_written = _PowerWritten(draws, identities, body, view)
+        self._power_written = PowerWritten(draws, identities, body, view)
         return body, view
 
     def _families(self, node: NodeView, identities: DeviceLabels, options: RenderOptions) -> str:
@@ -507,12 +464,12 @@ class Scraper:
                 )
             )
         ):
-            self._container_families = _ContainerFamilies(node, identities, last.text)
+            self._container_families = ContainerFamilies(node, identities, last.text)
             return last.text
         text = render_families(
             node.attributions, identities, options, node.allocated, self._label_sets
         )
-        self._container_families = _ContainerFamilies(node, identities, text)
+        self._container_families = ContainerFamilies(node, identities, text)
         return text
 
     async def _scrape_once(self) -> ScrapeResult:
@@ -542,7 +499,7 @@ class Scraper:
                 limit = read_limit(self._own_procfs, self._own_cgroupfs)
                 runtime = self._runtime.render()
             before, after = self._collection_metrics(statuses, node, samples, invalid_lines, limit)
-            memo = self._collection_tail = _CollectionTail(
+            memo = self._collection_tail = CollectionTail(
                 node,
                 upstream,
                 head,
@@ -587,9 +544,9 @@ class Scraper:
             samples=samples,
             invalid_lines=invalid_lines,
             pods=len({p.uid for p in node.index.by_uid.values()})
-            if self.pods is not None
+            if self.kubernetes is not None
             else None,
-            allocated=len(node.allocated) if self.podresources is not None else None,
+            allocated=len(node.allocated) if self.node.given("podresources") else None,
             unmapped=node.unmapped + node.listed.skipped,
             memory_limit=memory_limit,
         )
@@ -603,7 +560,7 @@ class Scraper:
             shared_scrapes=self.shared_scrapes_total,
             node_page_requests=self.node_page_requests_total,
             last_duration=self._last_duration,
-            kubernetes_last_sync=self.pods.last_sync if self.pods is not None else None,
+            kubernetes_last_sync=self.kubernetes.last_sync if self.kubernetes is not None else None,
             response_bytes=self.response_bytes,
         )
 

@@ -1,7 +1,7 @@
 """The procfs source: which pod and container a host PID belongs to.
 
 ``parse_*`` functions are pure and take file contents (the cgroup file's are in ``cgroups``);
-``ProcReader`` does the reads under a configurable root (``--path.procfs``) so tests and the
+``ProcfsSource`` does the reads under a configurable root (``--path.procfs``) so tests and the
 demo can point it at a simulated tree.
 """
 
@@ -22,7 +22,7 @@ from .episodes import EpisodeLog
 from .model import ProcError, ProcInfo
 from .sources import Reading
 
-__all__ = ["ProcReader", "parse_btime", "parse_stat", "read_bounded"]
+__all__ = ["ProcfsSource", "parse_btime", "parse_stat", "read_bounded"]
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _is_gone(exc: OSError) -> bool:
     return isinstance(exc, (FileNotFoundError, ProcessLookupError))
 
 
-class ProcReader:
+class ProcfsSource:
     """Reads ``<root>/<pid>/{stat,cgroup}`` and says which container a PID runs in.
 
     The stat file is read on every call (it detects PID reuse); the result, with its parsed

@@ -42,14 +42,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.app import make_app
-from enricher.commands import make_podresources_source
 from enricher.config import Config
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
 from enricher.pipeline import Scraper
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.simnode.kubelet import SimulatedKubelet
 from enricher.simnode.node import SimNode, SimPod
+from enricher.sourcetable import make_podresources_source
 
 from .conftest import GOLDEN
 from .dockerapi import DockerAPI
@@ -519,12 +519,12 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
         source = fake_nvml.source() if gpu is ... else gpu
         reader = procs
         if reader is None:
-            reader = ProcReader(str(proc_root), clk_tck=clk_tck)
+            reader = ProcfsSource(str(proc_root), clk_tck=clk_tck)
         scraper = Scraper(
             cfg,
-            gpu=source,
-            procs=reader,
-            pods=cache,
+            nvml=source,
+            procfs=reader,
+            kubernetes=cache,
             podresources=make_podresources_source(cfg) if podresources else None,
             docker=docker,
             # The golden outputs do not depend on the memory limit of the machine's cgroup

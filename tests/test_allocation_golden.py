@@ -389,7 +389,7 @@ async def test_missing_kubelet_socket_is_down_not_disabled(node_factory: Any) ->
 
 async def test_kubelet_switched_off_is_disabled(node_factory: Any) -> None:
     node = await node_factory(kubelet=False, kubelet_enabled=False)
-    assert node.scraper.podresources is None
+    assert node.scraper.node.given("podresources") is None
     text = await scrape(node)
     enabled = {r["source"]: r["__value__"] for r in series(text, "dcgm_enricher_source_enabled")}
     up = {r["source"] for r in series(text, "dcgm_enricher_source_up")}

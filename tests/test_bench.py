@@ -20,7 +20,7 @@ from bench import payloads
 from bench.node import NODE, SimNode
 from enricher.kube import parse_pod
 from enricher.pipeline import Scraper
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.promclient import RUNTIME_PREFIXES
 from enricher.simnode.api import StaticPods
 
@@ -251,13 +251,16 @@ async def test_background_modes_serve_what_the_app_serves(
         )
         pods = StaticPods([parse_pod(o) for o in sim.pod_objects()])
         plain = Scraper(
-            config, gpu=fake_nvml.source(), procs=ProcReader(str(sim.proc_root)), pods=pods
+            config,
+            nvml=fake_nvml.source(),
+            procfs=ProcfsSource(str(sim.proc_root)),
+            kubernetes=pods,
         )
         proposed = Scraper(
             replace(config, collect_interval=collect_interval, upstream_follow_step=follow_step),
-            gpu=fake_nvml.source(),
-            procs=ProcReader(str(sim.proc_root)),
-            pods=pods,
+            nvml=fake_nvml.source(),
+            procfs=ProcfsSource(str(sim.proc_root)),
+            kubernetes=pods,
         )
         try:
             want = _without_self_metrics((await plain.scrape()).body)

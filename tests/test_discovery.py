@@ -27,9 +27,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.cli import parse_config
-from enricher.commands import pod_cache_options
 from enricher.kube import parse_selector
 from enricher.simnode.api import make_pod
+from enricher.sourcetable import pod_cache_options
 from tests.scraping import NoProcs
 
 from .harness import MakeStack

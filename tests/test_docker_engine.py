@@ -27,7 +27,7 @@ from enricher.commands import ps, resolve
 from enricher.config import Config
 from enricher.docker import DockerSource
 from enricher.model import ProcError, Runtime, short_id
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 
 from .conftest import assert_valid_exposition
 from .dockerengine import BUSYBOX_IMAGE, COMPOSE, SLEEP, Engine, upstream_body
@@ -108,7 +108,7 @@ def test_unknown_id_is_gone_not_an_error(real_docker: Engine) -> None:
 def test_real_cgroup_names_the_container(real_docker: Engine) -> None:
     cid = real_docker.run("cg", *SLEEP)
     pid = real_docker.pid(cid)
-    info = ProcReader("/proc").read_pid(pid)
+    info = ProcfsSource("/proc").read_pid(pid)
     assert not isinstance(info, ProcError), info
     assert info.comm == "sleep"
     assert info.cgroup is not None
@@ -132,8 +132,8 @@ def test_a_restarted_container_keeps_its_id_under_a_new_pid(real_docker: Engine)
     before = real_docker.pid(cid)
     real_docker.docker("restart", "--time", "0", cid)
     after = wait_for_pid_change(real_docker, cid, before)
-    assert isinstance(ProcReader("/proc").read_pid(before), ProcError)
-    info = ProcReader("/proc").read_pid(after)
+    assert isinstance(ProcfsSource("/proc").read_pid(before), ProcError)
+    info = ProcfsSource("/proc").read_pid(after)
     assert not isinstance(info, ProcError) and info.cgroup is not None
     assert info.cgroup.container_id == cid
 
@@ -245,7 +245,7 @@ async def test_scrape_attributes_real_containers(
     node = await full_stack(
         upstream=upstream_body(3),
         nvml=state,
-        procs=ProcReader("/proc"),
+        procs=ProcfsSource("/proc"),
         node="",
         docker_host=real_docker.host,
         upstream_timeout=2.0,

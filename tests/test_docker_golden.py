@@ -3,7 +3,7 @@
 The whole pipeline through the real aiohttp app, as ``tests/test_golden.py`` does for a
 Kubernetes node. Real parts: dcgm-exporter-shaped text over HTTP (a plain Docker host's: no
 pod labels at all), pynvml against the fake libnvidia-ml built from C (no GPU here), a /proc
-tree on disk read by the real ProcReader, and the real aiohttp client of the Docker source
+tree on disk read by the real ProcfsSource, and the real aiohttp client of the Docker source
 talking HTTP over a unix socket to the Docker Engine API stand-in (tests/dockerapi.py: no
 Docker engine runs on CI machines). ``pytest --update-golden`` rewrites the golden files.
 
@@ -35,7 +35,7 @@ from enricher.commands import ps, resolve
 from enricher.config import Config
 from enricher.model import GpuDevice, MigDevice, short_id
 from enricher.pipeline import Scraper
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.simnode import fakeproc
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode, SimProc
@@ -379,9 +379,9 @@ async def test_container_not_in_pod_without_docker_mode(
     host = await host_factory()
     scraper = Scraper(
         host.scraper.config,
-        gpu=fake_nvml.source(),
-        procs=ProcReader(str(tmp_path / "proc")),
-        pods=None,
+        nvml=fake_nvml.source(),
+        procfs=ProcfsSource(str(tmp_path / "proc")),
+        kubernetes=None,
     )
     try:
         result = await scraper.scrape()

@@ -10,7 +10,7 @@ does not run a process on that device (:func:`check_no_wrong_pod`).
 
 Real parts, on the full stack of tests/harness.py: the aiohttp app and an aiohttp upstream
 over loopback, pynvml against the fake libnvidia-ml built from C (no GPU here), the real
-ProcReader on a /proc tree on disk, and the real kubernetes client watching the API-server
+ProcfsSource on a /proc tree on disk, and the real kubernetes client watching the API-server
 stand-in (no cluster here). :class:`SimNode` describes the node once and writes all three
 fakes from that description, so the test's idea of who runs where (the ground truth) is the
 fakes' too.

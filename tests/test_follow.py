@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.app import make_app
 from enricher.config import Config
 from enricher.pipeline import Scraper
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.simnode import fakeproc
 from tests.harness import series
 from tests.nvmlfake import FakeNvml, FakeNvmlState
@@ -129,7 +129,11 @@ async def env(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[Env]:
         kube_enabled=False,
     )
     scraper = Scraper(
-        config, gpu=fake_nvml.source(), procs=ProcReader(str(proc)), pods=None, clock=clock
+        config,
+        nvml=fake_nvml.source(),
+        procfs=ProcfsSource(str(proc)),
+        kubernetes=None,
+        clock=clock,
     )
     client = TestClient(TestServer(make_app(scraper)))
     await client.start_server()

@@ -2,7 +2,7 @@
 
 Real parts: dcgm-exporter-shaped text served over HTTP by aiohttp, pynvml against the fake
 libnvidia-ml built from C (no GPU on this machine), a /proc tree on disk read by the real
-ProcReader, and the real kubernetes client watching pods on the API-server stand-in (no
+ProcfsSource, and the real kubernetes client watching pods on the API-server stand-in (no
 cluster here). ``pytest --update-golden`` rewrites tests/golden/*.out.
 """
 

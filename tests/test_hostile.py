@@ -1,7 +1,7 @@
 """Hostile input: property tests over the whole scrape, and the bounds on everything.
 
 The main property drives the real :class:`enricher.pipeline.Scraper` (upstream over real HTTP, the
-real ProcReader on a /proc tree written per example, pods through the real
+real ProcfsSource on a /proc tree written per example, pods through the real
 ``kube.parse_pod``) with an upstream exposition and pod metadata chosen to break exposition
 or PromQL: arbitrary metric and label names, label values with quotes, backslashes, newlines,
 ``}`` and any Unicode, very long values, NaN and +/-Inf, timestamps, comments, HELP escapes
@@ -56,7 +56,7 @@ from enricher.model import (
     Runtime,
 )
 from enricher.pipeline import MAX_IDENTITIES, Scraper
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.rewrite import Rewriter
 from enricher.simnode import fakeproc
 from enricher.sources import Reading
@@ -679,9 +679,9 @@ def test_hostile_scrape(
         infos = [parse_pod(p.obj(), (LABEL_KEY,), (ANNOTATION_KEY,)) for p in pods]
         scraper = Scraper(
             config,
-            gpu=SnapshotSource(_snapshot(procs)),
-            procs=ProcReader(str(proc_root)),
-            pods=FixedPods(infos),
+            nvml=SnapshotSource(_snapshot(procs)),
+            procfs=ProcfsSource(str(proc_root)),
+            kubernetes=FixedPods(infos),
         )
 
         async def once() -> str:
@@ -888,7 +888,7 @@ def test_cut_names_collide() -> None:
     ],
 )
 async def test_request_headers_are_bounded(headers: dict[str, str], ok: bool) -> None:
-    scraper = Scraper(PER_SCRAPE, gpu=None, procs=NoProcs(), pods=None)
+    scraper = Scraper(PER_SCRAPE, nvml=None, procfs=NoProcs(), kubernetes=None)
     runner = await serve(make_app(scraper), "127.0.0.1:0", max_header_bytes=1024)
     port = runner.addresses[0][1]
     try:
@@ -956,7 +956,7 @@ async def test_series_and_remembered_devices_are_bounded(upstream: Upstream) -> 
     assert len(body) <= limit
     upstream.body = body
     config = replace(PER_SCRAPE, upstream_url=upstream.url, upstream_max_bytes=limit)
-    scraper = Scraper(config, gpu=None, procs=NoProcs(), pods=None)
+    scraper = Scraper(config, nvml=None, procfs=NoProcs(), kubernetes=None)
     try:
         result = await scraper.scrape()
         text = result.body.decode()

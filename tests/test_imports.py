@@ -50,8 +50,8 @@ def loaded_grpc() -> list[str]:
 def test_serve_with_the_kubelet_off_imports_no_grpc(fresh: NoGrpc) -> None:
     for name in ("enricher.cli", "enricher.commands", "enricher.app", "enricher.podresources"):
         importlib.import_module(name)
-    from enricher.commands import make_podresources_source
     from enricher.config import Config
+    from enricher.sourcetable import make_podresources_source
 
     config = replace(Config(), kube_enabled=False, kubelet_enabled=None)
     assert not config.kubelet_active
@@ -61,8 +61,8 @@ def test_serve_with_the_kubelet_off_imports_no_grpc(fresh: NoGrpc) -> None:
 
 
 def test_kubelet_on_without_its_socket_imports_no_grpc(fresh: NoGrpc, tmp_path: Path) -> None:
-    from enricher.commands import make_podresources_source
     from enricher.config import Config
+    from enricher.sourcetable import make_podresources_source
 
     config = replace(
         Config(),

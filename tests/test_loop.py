@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from enricher.app import make_app
 from enricher.pipeline import REWRITE_INLINE_MAX_CHARS, Scraper
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.simnode import fakeproc
 
 from .conftest import ROOT
@@ -60,7 +60,7 @@ async def test_large_rewrite_leaves_the_loop(tmp_path: Path, chars: int, off_loo
         config = replace(
             PER_SCRAPE, upstream_url=str(upstream.make_url("/metrics")), nvml_enabled=False
         )
-        scraper = Scraper(config, gpu=None, procs=ProcReader(str(tmp_path)), pods=None)
+        scraper = Scraper(config, nvml=None, procfs=ProcfsSource(str(tmp_path)), kubernetes=None)
         release = threading.Event()
         threads: list[str] = []
         rewrite = scraper._rewriter.rewrite

@@ -21,10 +21,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.cli import parse_config
-from enricher.commands import pod_cache_options, resolve
+from enricher.commands import resolve
 from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode, SimPod, SimProc
+from enricher.sourcetable import pod_cache_options
 
 from .conftest import assert_valid_exposition
 from .harness import MakeStack, Stack, check_golden, cid, nvml_state_of, series

@@ -1,7 +1,7 @@
 """State has an owner: a cache or memo lives on an object its owner makes, never in a module, so
 two Scrapers in one process (as in the tests and the bench) each keep their own. Real parts as
 in tests/test_golden.py: the real app over HTTP, pynvml against the fake libnvidia-ml (no GPU
-here), /proc trees on disk read by the real ProcReader, the kubernetes client watching pods on
+here), /proc trees on disk read by the real ProcfsSource, the kubernetes client watching pods on
 the API-server stand-in (no cluster here), dcgm-exporter-shaped text served by aiohttp."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from enricher import power, promclient
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode
@@ -65,7 +65,7 @@ async def _start(full_stack: MakeStack, which: str, tmp_path: Path) -> Stack:
     return await full_stack(
         upstream=text.replace(HOSTNAME_A, HOSTNAME_B),
         nvml=nvml_state_of(GOLDEN_NODE),
-        procs=ProcReader(str(root)),
+        procs=ProcfsSource(str(root)),
         node=NODE_B,
         pods=[pod_object(p, NODE_B) for p in node_b.pods],
         upstream_timeout=2.0,

@@ -28,7 +28,6 @@ from enricher.attribution import (
     resolve_allocations,
 )
 from enricher.cli import parse_config
-from enricher.commands import make_podresources_source
 from enricher.families import RenderOptions, render_families
 from enricher.labels import SHARED, Owner
 from enricher.model import (
@@ -54,6 +53,7 @@ from enricher.podresources import (
 )
 from enricher.proto import api_pb2
 from enricher.simnode.kubelet import SimulatedKubelet, list_response
+from enricher.sourcetable import make_podresources_source
 
 from .harness import short_dir
 

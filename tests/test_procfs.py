@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from enricher import procfs
 from enricher.cgroups import container_chain, parse_cgroup
 from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
-from enricher.procfs import ProcReader, parse_btime, parse_stat
+from enricher.procfs import ProcfsSource, parse_btime, parse_stat
 from enricher.simnode import fakeproc
 
 UID = "0b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e8"
@@ -609,7 +609,7 @@ def test_parse_btime_rejects_junk(text: str) -> None:
         parse_btime(text)
 
 
-# --------------------------------------------------------------------------- ProcReader
+# --------------------------------------------------------------------------- ProcfsSource
 
 BTIME = 1_700_000_000
 CLK = 100
@@ -627,7 +627,7 @@ def cg(pod: str = UID, cid: str = CID) -> str:
 
 def test_read_complete_process(root: Path) -> None:
     fakeproc.write_process(root, 4242, comm="python (x)", cgroup=cg(), start_ticks=12_345)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     got = reader.read_pid(4242)
     assert isinstance(got, ProcInfo)
     assert (got.pid, got.comm, got.start_time_ticks) == (4242, "python (x)", 12_345)
@@ -639,14 +639,14 @@ def test_read_complete_process(root: Path) -> None:
 
 def test_read_unknown_cgroup_is_info_not_error(root: Path) -> None:
     fakeproc.write_process(root, 7, comm="w", cgroup="0::/\n", start_ticks=1)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     got = reader.read_pid(7)
     assert isinstance(got, ProcInfo) and got.cgroup is None
     assert reader.errors_total == 0
 
 
 def test_read_missing_process_is_exited(root: Path) -> None:
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert reader.read_pid(999) is ProcError.EXITED
     assert reader.errors_total == 0
 
@@ -654,14 +654,14 @@ def test_read_missing_process_is_exited(root: Path) -> None:
 def test_read_vanished_before_cgroup_read_is_exited(root: Path) -> None:
     fakeproc.write_process(root, 5, comm="w", cgroup=cg(), start_ticks=1)
     os.unlink(root / "5" / "cgroup")
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert reader.read_pid(5) is ProcError.EXITED
     assert reader.errors_total == 0
 
 
 def test_read_removed_process_is_exited(root: Path) -> None:
     fakeproc.write_process(root, 5, comm="w", cgroup=cg(), start_ticks=1)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert isinstance(reader.read_pid(5), ProcInfo)
     fakeproc.remove_process(root, 5)
     fakeproc.remove_process(root, 5)  # removing twice is fine
@@ -688,7 +688,7 @@ def test_read_pid_reused_between_stat_reads(root: Path, monkeypatch: pytest.Monk
         monkeypatch,
         lambda: fakeproc.write_process(root, 6, comm="new", cgroup=cg(UID2), start_ticks=200),
     )
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert reader.read_pid(6) is ProcError.REUSED
     assert reader.errors_total == 0
 
@@ -696,7 +696,7 @@ def test_read_pid_reused_between_stat_reads(root: Path, monkeypatch: pytest.Monk
 def test_read_exited_after_cgroup_read(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fakeproc.write_process(root, 6, comm="old", cgroup=cg(), start_ticks=100)
     _race_after_cgroup_read(monkeypatch, lambda: fakeproc.remove_process(root, 6))
-    assert ProcReader(str(root), clk_tck=CLK).read_pid(6) is ProcError.EXITED
+    assert ProcfsSource(str(root), clk_tck=CLK).read_pid(6) is ProcError.EXITED
 
 
 @pytest.mark.parametrize(
@@ -716,7 +716,7 @@ def test_read_exited_after_cgroup_read(root: Path, monkeypatch: pytest.MonkeyPat
 def test_read_listed_at(root: Path, offset: float, expected: ProcError | None) -> None:
     fakeproc.write_process(root, 8, comm="w", cgroup=cg(), start_ticks=50_000)
     start = BTIME + 50_000 / CLK
-    got = ProcReader(str(root), clk_tck=CLK).read_pid(8, listed_at=start + offset)
+    got = ProcfsSource(str(root), clk_tck=CLK).read_pid(8, listed_at=start + offset)
     if expected is None:
         assert isinstance(got, ProcInfo) and got.start_time == pytest.approx(start)
     else:
@@ -742,7 +742,7 @@ def test_listed_at_compared_on_the_boot_clock(
     root = tmp_path / "proc"
     fakeproc.write_proc_stat(root, int(boot))
     fakeproc.write_process(root, 8, comm="w", cgroup=cg(), start_ticks=start_ticks)
-    reader = ProcReader(
+    reader = ProcfsSource(
         str(root), clk_tck=CLK, boot_clock=lambda: 5000.0, wall_clock=lambda: boot + 5000.0
     )
     got = reader.read_pid(8, listed_at=boot + 4000.0)  # 400,000 ticks after boot
@@ -755,7 +755,7 @@ def test_listed_at_compared_on_the_boot_clock(
 def test_read_many_shares_listed_at_and_dedupes(root: Path) -> None:
     fakeproc.write_process(root, 10, comm="a", cgroup=cg(), start_ticks=100)
     fakeproc.write_process(root, 11, comm="b", cgroup=cg(UID2, CID2), start_ticks=90_000)
-    got = ProcReader(str(root), clk_tck=CLK).read_many([10, 11, 12, 10], listed_at=BTIME + 10)
+    got = ProcfsSource(str(root), clk_tck=CLK).read_many([10, 11, 12, 10], listed_at=BTIME + 10)
     assert list(got) == [10, 11, 12]
     assert isinstance(got[10], ProcInfo) and got[10].comm == "a"
     assert got[11] is ProcError.REUSED
@@ -793,7 +793,7 @@ def test_read_unreadable(root: Path, breakage: str) -> None:
         else:
             (root / "elsewhere").write_text(stat_line("3", "w"))
             os.symlink(root / "elsewhere", stat_path)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert reader.read_pid(3) is ProcError.UNREADABLE
     assert reader.read_pid(3) is ProcError.UNREADABLE
     assert reader.errors_total == 2
@@ -801,14 +801,14 @@ def test_read_unreadable(root: Path, breakage: str) -> None:
 
 @pytest.mark.parametrize("pid", [0, -1, True])
 def test_read_invalid_pid(root: Path, pid: int) -> None:
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert reader.read_pid(pid) is ProcError.UNREADABLE
     assert reader.errors_total == 1
 
 
 def test_read_without_btime_is_unreadable(tmp_path: Path) -> None:
     fakeproc.write_process(tmp_path, 3, comm="w", cgroup=cg(), start_ticks=1)
-    reader = ProcReader(str(tmp_path), clk_tck=CLK)
+    reader = ProcfsSource(str(tmp_path), clk_tck=CLK)
     assert reader.read_pid(3) is ProcError.UNREADABLE
     assert reader.errors_total == 1
     fakeproc.write_proc_stat(tmp_path, BTIME)  # a failed btime read is retried
@@ -817,8 +817,8 @@ def test_read_without_btime_is_unreadable(tmp_path: Path) -> None:
 
 def test_btime_is_cached_then_refreshed(root: Path) -> None:
     fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=100)
-    cached = ProcReader(str(root), clk_tck=CLK)
-    fresh = ProcReader(str(root), clk_tck=CLK, btime_max_age=0.0)
+    cached = ProcfsSource(str(root), clk_tck=CLK)
+    fresh = ProcfsSource(str(root), clk_tck=CLK, btime_max_age=0.0)
     for reader in (cached, fresh):
         assert isinstance(got := reader.read_pid(3), ProcInfo) and got.start_time == BTIME + 1
     fakeproc.write_proc_stat(root, BTIME + 7)
@@ -828,7 +828,7 @@ def test_btime_is_cached_then_refreshed(root: Path) -> None:
 
 def test_cache_keeps_cgroup_until_start_time_changes(root: Path) -> None:
     fakeproc.write_process(root, 20, comm="w", cgroup=cg(UID, CID), start_ticks=100)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     first = reader.read_pid(20)
     assert isinstance(first, ProcInfo) and first.cgroup is not None
     # Same process (same start time): the cgroup file is not read again.
@@ -845,7 +845,7 @@ def test_cache_keeps_cgroup_until_start_time_changes(root: Path) -> None:
 def test_cache_is_bounded_lru(root: Path) -> None:
     for pid in (1, 2, 3):
         fakeproc.write_process(root, pid, comm="w", cgroup=cg(UID, CID), start_ticks=pid)
-    reader = ProcReader(str(root), clk_tck=CLK, cache_size=2)
+    reader = ProcfsSource(str(root), clk_tck=CLK, cache_size=2)
     for pid in (1, 2, 1, 3):  # 2 is now the least recently used
         reader.read_pid(pid)
     for pid in (1, 2, 3):
@@ -861,7 +861,7 @@ def test_cache_is_bounded_lru(root: Path) -> None:
 
 def test_cache_size_zero_always_reads(root: Path) -> None:
     fakeproc.write_process(root, 1, comm="w", cgroup=cg(UID, CID), start_ticks=1)
-    reader = ProcReader(str(root), clk_tck=CLK, cache_size=0)
+    reader = ProcfsSource(str(root), clk_tck=CLK, cache_size=0)
     reader.read_pid(1)
     (root / "1" / "cgroup").write_text(cg(UID2, CID2))
     got = reader.read_pid(1)
@@ -871,7 +871,7 @@ def test_cache_size_zero_always_reads(root: Path) -> None:
 @pytest.mark.parametrize("kwargs", [{"clk_tck": 0}, {"clk_tck": -100}, {"cache_size": -1}], ids=str)
 def test_reader_rejects_bad_config(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError):
-        ProcReader("/proc", **kwargs)
+        ProcfsSource("/proc", **kwargs)
 
 
 def _stat_bytes(size: int) -> bytes:
@@ -904,7 +904,7 @@ COMM_AT_LIMIT = "x" * (procfs.MAX_FILE_BYTES - len(stat_line("3", "")))
 def test_read_stat_file_content(root: Path, content: bytes, expected: str | ProcError) -> None:
     fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=22)
     (root / "3" / "stat").write_bytes(content)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     got = reader.read_pid(3)
     if isinstance(expected, ProcError):
         assert got is expected
@@ -946,7 +946,7 @@ def test_read_stat_special_file_is_unreadable(root: Path, node: str | tuple[int,
             held.append(os.open(stat_path, os.O_RDWR | os.O_NONBLOCK))
             if node == "fifo-with-junk":
                 os.write(held[0], b"not a stat line\n")
-        reader = ProcReader(str(root), clk_tck=CLK)
+        reader = ProcfsSource(str(root), clk_tck=CLK)
         started = time.monotonic()
         assert reader.read_pid(3) is ProcError.UNREADABLE
         assert reader.read_many([3, 3]) == {3: ProcError.UNREADABLE}
@@ -970,7 +970,7 @@ def test_read_root_forms(root: Path, form: str, monkeypatch: pytest.MonkeyPatch)
     if form == "empty-is-cwd":
         monkeypatch.chdir(root)  # os.path.join("", "4242") is relative, so "" is the cwd
     text = {"plain": str(root), "trailing-slash": f"{root}/", "empty-is-cwd": ""}[form]
-    reader = ProcReader(text, clk_tck=CLK)
+    reader = ProcfsSource(text, clk_tck=CLK)
     for _ in range(2):  # a miss, then a cache hit
         got = reader.read_pid(4242)
         assert isinstance(got, ProcInfo) and got.start_time == BTIME + 1
@@ -981,8 +981,8 @@ def test_read_and_read_many_agree(root: Path) -> None:
     fakeproc.write_process(root, 10, comm="a", cgroup=cg(), start_ticks=100)
     fakeproc.write_process(root, 11, comm="b", cgroup="0::/\n", start_ticks=90_000)
     pids = [10, 11, 12, 0]
-    one_by_one = ProcReader(str(root), clk_tck=CLK)
-    batch = ProcReader(str(root), clk_tck=CLK)
+    one_by_one = ProcfsSource(str(root), clk_tck=CLK)
+    batch = ProcfsSource(str(root), clk_tck=CLK)
     for _ in range(2):  # cold cache, then warm
         expected = {pid: one_by_one.read_pid(pid, BTIME + 100) for pid in pids}
         assert batch.read_many(pids, BTIME + 100) == expected
@@ -1000,7 +1000,7 @@ def test_read_and_read_many_agree(root: Path) -> None:
 )
 def test_read_non_int_pid(root: Path, pid: object) -> None:
     fakeproc.write_process(root, 3, comm="w", cgroup=cg(), start_ticks=1)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     assert reader.read_pid(pid) is ProcError.UNREADABLE  # type: ignore[arg-type]
     assert reader.errors_total == 1
 
@@ -1016,7 +1016,7 @@ def test_read_many_reads_btime_once(root: Path, monkeypatch: pytest.MonkeyPatch)
         return real(path, limit)
 
     monkeypatch.setattr(procfs, "read_bounded", counting)
-    reader = ProcReader(str(root), clk_tck=CLK, btime_max_age=0.0)
+    reader = ProcfsSource(str(root), clk_tck=CLK, btime_max_age=0.0)
     reader.read_many([1, 2, 3])
     assert reads.count(os.path.join(str(root), "stat")) == 1
     reader.read_many([1, 2, 3])  # all cache hits now: only btime is read again
@@ -1029,7 +1029,7 @@ def test_read_many_without_btime_counts_each_pid(tmp_path: Path) -> None:
     # the PIDs are read one by one.
     for pid in (3, 4):
         fakeproc.write_process(tmp_path, pid, comm="w", cgroup=cg(), start_ticks=1)
-    reader = ProcReader(str(tmp_path), clk_tck=CLK)
+    reader = ProcfsSource(str(tmp_path), clk_tck=CLK)
     assert reader.read_many([3, 0, 4]) == {
         3: ProcError.UNREADABLE,
         0: ProcError.UNREADABLE,
@@ -1040,7 +1040,7 @@ def test_read_many_without_btime_counts_each_pid(tmp_path: Path) -> None:
 
 def test_cache_hit_sees_new_comm(root: Path) -> None:
     fakeproc.write_process(root, 20, comm="before", cgroup=cg(UID, CID), start_ticks=100)
-    reader = ProcReader(str(root), clk_tck=CLK)
+    reader = ProcfsSource(str(root), clk_tck=CLK)
     first = reader.read_pid(20)
     assert isinstance(first, ProcInfo)
     assert reader.read_pid(20) is first  # unchanged: the frozen ProcInfo is handed out again
@@ -1057,8 +1057,8 @@ def test_read_many_from_threads(root: Path) -> None:
     for pid in pids:
         fakeproc.write_process(root, pid, comm=f"w{pid}", cgroup=cg(), start_ticks=pid)
     # A cache smaller than the batch: threads evict each other's entries all the time.
-    reader = ProcReader(str(root), clk_tck=CLK, cache_size=16)
-    expected = ProcReader(str(root), clk_tck=CLK).read_many(pids)
+    reader = ProcfsSource(str(root), clk_tck=CLK, cache_size=16)
+    expected = ProcfsSource(str(root), clk_tck=CLK).read_many(pids)
     failures: list[object] = []
 
     def work() -> None:
@@ -1083,7 +1083,7 @@ def test_read_many_from_threads(root: Path) -> None:
 
 
 def test_real_proc_own_process() -> None:
-    reader = ProcReader()
+    reader = ProcfsSource()
     before = time.time()
     got = reader.read_pid(os.getpid(), listed_at=before)
     assert isinstance(got, ProcInfo)
@@ -1103,7 +1103,7 @@ def test_real_proc_child_exits() -> None:
     sleep = shutil.which("sleep")
     if sleep is None:
         pytest.skip("no sleep binary")
-    reader = ProcReader()
+    reader = ProcfsSource()
     child = subprocess.Popen([sleep, "30"])
     try:
         deadline = time.monotonic() + 5

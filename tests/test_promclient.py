@@ -100,7 +100,9 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[TestClient[Any, Any]]
             url = str(upstream.make_url("/metrics"))
         config = replace(PER_SCRAPE, upstream_url=url, upstream_timeout=1.0)
         client = TestClient(
-            TestServer(make_app(Scraper(config, gpu=None, procs=NoProcs(), pods=None, **scraper)))
+            TestServer(
+                make_app(Scraper(config, nvml=None, procfs=NoProcs(), kubernetes=None, **scraper))
+            )
         )
         await client.start_server()
         cleanup.append(client)
@@ -241,8 +243,8 @@ async def test_each_scraper_counts_its_own_and_registers_nothing_globally() -> N
     none of them."""
     before = set(REGISTRY._collector_to_names)  # prometheus_client's global registry
     config = replace(PER_SCRAPE, upstream_url=REFUSED, upstream_timeout=1.0)
-    a = Scraper(config, gpu=None, procs=NoProcs(), pods=None)
-    b = Scraper(config, gpu=None, procs=NoProcs(), pods=None)
+    a = Scraper(config, nvml=None, procfs=NoProcs(), kubernetes=None)
+    b = Scraper(config, nvml=None, procfs=NoProcs(), kubernetes=None)
     try:
         await a.scrape()
         await a.scrape()

@@ -4,6 +4,8 @@ on any of them, one close path closes them all."""
 from __future__ import annotations
 
 import asyncio
+import re
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -14,16 +16,20 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from enricher import sourcetable
 from enricher.demo import DEMO
 from enricher.docker import DockerSource
 from enricher.kube import PodCache
+from enricher.model import GpuSnapshot
 from enricher.nvml import NvmlSource
 from enricher.pipeline import Scraper
 from enricher.podresources import PodResourcesSource
-from enricher.procfs import ProcReader
+from enricher.procfs import ProcfsSource
 from enricher.simnode.api import StaticPods
 from enricher.simnode.gpus import SimulatedGpus
 from enricher.sources import Measured, Reading, Source, close_all
+from enricher.sourcetable import SOURCES as SOURCE_TABLE
+from enricher.sourcetable import SourceEntry
 from enricher.upstream import UpstreamSource
 from enricher.worker import Worker
 from tests.scraping import PER_SCRAPE, NoProcs
@@ -42,7 +48,7 @@ SOURCES: list[Any] = [
         id="upstream",
     ),
     pytest.param("nvml", lambda _: NvmlSource(library_path="/nonexistent"), id="nvml"),
-    pytest.param("procfs", lambda tmp: ProcReader(str(tmp)), id="procfs"),
+    pytest.param("procfs", lambda tmp: ProcfsSource(str(tmp)), id="procfs"),
     pytest.param(
         "kubernetes",
         lambda _: PodCache(kubernetes.client.ApiClient(), "node-a"),
@@ -73,7 +79,7 @@ class Fake:
     enabled = True
 
     def __init__(
-        self, name: str, read: Callable[[], Reading[Any]], close: Callable[[], None] = lambda: None
+        self, name: str, read: Callable[..., Reading[Any]], close: Callable[[], None] = lambda: None
     ) -> None:
         self.name = name
         self.errors_total = 0
@@ -81,8 +87,8 @@ class Fake:
         self._read = read
         self._close = close
 
-    def read(self) -> Reading[Any]:
-        return self._read()
+    def read(self, *args: Any) -> Reading[Any]:
+        return self._read(*args)
 
     def close(self) -> None:
         self.closed += 1
@@ -98,17 +104,36 @@ def _series(text: str, name: str) -> dict[str, float]:
     return out
 
 
+def with_entries(*sources: Source) -> tuple[SourceEntry, ...]:
+    """The table with one entry more per source: read in a worker of its own, within
+    --scrape.timeout, its value used by nothing."""
+    return (
+        *SOURCE_TABLE,
+        *(
+            SourceEntry(s.name, worker=s.name, timeout=lambda c, _spent: c.scrape_timeout)
+            for s in sources
+        ),
+    )
+
+
 def _boom() -> Reading[Any]:
     raise RuntimeError("boom")
 
 
 async def test_a_new_source_is_reported_without_scraper_code() -> None:
-    """Sources handed to the Scraper get the four series, whatever their read did."""
+    """Sources added to the table get the four series, whatever their read did."""
     ok = Fake("gpfs", lambda: Reading(42))
     down = Fake("lustre", lambda: Reading(None, ok=False, error="unmounted"))
     broken = Fake("infiniband", _boom)
     config = replace(PER_SCRAPE, upstream_url="http://127.0.0.1:9/metrics", upstream_timeout=0.5)
-    scraper = Scraper(config, gpu=None, procs=NoProcs(), pods=None, sources=[ok, down, broken])
+    scraper = Scraper(
+        config,
+        table=with_entries(ok, down, broken),
+        nvml=None,
+        procfs=NoProcs(),
+        kubernetes=None,
+        **{s.name: s for s in (ok, down, broken)},
+    )
     try:
         text = (await scraper.scrape()).body.decode()
     finally:
@@ -193,7 +218,9 @@ async def test_scraper_close_closes_every_source_once(tmp_path: Path) -> None:
     gpu = Fake("nvml", lambda: Reading(None), close=lambda: release.wait(10) and None)
     procs = Fake("procfs", lambda: Reading({}))
     extra = Fake("gpfs", lambda: Reading(None))
-    scraper = Scraper(PER_SCRAPE, gpu=gpu, procs=procs, pods=None, sources=[extra])
+    scraper = Scraper(
+        PER_SCRAPE, table=with_entries(extra), nvml=gpu, procfs=procs, kubernetes=None, gpfs=extra
+    )
     started = time.monotonic()
     try:
         await scraper.close()
@@ -209,3 +236,109 @@ def test_docs_list_every_source() -> None:
     for param in SOURCES:
         if not param.id.startswith("demo-"):
             assert f"| `{param.values[0]}` |" in text, param.id
+
+
+# --------------------------------------------------------------------------- the table
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def test_the_docs_table_is_the_source_table() -> None:
+    """docs/sources.md lists the sources of enricher.sourcetable.SOURCES, in its order (the
+    order of the series)."""
+    rows = re.findall(r"^\| `(\w+)` \| `enricher/", (DOCS / "sources.md").read_text(), re.M)
+    assert rows == [entry.name for entry in SOURCE_TABLE]
+
+
+def _worked_example() -> tuple[str, str]:
+    """docs/sources.md's worked example: the module's code and the entry's."""
+    text = (DOCS / "sources.md").read_text().split("## Adding a source", 1)[1]
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)^ *```", text, re.S | re.M)]
+    assert len(blocks) == 2, blocks
+    return blocks[0], blocks[1]
+
+
+async def test_the_worked_example_adds_a_source_through_one_entry(tmp_path: Path) -> None:
+    """The module and the one entry of docs/sources.md, added to the table as written there:
+    serve's maker makes the source, the node side reads it (its value under its name) and
+    /metrics reports it with the four series, up while its file reads and down after."""
+    module_code, entry_code = _worked_example()
+    module: dict[str, Any] = {"__name__": "enricher.loadavg", "__package__": "enricher"}
+    exec(compile(module_code, "enricher/loadavg.py", "exec"), module)
+    entry = eval(
+        compile(entry_code, "enricher/sourcetable.py", "eval"), {**module, **vars(sourcetable)}
+    )
+    assert isinstance(entry, SourceEntry) and entry.name == "loadavg"
+    (tmp_path / "loadavg").write_text("0.50 0.25 0.10 1/123 4567\n")
+    config = replace(
+        PER_SCRAPE,
+        upstream_url="http://127.0.0.1:9/metrics",
+        upstream_timeout=0.5,
+        nvml_enabled=False,
+        procfs=str(tmp_path),
+        kube_enabled=False,
+        kubelet_enabled=False,
+    )
+    table = (*SOURCE_TABLE, entry)
+    made = sourcetable.make_sources(config, table)
+    assert type(made["loadavg"]).__name__ == "LoadavgSource"
+    scraper = Scraper(config, table=table, **made)
+    try:
+        read = await scraper.node.read_sources()
+        assert read["loadavg"].value == (0.5, 0.25, 0.1)
+        assert [s.name for s in (await scraper.node.read()).statuses][-1] == "loadavg"
+        text = (await scraper.scrape()).body.decode()
+        assert _series(text, "dcgm_enricher_source_up")["loadavg"] == 1.0
+        assert _series(text, "dcgm_enricher_source_enabled")["loadavg"] == 1.0
+        assert "loadavg" in _series(text, "dcgm_enricher_source_duration_seconds")
+        (tmp_path / "loadavg").unlink()
+        text = (await scraper.scrape()).body.decode()
+        assert _series(text, "dcgm_enricher_source_up")["loadavg"] == 0.0
+        assert _series(text, "dcgm_enricher_source_errors_total")["loadavg"] == 1.0
+    finally:
+        await scraper.close()
+
+
+async def test_an_entry_orders_the_reads_and_hands_over_the_values(tmp_path: Path) -> None:
+    """A source that needs another is read after it, with its value; one the table leaves
+    out of the keywords is off; a name the table does not have is refused."""
+    seen: list[Any] = []
+    gpu = Fake("nvml", lambda: Reading(GpuSnapshot(taken_at=1.0)))
+
+    def count(snapshot: GpuSnapshot) -> Reading[int]:
+        seen.append(snapshot)
+        return Reading(len(snapshot.processes))
+
+    counter = Fake("gpucount", count)
+    entry = SourceEntry(
+        "gpucount",
+        needs=("nvml",),
+        args=lambda values: (values["nvml"],),
+        worker="gpucount",
+    )
+    scraper = Scraper(PER_SCRAPE, table=(*SOURCE_TABLE, entry), nvml=gpu, gpucount=counter)
+    try:
+        outcomes = await scraper.node.read_sources()
+        assert outcomes["gpucount"].value == 0 and seen == [GpuSnapshot(taken_at=1.0)]
+        assert outcomes["procfs"].status.enabled is False  # not given: off
+    finally:
+        await scraper.close()
+    with pytest.raises(ValueError, match="gpfs"):
+        Scraper(PER_SCRAPE, gpfs=counter)
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        pytest.param((SourceEntry("a"), SourceEntry("a")), "twice", id="twice"),
+        pytest.param((SourceEntry("a", needs=("b",)),), "not in the table", id="unknown"),
+        pytest.param(
+            (SourceEntry("a", after=("b",)), SourceEntry("b", needs=("a",))),
+            "circle",
+            id="circle",
+        ),
+    ],
+)
+def test_a_broken_table_is_refused(table: tuple[SourceEntry, ...], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        sourcetable.check_table(table)

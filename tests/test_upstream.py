@@ -182,7 +182,9 @@ def test_url_for_pod_ip(url: str, ip: str, want: str) -> None:
 
 async def _client(url: str) -> TestClient[Any, Any]:
     cfg = replace(PER_SCRAPE, upstream_url=url, upstream_timeout=1.0)
-    client = TestClient(TestServer(make_app(Scraper(cfg, gpu=None, procs=NoProcs(), pods=None))))
+    client = TestClient(
+        TestServer(make_app(Scraper(cfg, nvml=None, procfs=NoProcs(), kubernetes=None)))
+    )
     await client.start_server()
     return client
 
@@ -286,7 +288,7 @@ async def test_healthz_and_landing() -> None:
 async def test_oversized_request_header_is_refused() -> None:
     from enricher.app import serve as start
 
-    scraper = Scraper(PER_SCRAPE, gpu=None, procs=NoProcs(), pods=None)
+    scraper = Scraper(PER_SCRAPE, nvml=None, procfs=NoProcs(), kubernetes=None)
     runner = await start(make_app(scraper), "127.0.0.1:0", max_header_bytes=1024)
     port = runner.addresses[0][1]
     try:

@@ -66,7 +66,7 @@ async def serve() -> AsyncIterator[Serve]:
     async def start(cfg: WebConfig) -> int:
         # Port 9 (discard) refuses: /metrics still answers, with upstream down.
         config = replace(Config(), upstream_url="http://127.0.0.1:9/metrics", upstream_timeout=1)
-        app = make_app(Scraper(config, gpu=None, procs=NoProcs(), pods=None))
+        app = make_app(Scraper(config, nvml=None, procfs=NoProcs(), kubernetes=None))
         apply(app, cfg)
         runner = web.AppRunner(app, access_log=None, max_line_size=8190, max_field_size=8190)
         await runner.setup()

@@ -1,7 +1,7 @@
 """A SIMULATED node's ``/proc`` tree, for the demo, the tests and the benchmark.
 
 Nothing here touches the real procfs: it writes ordinary files under a directory of your
-choosing, in the same formats the kernel uses, so that ``ProcReader(root=...)`` can read them.
+choosing, in the same formats the kernel uses, so that ``ProcfsSource(root=...)`` can read them.
 Files are replaced atomically, so a reader never sees a half-written file.
 """
 
