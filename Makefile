@@ -11,7 +11,7 @@ LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
 .PHONY: demo test venv system-deps prometheus3 helm compose image-base lint typecheck unit \
-	bench bench-quick gpu-wheels gpu-check clean
+	mixin generate bench bench-quick gpu-wheels gpu-check clean
 
 # The product alone, what `make demo` runs: the package and its runtime dependencies, none of
 # the test toolchain.
@@ -94,6 +94,17 @@ typecheck:
 
 unit:
 	$(TOOLS)/pytest $(PYTEST_ARGS)
+
+## mixin: build the monitoring mixin (mixin/) with jsonnet into mixin/prometheus_alerts.yaml,
+## mixin/prometheus_rules.yaml and mixin/dashboards_out/ (default _config; docs/alerts.md)
+mixin: $(HIGHEST_BIN)/dcgm-enricher
+	$(HIGHEST_BIN)/python mixin/build.py
+
+## generate: rewrite what every install path ships from the mixin (the rules file, the
+## PrometheusRule, the dashboard and its ConfigMap) after editing mixin/ or grafana/generate.py
+generate: $(HIGHEST_BIN)/dcgm-enricher
+	$(HIGHEST_BIN)/python grafana/generate.py
+	$(HIGHEST_BIN)/python rules/generate.py
 
 ## bench: the scrape-path benchmark (a few minutes): prints the table, writes bench/results/latest.json
 bench: system-deps $(VENV)/.test-extras

@@ -1,11 +1,15 @@
-"""Generate the Grafana dashboard (grafana/dcgm-enricher.json) and its ConfigMap for the Grafana
-sidecar (manifests/monitoring/grafana-dashboard.yaml).
+"""Generate the dashboard of the mixin (mixin/dashboards/dcgm-enricher.json), then build the
+mixin and write what it makes with the default _config: grafana/dcgm-enricher.json and its
+ConfigMap for the Grafana sidecar (manifests/monitoring/grafana-dashboard.yaml).
 
-The dashboard is written as code here, like a monitoring mixin, so that every panel's query is
-built from the same filters and the tests can run each of them against a real Prometheus.
+The dashboard is written as code here so that every panel's query is built from the same
+filters and the tests can run each of them against a real Prometheus. Its queries name the
+mixin's _config as %(name)s (the dcgm-exporter series selector, the cluster label, the idle
+thresholds); mixin/dashboards/dashboards.libsonnet fills them in, with the uid, title and
+refresh, so a user's _config override reaches every query.
 
-    python grafana/generate.py          # rewrite both files
-    python grafana/generate.py --check  # exit 1 if either is out of date (what the tests check)
+    python grafana/generate.py          # rewrite the three files
+    python grafana/generate.py --check  # exit 1 if any is out of date (what the tests check)
 
 Pod label names: every query writes ``${label_prefix}namespace``, ``${label_prefix}pod`` and
 ``${label_prefix}container``. ``label_prefix`` is a dashboard text box: empty when Prometheus
@@ -16,6 +20,7 @@ scrapes with ``honor_labels: false`` and renamed the enricher's labels.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass, field
@@ -24,6 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
+TEMPLATE = ROOT / "mixin" / "dashboards" / "dcgm-enricher.json"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 
 UID = "dcgm-enricher-gpu"
@@ -39,32 +45,40 @@ CTR = "${label_prefix}container"
 
 # A device: the node (dcgm-exporter's Hostname: the node name when NODE_NAME is set, as in every
 # manifest here), the GPU index and, for MIG, the GPU instance.
-DEVICE = "cluster, Hostname, gpu, GPU_I_ID"
-DEV_FILTER = ('cluster=~"$cluster"', 'Hostname=~"$node"', 'gpu=~"$gpu"')
-POD_FILTER = (*DEV_FILTER, f'{NS}=~"$namespace"', f'{POD}=~"$pod"')
-SELF_FILTER = ('cluster=~"$cluster"',)
+DEVICE = "%(clusterLabel)s, Hostname, gpu, GPU_I_ID"
+DEV_FILTER = ('%(clusterLabel)s=~"$cluster"', 'Hostname=~"$node"', 'gpu=~"$gpu"')
+NS_FILTER = f'{NS}=~"$namespace"'
+WORKLOAD_FILTER = 'workload_name=~"$workload"'
+POD_FILTER = (*DEV_FILTER, NS_FILTER, f'{POD}=~"$pod"')
+SELF_FILTER = ('%(clusterLabel)s=~"$cluster"',)
+# The mixin's _config (mixin/config.libsonnet) fills these in: queries name them as
+# %(name)s, which mixin/dashboards/dashboards.libsonnet formats.
+DCGM_SELECTOR = "%(dcgmSelector)s"
+IDLE_UTILIZATION = "%(idleUtilizationThreshold)g"
+IDLE_MEMORY = "%(idleMemoryBytes)d"
 
 
 def sel(metric: str, *matchers: str) -> str:
-    return metric + "{" + ", ".join(matchers) + "}"
+    """A series selector; the mixin's _config.dcgmSelector comes first (an empty one vanishes)."""
+    return metric + "{" + ", ".join((DCGM_SELECTOR, *matchers)) + "}"
 
 
 def owners(*extra: str) -> str:
     """The workload and user of each pod, filtered by the workload and user variables."""
     info = sel(
         "gpu_pod_info",
-        'cluster=~"$cluster"',
+        '%(clusterLabel)s=~"$cluster"',
         'workload_name=~"$workload"',
         f'{USER}=~"$user"',
         *extra,
     )
-    return f"max by (cluster, {NS}, {POD}, workload_kind, workload_name, {USER}) ({info})"
+    return f"max by (%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, {USER}) ({info})"
 
 
 def with_owner(series: str, *extra: str) -> str:
     """Per-container series joined to their pod's workload and user (and filtered by them)."""
     return (
-        f"{series} * on (cluster, {NS}, {POD}) "
+        f"{series} * on (%(clusterLabel)s, {NS}, {POD}) "
         f"group_left (workload_kind, workload_name, {USER}) {owners(*extra)}"
     )
 
@@ -79,7 +93,7 @@ CONTAINER_DEVICE = f"{DEVICE}, UUID, {NS}, {POD}, {CTR}"
 def used_by_pods_on(memory: str, utilization: str) -> str:
     """Containers' devices in use: utilization over 1%, or a process where NVML gives no
     per-process utilization (MIG)."""
-    return f"({utilization} > 0.01 or ({memory} unless on ({CONTAINER_DEVICE}) {utilization}))"
+    return f"({utilization} > {IDLE_UTILIZATION} or ({memory} unless on ({CONTAINER_DEVICE}) {utilization}))"
 
 
 ALLOCATED_IDLE = (
@@ -93,14 +107,14 @@ ALLOCATED_IDLE = (
 NOT_REQUESTED = (
     f"sum by ({CONTAINER_DEVICE}, {USER}) ("
     + with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER), 'gpu_requested="false"')
-    + f") unless on (cluster, {NS}, {POD}) gpu_container_allocated"
+    + f") unless on (%(clusterLabel)s, {NS}, {POD}) {sel('gpu_container_allocated')}"
 )
 PODS_PER_DEVICE = f"count by ({DEVICE}) (count by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}))"
 MIG_FB_USED = sel("DCGM_FI_DEV_FB_USED", *DEV_FILTER, 'GPU_I_ID!=""')
 # MIG GPUs report memory per instance: count those, and the whole GPUs without instances.
 FB_USED_DEVICES = (
     f"{MIG_FB_USED} or ({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} "
-    f"unless on (cluster, Hostname, gpu) {MIG_FB_USED})"
+    f"unless on (%(clusterLabel)s, Hostname, gpu) {MIG_FB_USED})"
 )
 IN_USE_SHARE = (
     f"count by ({DEVICE}, {NS}) ({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
@@ -113,13 +127,13 @@ ENERGY = sel("gpu_container_energy_joules_total", *POD_FILTER)
 UNATTR_POWER = sel("gpu_unattributed_power_watts", *DEV_FILTER)
 # Pods drawing on each GPU (its MIG instances together: they share its power).
 PODS_PER_GPU_POWER = (
-    "count by (cluster, Hostname, gpu) (count by (cluster, Hostname, gpu, "
+    "count by (%(clusterLabel)s, Hostname, gpu) (count by (%(clusterLabel)s, Hostname, gpu, "
     f"{NS}, {POD}) ({sel('gpu_container_power_watts', *DEV_FILTER)}))"
 )
 
 
 def device(metric: str, agg: str = "max") -> str:
-    return f"{agg} by (cluster, Hostname, gpu) ({sel(metric, *DEV_FILTER)})"
+    return f"{agg} by (%(clusterLabel)s, Hostname, gpu) ({sel(metric, *DEV_FILTER)})"
 
 
 # --------------------------------------------------------------------------- panel model
@@ -258,19 +272,19 @@ def rows() -> list[Row]:
                     "GPUs",
                     "Physical GPUs that report metrics (dcgm-exporter), after the cluster, "
                     "node and GPU filters.",
-                    f"count(count by (cluster, Hostname, gpu) "
+                    f"count(count by (%(clusterLabel)s, Hostname, gpu) "
                     f"({sel('DCGM_FI_DEV_GPU_TEMP', *DEV_FILTER)}))",
                 ),
                 _stat(
                     "GPUs in use",
                     "Physical GPUs with at least one process on them, in a pod or not.",
-                    f"count(count by (cluster, Hostname, gpu) ({MEM_DEV} or "
+                    f"count(count by (%(clusterLabel)s, Hostname, gpu) ({MEM_DEV} or "
                     f"{sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)}))",
                 ),
                 _stat(
                     "Pods on GPUs",
                     "Pods with a process on a GPU, after every filter.",
-                    f"count(count by (cluster, {NS}, {POD}) ({MEM}))",
+                    f"count(count by (%(clusterLabel)s, {NS}, {POD}) ({MEM}))",
                 ),
                 _stat(
                     "GPU memory used",
@@ -495,9 +509,9 @@ def rows() -> list[Row]:
                         Target(
                             f"sum by ({CONTAINER_DEVICE}) "
                             f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
-                            f"> 1073741824 and on ({CONTAINER_DEVICE}) "
+                            f"> {IDLE_MEMORY} and on ({CONTAINER_DEVICE}) "
                             f"max by ({CONTAINER_DEVICE}) (max_over_time("
-                            f"{sel('gpu_container_utilization_ratio', *POD_FILTER)}[1h])) < 0.01",
+                            f"{sel('gpu_container_utilization_ratio', *POD_FILTER)}[1h])) < {IDLE_UTILIZATION}",
                             table=True,
                         )
                     ],
@@ -540,8 +554,8 @@ def rows() -> list[Row]:
                     "(docs/power.md). On one GPU the pods' watts and the unattributed watts "
                     "add up to the GPU's power.",
                     Target(
-                        f"sum by (cluster, Hostname, gpu, {NS}, {POD}) ({POWER}) "
-                        f"and on (cluster, Hostname, gpu) ({PODS_PER_GPU_POWER} > 1)",
+                        f"sum by (%(clusterLabel)s, Hostname, gpu, {NS}, {POD}) ({POWER}) "
+                        f"and on (%(clusterLabel)s, Hostname, gpu) ({PODS_PER_GPU_POWER} > 1)",
                         DEV_LEGEND + " " + POD_LEGEND,
                     ),
                     unit="watt",
@@ -550,9 +564,9 @@ def rows() -> list[Row]:
                     "Power by namespace",
                     "The namespaces' shares of their GPUs' draw, and the part no container "
                     "gets (idle GPUs, processes outside pods).",
-                    Target(f"sum by (cluster, {NS}) ({POWER})", "{{" + NS + "}}"),
+                    Target(f"sum by (%(clusterLabel)s, {NS}) ({POWER})", "{{" + NS + "}}"),
                     Target(
-                        f"sum by (cluster, reason) ({UNATTR_POWER})",
+                        f"sum by (%(clusterLabel)s, reason) ({UNATTR_POWER})",
                         "unattributed: {{reason}}",
                     ),
                     unit="watt",
@@ -563,7 +577,7 @@ def rows() -> list[Row]:
                     "Energy attributed to each namespace's containers over the trailing day, "
                     "from the GPUs' own energy counters, in kWh.",
                     Target(
-                        f"sum by (cluster, {NS}) (increase({ENERGY}[1d])) / 3.6e6",
+                        f"sum by (%(clusterLabel)s, {NS}) (increase({ENERGY}[1d])) / 3.6e6",
                         "{{" + NS + "}}",
                     ),
                     unit="kwatth",
@@ -574,8 +588,10 @@ def rows() -> list[Row]:
                     "with a GPU process only (an allocation alone has no gpu_pod_info).",
                     [
                         Target(
-                            f"sum by (cluster, {NS}, workload_kind, workload_name, {USER}) ("
-                            + with_owner(f"sum by (cluster, {NS}, {POD}) (increase({ENERGY}[1d]))")
+                            f"sum by (%(clusterLabel)s, {NS}, workload_kind, workload_name, {USER}) ("
+                            + with_owner(
+                                f"sum by (%(clusterLabel)s, {NS}, {POD}) (increase({ENERGY}[1d]))"
+                            )
                             + ") / 3.6e6",
                             table=True,
                         )
@@ -606,7 +622,7 @@ def rows() -> list[Row]:
                     "Share of each GPU's (or MIG instance's) memory in use; "
                     "GpuMemoryNearlyFull fires above 95%.",
                     Target(
-                        "max by (cluster, Hostname, gpu, GPU_I_ID) ("
+                        "max by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) ("
                         f"{sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} / "
                         f"({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} + "
                         f"{sel('DCGM_FI_DEV_FB_FREE', *DEV_FILTER)}))",
@@ -645,7 +661,7 @@ def rows() -> list[Row]:
                     "PCIe transfers the link had to retry, per second; GpuPcieReplaysHigh "
                     "fires above 8 a minute.",
                     Target(
-                        "sum by (cluster, Hostname, gpu) (rate("
+                        "sum by (%(clusterLabel)s, Hostname, gpu) (rate("
                         f"{sel('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', *DEV_FILTER)}"
                         "[$__rate_interval]))",
                         DEV_LEGEND,
@@ -771,13 +787,11 @@ def rows() -> list[Row]:
                     "50m and limit it to 500m; at dcgm-exporter's default rhythm (a collection "
                     "every 30 s) it uses well under a millicore (docs/performance.md).",
                     Target(
-                        f"max({own_process('rate(process_cpu_seconds_total[$__rate_interval])')})"
-                        " * 1000",
+                        f"max({own_process(PROCESS_CPU)}) * 1000",
                         "busiest enricher",
                     ),
                     Target(
-                        f"avg({own_process('rate(process_cpu_seconds_total[$__rate_interval])')})"
-                        " * 1000",
+                        f"avg({own_process(PROCESS_CPU)}) * 1000",
                         "average",
                     ),
                 ),
@@ -789,9 +803,10 @@ def rows() -> list[Row]:
                     "RSS plus one upstream body at --upstream.max-bytes; docs/performance.md); "
                     "GpuEnricherMemoryNearLimit warns at 90 % of the container's limit.",
                     Target(
-                        f"max({own_process('process_resident_memory_bytes')})", "largest enricher"
+                        f"max({own_process(sel('process_resident_memory_bytes'))})",
+                        "largest enricher",
                     ),
-                    Target(f"avg({own_process('process_resident_memory_bytes')})", "average"),
+                    Target(f"avg({own_process(sel('process_resident_memory_bytes'))})", "average"),
                     unit="bytes",
                 ),
                 _series(
@@ -853,12 +868,15 @@ def _rate(counter: str) -> str:
     return f"rate({sel(counter, *SELF_FILTER)}[$__rate_interval])"
 
 
+PROCESS_CPU = f"rate({sel('process_cpu_seconds_total')}[$__rate_interval])"
+
+
 def own_process(expr: str) -> str:
     """``expr`` over process_* series kept to the enricher's own targets: those series carry
     no name of their own (every prometheus_client and Go exporter writes them), so they are
     joined to the target's dcgm_enricher_build_info."""
     info = sel("dcgm_enricher_build_info", *SELF_FILTER)
-    return f"{expr} * on (cluster, job, instance) group_left () {info}"
+    return f"{expr} * on (%(clusterLabel)s, job, instance) group_left () {info}"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -950,45 +968,43 @@ def variables() -> list[dict[str, Any]]:
         _query_variable(
             "cluster",
             "Cluster",
-            "label_values(DCGM_FI_DEV_GPU_TEMP, cluster)",
+            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP')}, %(clusterLabel)s)",
             "Where the series carry a cluster label (external labels, Thanos, Mimir).",
         ),
         _query_variable(
             "node",
             "Node",
-            'label_values(DCGM_FI_DEV_GPU_TEMP{cluster=~"$cluster"}, Hostname)',
+            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP', *SELF_FILTER)}, Hostname)",
             "dcgm-exporter's Hostname label: the node name when the exporter has NODE_NAME.",
         ),
         _query_variable(
             "gpu",
             "GPU",
-            'label_values(DCGM_FI_DEV_GPU_TEMP{cluster=~"$cluster", Hostname=~"$node"}, gpu)',
+            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP', *DEV_FILTER[:2])}, gpu)",
             "GPU index on the node.",
         ),
         _query_variable(
             "namespace",
             "Namespace",
-            f'label_values(gpu_container_memory_used_bytes{{cluster=~"$cluster", '
-            f'Hostname=~"$node"}}, {NS})',
+            f"label_values({sel('gpu_container_memory_used_bytes', *DEV_FILTER[:2])}, {NS})",
             "Namespaces with a process on a GPU.",
         ),
         _query_variable(
             "workload",
             "Workload",
-            f'label_values(gpu_pod_info{{cluster=~"$cluster", {NS}=~"$namespace"}}, workload_name)',
+            f"label_values({sel('gpu_pod_info', *SELF_FILTER, NS_FILTER)}, workload_name)",
             "The pods' controller: Deployment, Job, StatefulSet, ... (gpu_pod_info).",
         ),
         _query_variable(
             "pod",
             "Pod",
-            f'label_values(gpu_pod_info{{cluster=~"$cluster", {NS}=~"$namespace", '
-            f'workload_name=~"$workload"}}, {POD})',
+            f"label_values({sel('gpu_pod_info', *SELF_FILTER, NS_FILTER, WORKLOAD_FILTER)}, {POD})",
             "Pods with a process on a GPU.",
         ),
         _query_variable(
             "user",
             "User",
-            f'label_values(gpu_pod_info{{cluster=~"$cluster", {NS}=~"$namespace"}}, {USER})',
+            f"label_values({sel('gpu_pod_info', *SELF_FILTER, NS_FILTER)}, {USER})",
             "JupyterHub user, from the hub.jupyter.org/username annotation the enricher "
             "copies onto gpu_pod_info (--kube.pod-annotations).",
         ),
@@ -1067,15 +1083,30 @@ def build() -> dict[str, Any]:
     }
 
 
-def render_dashboard() -> str:
+def render_template() -> str:
+    """The mixin's dashboard, its queries naming _config as %(name)s."""
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def _mixin_build() -> Any:
+    spec = importlib.util.spec_from_file_location("mixin_build", ROOT / "mixin" / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_dashboard(config: str | None = None) -> str:
+    """The dashboard the mixin builds (from the template on disk) with the default _config, or
+    with ``config`` (a jsonnet object) merged into it."""
+    return str(_mixin_build().dashboards(config)["dcgm-enricher.json"])
 
 
 def render_configmap(dashboard_json: str) -> str:
     """A ConfigMap that the Grafana sidecar (label grafana_dashboard: "1") loads."""
     body = "".join(f"    {line}\n" if line else "\n" for line in dashboard_json.splitlines())
     return (
-        "# GENERATED by grafana/generate.py from the dashboard it builds: do not edit.\n"
+        "# GENERATED by grafana/generate.py (the mixin's dashboard, default _config): do not edit.\n"
         "# The Grafana sidecar of kube-prometheus-stack (grafana.sidecar.dashboards.enabled)\n"
         '# loads every ConfigMap labelled grafana_dashboard: "1"; it must watch this namespace\n'
         "# (sidecar.dashboards.searchNamespace: ALL, or the namespace of this ConfigMap).\n"
@@ -1097,14 +1128,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the output is stale")
     args = parser.parse_args(argv)
-    dashboard = render_dashboard()
-    outputs = {DASHBOARD: dashboard, CONFIGMAP: render_configmap(dashboard)}
+    template = render_template()
     if args.check:
+        outputs = {TEMPLATE: template}
+        if TEMPLATE.exists() and TEMPLATE.read_text("utf-8") == template:
+            dashboard = render_dashboard()
+            outputs |= {DASHBOARD: dashboard, CONFIGMAP: render_configmap(dashboard)}
         stale = [p for p, text in outputs.items() if not p.exists() or p.read_text("utf-8") != text]
         for path in stale:
             print(f"{path} is stale: run python grafana/generate.py", file=sys.stderr)
         return 1 if stale else 0
-    for path, text in outputs.items():
+    TEMPLATE.write_text(template, encoding="utf-8")
+    dashboard = render_dashboard()
+    for path, text in {DASHBOARD: dashboard, CONFIGMAP: render_configmap(dashboard)}.items():
         path.write_text(text, encoding="utf-8")
     return 0
 

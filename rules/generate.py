@@ -1,11 +1,14 @@
-"""Generate manifests/monitoring/prometheusrule.yaml from rules/dcgm-enricher.rules.yaml.
+"""Write rules/dcgm-enricher.rules.yaml from the mixin, and the PrometheusRule from it.
 
-The plain rules file is the single source of truth; the PrometheusRule carries the same groups
-for the Prometheus Operator, and manifests/components/runbook-url adds a runbook_url to each of
-its alerts from one base URL. Run after editing the rules:
+The mixin (mixin/: alerts/alerts.libsonnet, rules/rules.libsonnet, config.libsonnet) is the
+single source of truth: rules/dcgm-enricher.rules.yaml is its build with the default _config
+(the recording rules' groups, then the alerts'), the PrometheusRule
+(manifests/monitoring/prometheusrule.yaml) carries the same groups for the Prometheus Operator,
+and manifests/components/runbook-url adds a runbook_url to each of its alerts from one base URL.
+Run after editing the mixin:
 
-    python rules/generate.py          # rewrite the PrometheusRule and the runbook-url component
-    python rules/generate.py --check  # exit 1 if either is out of date (what the tests check)
+    python rules/generate.py          # rewrite the rules file, the PrometheusRule, the component
+    python rules/generate.py --check  # exit 1 if any is out of date (what the tests check)
 
 For a Prometheus without the Operator, a copy of the rules with runbook links:
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -33,14 +37,23 @@ RUNBOOK_URL_CONFIGMAP = "dcgm-enricher-runbook"
 RUNBOOK_ANCHORS_CONFIGMAP = "dcgm-enricher-runbook-anchors"
 LOCAL_CONFIG = {"config.kubernetes.io/local-config": "true"}
 
+RULES_HEADER = """\
+# GENERATED from the mixin (mixin/alerts, mixin/rules, default _config) by rules/generate.py:
+# edit the mixin, then run `python rules/generate.py`. dcgm-enricher's recording and alerting
+# rules, for `rule_files:` in prometheus.yml; the chart and the Compose stack ship this file.
+# Every rule assumes the enricher is scraped with honor_labels: true (what every manifest here
+# does), so that `namespace`, `pod` and `container` name the workload on the GPU, and that its
+# targets carry job="dcgm-enricher" (docs/alerts.md). Each alert's description names its section
+# of docs/runbook.md.
+"""
 HEADER = """\
-# GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py: edit that file, then run
+# GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py: edit the mixin, then run
 # `python rules/generate.py`. The recording and alerting rules of dcgm-enricher for the
 # Prometheus Operator; the Prometheus resource must select it (kube-prometheus-stack selects
 # PrometheusRules by its `release` label by default: add that label in your overlay).
 """
 RUNBOOK_COMPONENT_HEADER = f"""\
-# GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py: edit that file, then run
+# GENERATED from rules/dcgm-enricher.rules.yaml by rules/generate.py: edit the mixin, then run
 # `python rules/generate.py`. Adds runbook_url <URL>#<anchor> to every alert of the
 # PrometheusRule, from one value: the URL where docs/runbook.md is published for your users (your
 # fork or mirror of this repository, an internal Git host, a wiki). Without this component the
@@ -202,6 +215,15 @@ def render_with_runbook_urls(rules_text: str, base_url: str) -> str:
     )
 
 
+def render_rules() -> str:
+    """rules/dcgm-enricher.rules.yaml: the mixin's rules and alerts with the default _config."""
+    spec = importlib.util.spec_from_file_location("mixin_build", ROOT / "mixin" / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return RULES_HEADER + str(module.rule_file())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the output is stale")
@@ -212,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "(URL: where docs/runbook.md is published for your users); nothing else is written",
     )
     args = parser.parse_args(argv)
-    rules_text = RULES.read_text(encoding="utf-8")
+    rules_text = render_rules()
     if args.runbook_url is not None:
         if args.check:
             parser.error("--runbook-url and --check do not go together")
@@ -223,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render_with_runbook_urls(rules_text, base_url))
         return 0
     outputs = {
+        RULES: rules_text,
         PROMETHEUS_RULE: render(rules_text),
         RUNBOOK_COMPONENT: render_runbook_component(rules_text),
     }

@@ -1,0 +1,480 @@
+local utils = import '../lib/utils.libsonnet';
+local oneLine = utils.oneLine;
+
+{
+  prometheusAlerts+:: {
+    groups+: utils.groups([
+      {
+        name: 'dcgm-enricher.waste',
+        rules: [
+          {
+            // Allocated devices of a container with no process on them, or with processes below 1%
+            // SM utilization. On MIG, where NVML has no per-process utilization, a process counts
+            // as use.
+            alert: 'GpuAllocatedIdle',
+            expr: |||
+              count by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                max by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+                  gpu_container_allocated{%(dcgmSelector)s}
+                )
+                unless on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container)
+                (
+                  gpu_container_utilization_ratio{%(dcgmSelector)s} > %(idleUtilizationThreshold)g
+                  or
+                  (
+                    gpu_container_memory_used_bytes{%(dcgmSelector)s}
+                    unless on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container)
+                    gpu_container_utilization_ratio{%(dcgmSelector)s}
+                  )
+                )
+              )
+            ||| % $._config,
+            'for': '2h',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'Allocated GPUs have been idle for 2 hours.',
+              description: oneLine(|||
+                Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} on
+                {{ $labels.Hostname }} holds {{ $value }} allocated GPU device(s) with no process or
+                under %(idleUtilizationPercent)s%% utilization. Ask the owner to release them (scale
+                down, stop the notebook, delete the finished job). Runbook:
+                docs/runbook.md#gpuallocatedidle.
+              ||| % $._config),
+            },
+          },
+          {
+            alert: 'GpuMemoryHeldWhileIdle',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+                gpu_container_memory_used_bytes{%(dcgmSelector)s}
+              ) > %(idleMemoryBytes)d
+              and on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container)
+              max by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+                gpu_container_utilization_ratio{%(dcgmSelector)s}
+              ) < %(idleUtilizationThreshold)g
+            ||| % $._config,
+            'for': '1h',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A container holds GPU memory without using the GPU.',
+              description: oneLine(|||
+                Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} has
+                held {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of {{ $labels.Hostname }} at
+                under %(idleUtilizationPercent)s%% utilization for an hour: typically a finished job or
+                notebook that kept its CUDA context. Ask the owner to end the process. Runbook:
+                docs/runbook.md#gpumemoryheldwhileidle.
+              ||| % $._config),
+            },
+          },
+          {
+            alert: 'GpuUsedWithoutRequest',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+                gpu_container_memory_used_bytes{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name, annotation_hub_jupyter_org_username)
+              max by (%(clusterLabel)s, namespace, pod, workload_kind, workload_name, annotation_hub_jupyter_org_username) (
+                gpu_pod_info{%(dcgmSelector)s, gpu_requested="false"}
+              )
+              unless on (%(clusterLabel)s, namespace, pod) gpu_container_allocated{%(dcgmSelector)s}
+            ||| % $._config,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A pod uses a GPU it never requested.',
+              description: oneLine(|||
+                Pod
+                {{ $labels.namespace }}/{{ $labels.pod }}{{ with $labels.annotation_hub_jupyter_org_username }}
+                (user {{ . }}){{ end }} holds {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of
+                {{ $labels.Hostname }} but requested no nvidia.com resource, so the scheduler does not
+                count it. Make it request a GPU, or stop exposing all GPUs to it
+                (NVIDIA_VISIBLE_DEVICES=all). Runbook: docs/runbook.md#gpuusedwithoutrequest.
+              |||),
+            },
+          },
+        ],
+      },
+      {
+        name: 'dcgm-enricher.memory',
+        rules: [
+          {
+            alert: 'GpuMemoryNearlyFull',
+            expr: |||
+              DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} / (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} + DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s}) > %(memoryNearlyFullRatio)g
+            ||| % $._config,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'GPU memory is over %(memoryNearlyFullPercent)s%% used.' % $._config,
+              description: oneLine(|||
+                GPU {{ $labels.gpu }}{{ with $labels.GPU_I_ID }} (MIG instance {{ . }}){{ end }} of
+                {{ $labels.Hostname }} has {{ $value | humanizePercentage }} of its memory in
+                use{{ with $labels.pod }} by pod {{ $labels.namespace }}/{{ . }}{{ end }}. The next
+                allocation will fail with out-of-memory. Runbook: docs/runbook.md#gpumemorynearlyfull.
+              |||),
+            },
+          },
+          {
+            // A dynamic threshold over the container's own day: over its mean plus three standard
+            // deviations, and at least 1 GiB above the mean.
+            alert: 'GpuPodMemoryGrowing',
+            expr: |||
+              (
+                gpu_container_memory_used_bytes{%(dcgmSelector)s}
+                > avg_over_time(gpu_container_memory_used_bytes{%(dcgmSelector)s}[1d])
+                  + 3 * stddev_over_time(gpu_container_memory_used_bytes{%(dcgmSelector)s}[1d])
+              )
+              and
+              (
+                gpu_container_memory_used_bytes{%(dcgmSelector)s} - avg_over_time(gpu_container_memory_used_bytes{%(dcgmSelector)s}[1d])
+                > %(memoryGrowthMinBytes)d
+              )
+            ||| % $._config,
+            'for': '30m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A container\'s GPU memory is growing far beyond its usual level.',
+              description: oneLine(|||
+                Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} holds
+                {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of {{ $labels.Hostname }}, above
+                its mean plus three standard deviations over the last day: a leak or a changed batch
+                size. Check it before the device fills up. Runbook: docs/runbook.md#gpupodmemorygrowing.
+              |||),
+            },
+          },
+        ],
+      },
+      {
+        name: 'dcgm-enricher.hardware',
+        rules: [
+          {
+            // DCGM_FI_DEV_XID_ERRORS holds the last XID the driver reported on the GPU. Critical:
+            // the codes that need action on the node (drain, GPU reset, reboot or RMA): 48 double-bit
+            // ECC, 61/62 micro-controller breakpoint/halt, 63/64 row-remapping event/failure,
+            // 74 NVLink, 79 fallen off the bus, 92 high single-bit ECC rate, 95 uncontained ECC,
+            // 119/120 GSP, 140 unrecovered ECC. Keep the list the same in both alerts.
+            alert: 'GpuXidCriticalError',
+            expr: |||
+              DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 48 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 61
+              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 62 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 63
+              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 64 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 74
+              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 79 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 92
+              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 95 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 119
+              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 120 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 140
+            ||| % $._config,
+            'for': '0m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'A GPU reported a critical XID error.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.Hostname }} reported XID
+                {{ $value }}{{ with $labels.pod }}, under pod {{ $labels.namespace }}/{{ . }}{{ end }}.
+                Drain the GPU's workloads and follow the runbook for this code. Runbook:
+                docs/runbook.md#gpuxidcriticalerror.
+              |||),
+            },
+          },
+          {
+            // Only when the value changes: DCGM keeps reporting the last XID, and a repeat of the
+            // same code does not change it.
+            alert: 'GpuXidError',
+            expr: |||
+              (DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} > 0 and changes(DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s}[15m]) > 0)
+              unless
+              (
+                DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 48 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 61
+                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 62 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 63
+                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 64 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 74
+                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 79 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 92
+                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 95 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 119
+                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 120 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 140
+              )
+            ||| % $._config,
+            'for': '0m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A GPU reported a new XID error.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} reported XID {{ $value }} in the last 15
+                minutes{{ with $labels.pod }}, under pod {{ $labels.namespace }}/{{ . }}{{ end }}. Codes
+                such as 13, 31, 43 and 94 usually mean the application crashed or must restart; the GPU
+                itself is fine. Runbook: docs/runbook.md#gpuxiderror.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuTemperatureHigh',
+            expr: |||
+              max by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}) > %(temperatureCelsius)g
+            ||| % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A GPU is running hot.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} has been at {{ $value }} °C for 10
+                minutes; it will throttle its clocks. Check the node's cooling and fans. Runbook:
+                docs/runbook.md#gputemperaturehigh.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuRowRemapFailure',
+            expr: |||
+              max by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (DCGM_FI_DEV_ROW_REMAP_FAILURE{%(dcgmSelector)s}) > 0
+            ||| % $._config,
+            'for': '0m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'A GPU could not remap a faulty memory row.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.Hostname }} has run out of
+                spare memory rows. Take it out of service and have it replaced. Runbook:
+                docs/runbook.md#gpurowremapfailure.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuUncorrectableRemappedRows',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (
+                increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{%(dcgmSelector)s}[1h])
+              ) > 0
+            ||| % $._config,
+            'for': '0m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A GPU remapped memory rows after uncorrectable errors.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} remapped rows for uncorrectable memory
+                errors in the last hour. The remap takes effect at the next GPU reset: drain the GPU and
+                reset it. Runbook: docs/runbook.md#gpuuncorrectableremappedrows.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuPcieReplaysHigh',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (
+                rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{%(dcgmSelector)s}[10m])
+              ) * 60 > 8
+            ||| % $._config,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A GPU\'s PCIe link is retrying transfers.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} replays {{ $value | humanize }} PCIe
+                transfers a minute: a bad riser, slot or cable slows every job on it. Runbook:
+                docs/runbook.md#gpupciereplayshigh.
+              |||),
+            },
+          },
+          {
+            // Seen in the last 6 hours, gone now, while other GPUs of the same node still report
+            // (a whole node going quiet is GpuEnricherUpstreamDown or GpuEnricherDown).
+            alert: 'GpuNotReporting',
+            expr: |||
+              (
+                count by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (
+                  last_over_time(DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}[6h])
+                )
+                unless on (%(clusterLabel)s, Hostname, gpu, UUID) DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}
+              )
+              and on (%(clusterLabel)s, Hostname) count by (%(clusterLabel)s, Hostname) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s})
+            ||| % $._config,
+            'for': '10m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'A GPU stopped reporting metrics.',
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.Hostname }} has sent no metrics
+                for 10 minutes while the node's other GPUs do: it may have fallen off the bus (XID 79).
+                Check nvidia-smi on the node. Runbook: docs/runbook.md#gpunotreporting.
+              |||),
+            },
+          },
+        ],
+      },
+      {
+        name: 'dcgm-enricher.enricher',
+        rules: [
+          {
+            alert: 'GpuEnricherUpstreamDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="upstream"} == 0' % $._config,
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher cannot read dcgm-exporter.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has failed to fetch dcgm-exporter's metrics for 5
+                minutes: that node's GPU device metrics and hardware alerts are missing. Runbook:
+                docs/runbook.md#gpuenricherupstreamdown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherNvmlDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="nvml"} == 0' % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher cannot query NVML.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has not read the GPU process lists for 10 minutes:
+                that node's GPU series are not attributed to pods. Runbook:
+                docs/runbook.md#gpuenrichernvmldown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherKubernetesDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="kubernetes"} == 0' % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher\'s pod watch is failing.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has not reached the Kubernetes API for 10 minutes;
+                it serves its last known pods, and new pods show up as unattributed. Runbook:
+                docs/runbook.md#gpuenricherkubernetesdown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherProcfsDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="procfs"} == 0' % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher cannot read /proc for GPU processes.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has failed to read /proc/<pid> of some GPU
+                processes for 10 minutes: their memory shows up as unattributed (reason
+                proc_unreadable). Check the log for the path, hostPID and the procfs mount. Runbook:
+                docs/runbook.md#gpuenricherprocfsdown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherPodResourcesDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="podresources"} == 0' % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher cannot ask the kubelet which pods were allocated each GPU.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has failed to call the kubelet's PodResources API
+                for 10 minutes (socket missing, not permitted or not answering): allocation series and
+                allocated-but-idle alerts are off there. Check the log, the
+                /var/lib/kubelet/pod-resources mount and the user; --no-kubelet.enabled switches it off.
+                Runbook: docs/runbook.md#gpuenricherpodresourcesdown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherResourceSlicesDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="resourceslices"} == 0' % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher cannot read the node\'s ResourceSlices for its DRA GPUs.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has failed to list this node's ResourceSlices for
+                10 minutes (not permitted, or the API server not answering): GPUs allocated through DRA
+                claims it has not seen before are counted in dcgm_enricher_podresources_unmapped_devices
+                instead of gpu_container_allocated. Check the log and the ClusterRole (list on
+                resource.k8s.io resourceslices); --no-kube.resource-slices switches it off. Runbook:
+                docs/runbook.md#gpuenricherresourceslicesdown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherDockerDown',
+            expr: 'dcgm_enricher_source_up{%(dcgmSelector)s, source="docker"} == 0' % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'The enricher cannot reach the Docker Engine API.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has failed to talk to the Docker daemon for 10
+                minutes: new containers are named by short ID, without image or compose labels. Check
+                the daemon, the socket mount and the log; --docker.host="" switches to cgroup-only mode.
+                Runbook: docs/runbook.md#gpuenricherdockerdown.
+              |||),
+            },
+          },
+          {
+            // Both series come from the enricher's own target; only enrichers that know their
+            // limit write dcgm_enricher_memory_limit_bytes, so other targets' process_* stay out.
+            alert: 'GpuEnricherMemoryNearLimit',
+            expr: |||
+              process_resident_memory_bytes{%(dcgmSelector)s}
+                / on (%(clusterLabel)s, job, instance) dcgm_enricher_memory_limit_bytes{%(dcgmSelector)s}
+              > %(enricherMemoryLimitRatio)g
+            ||| % $._config,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'An enricher is close to its memory limit.',
+              description: oneLine(|||
+                dcgm-enricher {{ $labels.instance }} has held {{ $value | humanizePercentage }} of its
+                memory limit for 15 minutes: at the limit the kernel kills it, and the node's GPU
+                metrics stop until it is back. Raise the container's memory limit. Runbook:
+                docs/runbook.md#gpuenrichermemorynearlimit.
+              |||),
+            },
+          },
+          {
+            // The MPS server's own memory (reason mps_server) is infrastructure, not misuse.
+            alert: 'GpuMemoryUnattributed',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, reason) (
+                gpu_unattributed_memory_used_bytes{%(dcgmSelector)s, reason!="mps_server"}
+              ) > 0
+            ||| % $._config,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'GPU memory is held by processes that belong to no known pod.',
+              description: oneLine(|||
+                {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }}{{ with $labels.GPU_I_ID }} (MIG
+                instance {{ . }}){{ end }} of {{ $labels.Hostname }} belongs to processes the enricher
+                cannot attribute to a pod (reason {{ $labels.reason }}). Run `dcgm-enricher ps` on the
+                node to see them. Runbook: docs/runbook.md#gpumemoryunattributed.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherDown',
+            expr: 'up{%(enricherSelector)s} == 0' % $._config,
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'Prometheus cannot scrape an enricher.',
+              description: oneLine(|||
+                The dcgm-enricher target {{ $labels.instance }} has been down for 5 minutes: the GPUs of
+                its node are not monitored. Runbook: docs/runbook.md#gpuenricherdown.
+              |||),
+            },
+          },
+          {
+            alert: 'GpuEnricherAbsent',
+            expr: 'absent(up{%(enricherSelector)s} == 1)' % $._config,
+            'for': '15m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'No dcgm-enricher is being scraped.',
+              description: oneLine(|||
+                Prometheus has had no reachable dcgm-enricher target for 15 minutes: no GPU metrics at
+                all. Check that the DaemonSet runs, that its ServiceMonitor, PodMonitor or scrape job is
+                loaded, and that it sets the job label dcgm-enricher. Runbook:
+                docs/runbook.md#gpuenricherabsent.
+              |||),
+            },
+          },
+        ],
+      },
+    ], $._config),
+  },
+}

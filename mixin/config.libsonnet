@@ -1,0 +1,46 @@
+{
+  _config+:: {
+    // Selects the enricher's scrape targets (GpuEnricherDown, GpuEnricherAbsent). Every
+    // ServiceMonitor, PodMonitor and scrape config of this project sets job="dcgm-enricher".
+    enricherSelector: 'job="dcgm-enricher"',
+
+    // Added to every series the rules and the dashboard read from what the enricher serves:
+    // dcgm-exporter's DCGM_FI_* as the enricher rewrites them, and its gpu_*, dcgm_enricher_*
+    // and process_* series. Empty: every job. Set it (to job="dcgm-enricher", say) where
+    // Prometheus also scrapes dcgm-exporter itself, so that its unattributed copy of the
+    // DCGM_FI_* series stays out.
+    dcgmSelector: '',
+
+    // The label that tells clusters apart where the series carry one (external labels,
+    // Thanos, Mimir): every aggregation keeps it, the dashboard filters on it.
+    clusterLabel: 'cluster',
+
+    // Below this SM utilization (a ratio) an allocated or memory-holding GPU counts as idle
+    // (GpuAllocatedIdle, GpuMemoryHeldWhileIdle, the dashboard's waste panels).
+    idleUtilizationThreshold: 0.01,
+    // GpuMemoryHeldWhileIdle: memory a container holds on an idle GPU, in bytes.
+    idleMemoryBytes: 1073741824,
+    // GpuMemoryNearlyFull: the share of a GPU's (or MIG instance's) memory in use.
+    memoryNearlyFullRatio: 0.95,
+    // GpuPodMemoryGrowing: how far above its day's mean a container must be, in bytes.
+    memoryGrowthMinBytes: 1073741824,
+    // GpuTemperatureHigh, in degrees Celsius.
+    temperatureCelsius: 85,
+    // GpuEnricherMemoryNearLimit: the enricher's resident memory over its limit.
+    enricherMemoryLimitRatio: 0.9,
+
+    // Where each alert's runbook is: `%s` is the alert's anchor in docs/runbook.md (its name
+    // in lower case), as in 'https://<host>/<path>/docs/runbook.md#%s' (docs/alerts.md).
+    // Empty: no runbook_url (every description names its docs/runbook.md section).
+    runbookURLPattern: '',
+
+    // The dashboard.
+    dashboardUid: 'dcgm-enricher-gpu',
+    dashboardTitle: 'dcgm-enricher / GPU workloads',
+    dashboardRefresh: '30s',
+
+    // Percentages for the annotations, from the ratios above.
+    idleUtilizationPercent: '%g' % (self.idleUtilizationThreshold * 100),
+    memoryNearlyFullPercent: '%g' % (self.memoryNearlyFullRatio * 100),
+  },
+}

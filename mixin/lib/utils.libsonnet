@@ -1,0 +1,48 @@
+// Helpers shared by the rule and alert files.
+{
+  // A description written as a text block, folded into one line (YAML's `>-`).
+  oneLine(text):: std.strReplace(std.rstripChars(text, '\n'), '\n', ' '),
+
+  // Every series selector is written `metric{%(dcgmSelector)s}` or
+  // `metric{%(dcgmSelector)s, label="value"}`: with an empty selector (the default) that
+  // leaves `{}` or `{, `, which this removes, so the default build reads as plain PromQL.
+  tidySelectors(expr):: std.strReplace(std.strReplace(expr, '{, ', '{'), '{}', ''),
+
+  // The groups with tidy expressions and, when config.runbookURLPattern is set, a runbook_url
+  // on every alert: the pattern with the alert's anchor in docs/runbook.md (its name in
+  // lower case) for `%s`.
+  groups(groups, config):: [
+    group {
+      rules: [
+        rule {
+          expr: $.tidySelectors(rule.expr),
+          [if 'alert' in rule && config.runbookURLPattern != '' then 'annotations']+: {
+            runbook_url: config.runbookURLPattern % std.asciiLower(rule.alert),
+          },
+        }
+        for rule in group.rules
+      ],
+    }
+    for group in groups
+  ],
+
+  // A query of the dashboard's template with `_config` filled in.
+  query(text, config):: $.tidySelectors(text % config),
+
+  // The dashboard's template with `_config` in every query: panel targets, variable
+  // definitions and queries, annotation queries.
+  dashboard(template, config)::
+    local target(t) = t + (if 'expr' in t then { expr: $.query(t.expr, config) } else {});
+    local panel(p) = p
+                     + (if 'targets' in p then { targets: std.map(target, p.targets) } else {})
+                     + (if 'panels' in p then { panels: std.map(panel, p.panels) } else {});
+    local variable(v) =
+      v
+      + (if 'definition' in v then { definition: $.query(v.definition, config) } else {})
+      + (if std.isObject(std.get(v, 'query')) then { query+: { query: $.query(v.query.query, config) } } else {});
+    template {
+      panels: std.map(panel, template.panels),
+      templating+: { list: std.map(variable, template.templating.list) },
+      annotations+: { list: std.map(target, template.annotations.list) },
+    },
+}

@@ -1,0 +1,184 @@
+local utils = import '../lib/utils.libsonnet';
+local oneLine = utils.oneLine;
+
+{
+  prometheusRules+:: {
+    groups+: utils.groups([
+      {
+        name: 'dcgm-enricher.records',
+        rules: [
+          {
+            // One series per pod with a GPU process: its workload and its JupyterHub user (the
+            // allow-listed annotation on gpu_pod_info, renamed `user`), for joins below.
+            record: 'namespace_pod:gpu_pod_info:max',
+            expr: |||
+              max by (%(clusterLabel)s, namespace, pod, workload_kind, workload_name, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'namespace:gpu_container_memory_used_bytes:sum',
+            expr: 'sum by (%(clusterLabel)s, namespace) (gpu_container_memory_used_bytes{%(dcgmSelector)s})' % $._config,
+          },
+          {
+            // GPU-equivalents of SM time: 1 is one GPU kept fully busy (no MIG: NVML has no
+            // per-process utilization there).
+            record: 'namespace:gpu_container_utilization_ratio:sum',
+            expr: 'sum by (%(clusterLabel)s, namespace) (gpu_container_utilization_ratio{%(dcgmSelector)s})' % $._config,
+          },
+          {
+            record: 'namespace_workload:gpu_container_memory_used_bytes:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, namespace, workload_kind, workload_name) (
+                sum by (%(clusterLabel)s, namespace, pod) (gpu_container_memory_used_bytes{%(dcgmSelector)s})
+                * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name)
+                namespace_pod:gpu_pod_info:max
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'namespace_workload:gpu_container_utilization_ratio:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, namespace, workload_kind, workload_name) (
+                sum by (%(clusterLabel)s, namespace, pod) (gpu_container_utilization_ratio{%(dcgmSelector)s})
+                * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name)
+                namespace_pod:gpu_pod_info:max
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'user:gpu_container_memory_used_bytes:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, user) (
+                sum by (%(clusterLabel)s, namespace, pod) (gpu_container_memory_used_bytes{%(dcgmSelector)s})
+                * on (%(clusterLabel)s, namespace, pod) group_left (user)
+                namespace_pod:gpu_pod_info:max{user!=""}
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'user:gpu_container_utilization_ratio:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, user) (
+                sum by (%(clusterLabel)s, namespace, pod) (gpu_container_utilization_ratio{%(dcgmSelector)s})
+                * on (%(clusterLabel)s, namespace, pod) group_left (user)
+                namespace_pod:gpu_pod_info:max{user!=""}
+              )
+            ||| % $._config,
+          },
+          {
+            // Devices (GPUs, MIG instances, shared-GPU replicas) the kubelet allocated, by resource
+            // name (nvidia.com/gpu, nvidia.com/mig-1g.10gb, nvidia.com/gpu.shared, ...).
+            record: 'namespace:gpu_container_allocated:sum',
+            expr: 'sum by (%(clusterLabel)s, namespace, resource) (gpu_container_allocated{%(dcgmSelector)s})' % $._config,
+          },
+          {
+            // Devices in use by the namespace's processes, whether allocated or not: a device shared
+            // by several containers is split evenly between them. A MIG instance counts as one
+            // device; its GPU_I_PROFILE label tells the slice size for pricing.
+            record: 'namespace:gpu_in_use:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, namespace, GPU_I_PROFILE) (
+                count by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, namespace) (
+                  gpu_container_memory_used_bytes{%(dcgmSelector)s}
+                )
+                / on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) group_left ()
+                count by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})
+              )
+            ||| % $._config,
+          },
+          {
+            // Right-sizing: the most memory one replica of a workload holds on one device (GPU or MIG
+            // instance), now and at its peak over a day. Under 10, 20 or 40 GiB, a MIG slice of that
+            // size would do.
+            record: 'namespace_workload:gpu_memory_per_device_bytes:max',
+            expr: |||
+              max by (%(clusterLabel)s, namespace, workload_kind, workload_name) (
+                sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod) (
+                  gpu_container_memory_used_bytes{%(dcgmSelector)s}
+                )
+                * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name)
+                namespace_pod:gpu_pod_info:max
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'namespace_workload:gpu_memory_per_device_bytes:max_over_time1d',
+            expr: 'max_over_time(namespace_workload:gpu_memory_per_device_bytes:max[1d])' % $._config,
+          },
+          {
+            // Power and energy (docs/power.md): each container's share of its GPU's draw, and the
+            // joules attributed over the last hour (kWh: divide by 3.6e6). A day or a month:
+            //   sum_over_time(namespace:gpu_container_energy_joules:increase1h[1d:1h])
+            // The workload and user records join on the pods seen with a GPU process in that hour: a
+            // pod that only holds an allocation has no gpu_pod_info, so its energy is counted in its
+            // namespace only.
+            record: 'namespace:gpu_container_power_watts:sum',
+            expr: 'sum by (%(clusterLabel)s, namespace) (gpu_container_power_watts{%(dcgmSelector)s})' % $._config,
+          },
+          {
+            record: 'namespace:gpu_container_energy_joules:increase1h',
+            expr: 'sum by (%(clusterLabel)s, namespace) (increase(gpu_container_energy_joules_total{%(dcgmSelector)s}[1h]))' % $._config,
+          },
+          {
+            record: 'namespace_workload:gpu_container_energy_joules:increase1h',
+            expr: |||
+              sum by (%(clusterLabel)s, namespace, workload_kind, workload_name) (
+                sum by (%(clusterLabel)s, namespace, pod) (increase(gpu_container_energy_joules_total{%(dcgmSelector)s}[1h]))
+                * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name)
+                max by (%(clusterLabel)s, namespace, pod, workload_kind, workload_name) (
+                  max_over_time(namespace_pod:gpu_pod_info:max[1h])
+                )
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'user:gpu_container_energy_joules:increase1h',
+            expr: |||
+              sum by (%(clusterLabel)s, user) (
+                sum by (%(clusterLabel)s, namespace, pod) (increase(gpu_container_energy_joules_total{%(dcgmSelector)s}[1h]))
+                * on (%(clusterLabel)s, namespace, pod) group_left (user)
+                max by (%(clusterLabel)s, namespace, pod, user) (
+                  max_over_time(namespace_pod:gpu_pod_info:max{user!=""}[1h])
+                )
+              )
+            ||| % $._config,
+          },
+        ],
+      },
+      {
+        // Chargeback: GPU-hours accrued over the last hour, the share of a 15 s grid on which the
+        // namespace held (or used) each device: a GPU held for half the hour is 0.5. A month:
+        //   sum_over_time(namespace:gpu_allocated_hours:increase1h[30d:1h])
+        name: 'dcgm-enricher.chargeback',
+        rules: [
+          {
+            record: 'namespace:gpu_allocated_hours:increase1h',
+            expr: |||
+              sum_over_time(namespace:gpu_container_allocated:sum[1h:15s])
+              / on () group_left ()
+              count_over_time(vector(1)[1h:15s])
+            ||| % $._config,
+          },
+          {
+            record: 'namespace:gpu_in_use_hours:increase1h',
+            expr: |||
+              sum_over_time(namespace:gpu_in_use:sum[1h:15s])
+              / on () group_left ()
+              count_over_time(vector(1)[1h:15s])
+            ||| % $._config,
+          },
+          {
+            record: 'namespace:gpu_sm_active_hours:increase1h',
+            expr: |||
+              sum_over_time(namespace:gpu_container_utilization_ratio:sum[1h:15s])
+              / on () group_left ()
+              count_over_time(vector(1)[1h:15s])
+            ||| % $._config,
+          },
+        ],
+      },
+    ], $._config),
+  },
+}

@@ -1,0 +1,346 @@
+"""The monitoring mixin (mixin/): built with the real jsonnet, it is what every install path ships,
+and a user's ``_config`` reaches every expression.
+
+Real parts: jsonnet (PyPI's C++ build) evaluates the mixin; the promtool of both Prometheus
+releases checks the built rules (default and overridden) and runs the rules' unit tests on the
+build. What ships: rules/dcgm-enricher.rules.yaml (the chart's files/ and the Compose stack
+mount it; test_chart.py and test_compose.py check that), the PrometheusRule, and the dashboard
+(grafana/dcgm-enricher.json, its ConfigMap, the chart's files/).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+# Checks a real part (jsonnet, promtool) against what does not depend on the Python running the
+# tests: `make test` runs this file in the highest Python's suite only.
+pytestmark = pytest.mark.one_python
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXIN = ROOT / "mixin"
+RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
+PROMETHEUS_RULE = ROOT / "manifests" / "monitoring" / "prometheusrule.yaml"
+DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
+CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
+CHART_FILES = ROOT / "charts" / "dcgm-enricher" / "files"
+
+# Every _config value a user may override, changed.
+OVERRIDE = {
+    "enricherSelector": 'job="gpu-enricher", namespace="monitoring"',
+    "dcgmSelector": 'job="gpu-metrics"',
+    "clusterLabel": "k8s_cluster",
+    "idleUtilizationThreshold": 0.05,
+    "idleMemoryBytes": 2147483648,
+    "memoryNearlyFullRatio": 0.9,
+    "memoryGrowthMinBytes": 3221225472,
+    "temperatureCelsius": 90,
+    "enricherMemoryLimitRatio": 0.8,
+    "runbookURLPattern": "https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md#%s",
+    "dashboardUid": "gpu-workloads",
+    "dashboardTitle": "GPU workloads (prod)",
+    "dashboardRefresh": "1m",
+}
+OVERRIDE_JSONNET = json.dumps(OVERRIDE)
+DEFAULTS = {
+    "idleUtilizationThreshold": "0.01",
+    "idleMemoryBytes": "1073741824",
+    "memoryNearlyFullRatio": "0.95",
+    "memoryGrowthMinBytes": "1073741824",
+    "temperatureCelsius": "85",
+    "enricherMemoryLimitRatio": "0.9",
+}
+# Where each threshold is compared: (alert or dashboard, the comparison with the value).
+THRESHOLD_USES = {
+    "idleUtilizationThreshold": [
+        ("GpuAllocatedIdle", "gpu_container_utilization_ratio{{{sel}}} > {v}"),
+        ("GpuMemoryHeldWhileIdle", ") < {v}"),
+    ],
+    "idleMemoryBytes": [("GpuMemoryHeldWhileIdle", ") > {v}")],
+    "memoryNearlyFullRatio": [("GpuMemoryNearlyFull", ") > {v}")],
+    "memoryGrowthMinBytes": [("GpuPodMemoryGrowing", "> {v}")],
+    "temperatureCelsius": [("GpuTemperatureHigh", ") > {v}")],
+    "enricherMemoryLimitRatio": [("GpuEnricherMemoryNearLimit", "> {v}")],
+}
+# The series the rules and the dashboard read: dcgm-exporter's, the enricher's own.
+METRIC = re.compile(r"(?<![\w:$])(DCGM_FI_\w+|gpu_\w+|dcgm_enricher_\w+|process_\w+|up)\b(?!\s*\()")
+BRACES = re.compile(r"\{[^{}]*\}")
+
+
+def load_build() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mixin_build_under_test", MIXIN / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+build = load_build()
+
+
+@pytest.fixture(scope="module")
+def default_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The mixin built by its command line, as `make mixin` builds it, into a fresh folder."""
+    out = tmp_path_factory.mktemp("mixin")
+    proc = subprocess.run(
+        [sys.executable, str(MIXIN / "build.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def overridden() -> dict[str, str]:
+    return dict(build.build(OVERRIDE_JSONNET))
+
+
+def groups_of(text: str) -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = yaml.safe_load(text)["groups"]
+    return loaded
+
+
+def rules_of(files: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        rule
+        for name in (build.RULES, build.ALERTS)
+        for group in groups_of(files[name])
+        for rule in group["rules"]
+    ]
+
+
+def dashboard_queries(board: dict[str, Any]) -> list[str]:
+    """Every PromQL text of a dashboard: panel targets, variable queries, annotations."""
+    out = [t["expr"] for p in board["panels"] for t in p.get("targets", []) if "expr" in t]
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            out += [var["definition"], var["query"]["query"]]
+    out += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
+    return out
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """Each series a PromQL text reads: its metric name and its matchers ('' when none)."""
+    expr = expr.replace("${label_prefix}", "")  # the dashboard's pod label prefix
+    masked = BRACES.sub(lambda m: "{" + "x" * (len(m.group()) - 2) + "}", expr)
+    out = []
+    for match in METRIC.finditer(masked):
+        rest = expr[match.end() :]
+        braces = BRACES.match(rest)
+        out.append((match.group(1), braces.group()[1:-1] if braces else ""))
+    return out
+
+
+# --------------------------------------------------------------------------- the layout
+
+
+def test_mixin_has_the_four_fields_and_a_jsonnetfile() -> None:
+    fields = json.loads(
+        build.evaluate(
+            "[f for f in ['_config', 'prometheusAlerts', 'prometheusRules', 'grafanaDashboards']"
+            " if std.objectHasAll(mixin, f)]"
+        )
+    )
+    assert fields == ["_config", "prometheusAlerts", "prometheusRules", "grafanaDashboards"]
+    jsonnetfile = json.loads((MIXIN / "jsonnetfile.json").read_text())
+    assert jsonnetfile["version"] == 1
+    assert isinstance(jsonnetfile["dependencies"], list)
+
+
+def test_build_writes_the_three_outputs(default_build: Path) -> None:
+    assert sorted(str(p.relative_to(default_build)) for p in default_build.rglob("*.*")) == [
+        "dashboards_out/dcgm-enricher.json",
+        "prometheus_alerts.yaml",
+        "prometheus_rules.yaml",
+    ]
+    alerts = groups_of((default_build / "prometheus_alerts.yaml").read_text())
+    records = groups_of((default_build / "prometheus_rules.yaml").read_text())
+    assert all("alert" in r for g in alerts for r in g["rules"])
+    assert all("record" in r for g in records for r in g["rules"])
+
+
+def test_alerts_follow_the_mixin_style(default_build: Path) -> None:
+    alerts = [
+        r
+        for g in groups_of((default_build / "prometheus_alerts.yaml").read_text())
+        for r in g["rules"]
+    ]
+    assert len(alerts) >= 20
+    for alert in alerts:
+        assert re.fullmatch(r"Gpu[A-Z][A-Za-z]+", alert["alert"])
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+        assert "for" in alert
+
+
+# --------------------------------------------------------------------------- one source of truth
+
+
+def test_the_shipped_rules_are_the_build(default_build: Path) -> None:
+    built = groups_of((default_build / "prometheus_rules.yaml").read_text()) + groups_of(
+        (default_build / "prometheus_alerts.yaml").read_text()
+    )
+    assert groups_of(RULES.read_text()) == built
+    assert yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]["groups"] == built
+    # The chart packs the same file (a link), the Compose stack mounts it (test_compose.py).
+    assert (CHART_FILES / RULES.name).resolve() == RULES
+
+
+def test_the_shipped_dashboard_is_the_build(default_build: Path) -> None:
+    built = (default_build / "dashboards_out" / "dcgm-enricher.json").read_text()
+    assert DASHBOARD.read_text() == built
+    assert yaml.safe_load(CONFIGMAP.read_text())["data"]["dcgm-enricher.json"] == built
+    assert (CHART_FILES / DASHBOARD.name).resolve() == DASHBOARD
+
+
+def test_the_default_build_reads_as_plain_promql(default_build: Path) -> None:
+    """An empty dcgmSelector leaves no ``{}`` or ``{, `` behind, and no _config reference is
+    left unfilled."""
+    texts = [r["expr"] for r in rules_of(build.build())]
+    texts += dashboard_queries(json.loads(DASHBOARD.read_text()))
+    for text in texts:
+        assert "{}" not in text and "{, " not in text and "%(" not in text, text
+
+
+# --------------------------------------------------------------------------- _config
+
+
+def test_override_reaches_every_rule_expression(overridden: dict[str, str]) -> None:
+    default_rules = rules_of(build.build())
+    rules = rules_of(overridden)
+    assert [r.get("alert", r.get("record")) for r in rules] == [
+        r.get("alert", r.get("record")) for r in default_rules
+    ]
+    for rule, default in zip(rules, default_rules, strict=True):
+        name = rule.get("alert", rule.get("record"))
+        expr = rule["expr"]
+        for metric, matchers in selectors(expr):
+            wanted = OVERRIDE["enricherSelector" if metric == "up" else "dcgmSelector"]
+            assert matchers.startswith(wanted), f"{name}: {metric}{{{matchers}}}"
+        assert not re.search(r"\bcluster\b", expr), f"{name}: {expr}"
+        assert len(re.findall(r"\bk8s_cluster\b", expr)) == len(
+            re.findall(r"\bcluster\b", default["expr"])
+        ), name
+        # Labels are the contract: the same names, whatever the config.
+        assert rule.get("labels") == default.get("labels"), name
+
+
+@pytest.mark.parametrize("key", sorted(THRESHOLD_USES))
+def test_override_moves_every_threshold(overridden: dict[str, str], key: str) -> None:
+    default_rules = {r.get("alert"): r for r in rules_of(build.build())}
+    rules = {r.get("alert"): r for r in rules_of(overridden)}
+    for alert, pattern in THRESHOLD_USES[key]:
+        sel = OVERRIDE["dcgmSelector"]
+        old = pattern.format(v=DEFAULTS[key], sel="").replace("{}", "")
+        new = pattern.format(v=OVERRIDE[key], sel=sel)
+        assert old in default_rules[alert]["expr"], (alert, old)
+        assert new in rules[alert]["expr"], (alert, new, rules[alert]["expr"])
+
+
+def test_override_reaches_the_annotations(overridden: dict[str, str]) -> None:
+    alerts = {r["alert"]: r for r in rules_of(overridden) if "alert" in r}
+    assert "over 90% used" in alerts["GpuMemoryNearlyFull"]["annotations"]["summary"]
+    for name in ("GpuAllocatedIdle", "GpuMemoryHeldWhileIdle"):
+        assert "under 5% utilization" in alerts[name]["annotations"]["description"]
+    for name, alert in alerts.items():
+        url = alert["annotations"]["runbook_url"]
+        assert (
+            url
+            == f"https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md#{name.lower()}"
+        )
+    # Without a pattern (the default) no alert has one: the chart and the kustomize component
+    # add them from one install value (docs/alerts.md).
+    assert not [r for r in rules_of(build.build()) if "runbook_url" in r.get("annotations", {})]
+
+
+def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> None:
+    board = json.loads(overridden["dashboards_out/dcgm-enricher.json"])
+    default = json.loads(DASHBOARD.read_text())
+    assert (board["uid"], board["title"], board["refresh"]) == (
+        "gpu-workloads",
+        "GPU workloads (prod)",
+        "1m",
+    )
+    queries, default_queries = dashboard_queries(board), dashboard_queries(default)
+    assert len(queries) == len(default_queries) > 50
+    for query, before in zip(queries, default_queries, strict=True):
+        found = selectors(query)
+        assert len(found) == len(selectors(before))
+        for metric, matchers in found:
+            assert matchers.startswith(OVERRIDE["dcgmSelector"]), f"{metric}{{{matchers}}}: {query}"
+        assert not re.search(r"(?<!\$)\bcluster\b", query), query
+        assert len(re.findall(r"\bk8s_cluster\b", query)) == len(
+            re.findall(r"(?<!\$)\bcluster\b", before)
+        ), query
+        assert "0.01" not in query and "1073741824" not in query, query
+    idle = [q for q in queries if "> 0.05 or" in q]
+    held = [q for q in queries if "> 2147483648 and" in q and "< 0.05" in q]
+    assert idle and held
+
+
+def test_promtool_checks_the_overridden_rules(
+    promtool: str, overridden: dict[str, str], tmp_path: Path
+) -> None:
+    for name in (build.RULES, build.ALERTS):
+        (tmp_path / name).write_text(overridden[name])
+        proc = subprocess.run(
+            [promtool, "check", "rules", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- promtool on the build
+
+
+def test_promtool_checks_the_built_rules(promtool: str, default_build: Path) -> None:
+    for name in ("prometheus_rules.yaml", "prometheus_alerts.yaml"):
+        proc = subprocess.run(
+            [promtool, "check", "rules", str(default_build / name)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "SUCCESS" in proc.stdout
+
+
+def test_promtool_unit_tests_run_on_the_build(
+    promtool: str, default_build: Path, tmp_path: Path
+) -> None:
+    """rules/*.tests.yaml against the mixin's build (not the shipped copy): the rule file they
+    load is the build's rules then its alerts."""
+    built = groups_of((default_build / "prometheus_rules.yaml").read_text()) + groups_of(
+        (default_build / "prometheus_alerts.yaml").read_text()
+    )
+    (tmp_path / RULES.name).write_text(yaml.safe_dump({"groups": built}, sort_keys=False))
+    tests = sorted((ROOT / "rules").glob("*.tests.yaml"))
+    for file in tests:
+        shutil.copy(file, tmp_path / file.name)
+    proc = subprocess.run(
+        [promtool, "test", "rules", *(f.name for f in tests)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
