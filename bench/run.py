@@ -286,8 +286,8 @@ def _exponent(rows: dict[str, Any], key: str) -> float:
 
 def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
     from enricher.attribution import attribute, plan_devices
-    from enricher.kube import build_index, parse_pod
     from enricher.nvml import NvmlSource
+    from enricher.podparse import build_index, parse_pod
     from enricher.procfs import ProcfsSource
 
     from .servers import use_fake_nvml

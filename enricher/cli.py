@@ -13,6 +13,7 @@ from typing import Any
 
 from . import __version__
 from .config import Config
+from .podparse import NAMESPACE_RE, parse_mps_daemon_pods, parse_selector
 from .textformat import LABEL_NAME_RE
 
 COMMANDS = ("serve", "demo", "resolve", "ps")
@@ -384,8 +385,6 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:
                 raise ValueError("--upstream.max-bytes must be at least 1024")
-        from .kube import NAMESPACE_RE, parse_mps_daemon_pods
-
         try:
             parse_mps_daemon_pods(values["mps_daemon_pod_selector"], ())
         except ValueError as exc:
@@ -401,8 +400,6 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
 
             parse_listen_address(values["listen_address"])
         if values.get("upstream_discover_pod"):
-            from .kube import parse_selector
-
             parse_selector(values["upstream_pod_selector"])
             namespace = values.get("upstream_pod_namespace")
             if not namespace:

@@ -28,7 +28,7 @@ class Config:
     kube_kubeconfig: str | None = None
     kube_pod_labels: tuple[str, ...] = ()
     kube_pod_annotations: tuple[str, ...] = ("hub.jupyter.org/username",)
-    # The pods that may run the MPS control daemon and server (kube.parse_mps_daemon_pods):
+    # The pods that may run the MPS control daemon and server (podparse.parse_mps_daemon_pods):
     # NVIDIA's device plugin's MPS control daemon as the GPU Operator deploys it (label app=...,
     # namespace gpu-operator) and as the plugin's Helm chart does (app.kubernetes.io/name=...,
     # namespace nvidia-device-plugin).

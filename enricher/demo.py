@@ -25,9 +25,9 @@ from aiohttp import web
 from .app import make_app, serve
 from .commands import wait_for_signal
 from .config import Config
-from .kube import parse_mps_daemon_pods, parse_pod
 from .model import DraDevice, GpuDevice, MigDevice, ProcessKind
 from .pipeline import Scraper
+from .podparse import parse_mps_daemon_pods, parse_pod
 from .podresources import PodResourcesSource
 from .procfs import ProcfsSource
 from .resourceslices import ResourceSliceSource

@@ -133,7 +133,7 @@ class ProcInfo:
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
-    """The parts of a pod that the enricher uses. Built by ``kube.parse_pod``."""
+    """The parts of a pod that the enricher uses. Built by ``podparse.parse_pod``."""
 
     uid: str
     namespace: str

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .attribution import docker_lookup_ids, dra_slice_keys
 from .config import Config
 from .model import GpuSnapshot, PodIndex
+from .podparse import parse_mps_daemon_pods, parse_selector
 from .podresources import ListResult
 from .resourceslices import SliceIndex
 from .sources import Source
@@ -101,8 +102,6 @@ def start_pod_cache(config: Config) -> Any:
 def pod_cache_options(config: Config) -> dict[str, Any]:
     """The pod watch's options from ``config``: the label and annotation keys it copies and,
     with --upstream.discover-pod, the selector and namespace the upstream pod must match."""
-    from .kube import parse_mps_daemon_pods, parse_selector
-
     selector = (
         parse_selector(config.upstream_pod_selector) if config.upstream_discover_pod else None
     )

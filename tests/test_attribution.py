@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pytest
 
 from enricher.attribution import attribute
-from enricher.kube import build_index
 from enricher.model import (
     CgroupRef,
     DockerContainer,
@@ -19,6 +18,7 @@ from enricher.model import (
     ProcInfo,
     Runtime,
 )
+from enricher.podparse import build_index
 
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
 UID_A = "aaaaaaaa-1111-4222-8333-444444444444"
@@ -38,7 +38,7 @@ PODS = build_index(
             namespace="nvidia-device-plugin",
             name="nvidia-device-plugin-mps-control-daemon-5wq8k",
             containers={CID_MPS: "mps-control-daemon"},
-            mps_daemon=True,  # what kube.parse_pod sets for a pod the MPS flags admit
+            mps_daemon=True,  # what podparse.parse_pod sets for a pod the MPS flags admit
         ),
         PodInfo(
             uid="mmmmmmmm-1111-4222-8333-444444444444",

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
 from bench.node import NODE, SimNode
-from enricher.kube import parse_pod
 from enricher.pipeline import Scraper
+from enricher.podparse import parse_pod
 from enricher.procfs import ProcfsSource
 from enricher.promclient import RUNTIME_PREFIXES
 from enricher.simnode.api import StaticPods

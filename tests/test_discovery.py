@@ -27,7 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.cli import parse_config
-from enricher.kube import parse_selector
+from enricher.podparse import parse_selector
 from enricher.simnode.api import make_pod
 from enricher.sourcetable import pod_cache_options
 from tests.scraping import NoProcs

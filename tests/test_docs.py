@@ -552,7 +552,16 @@ def test_per_collection_values_are_not_described_per_scrape() -> None:
 # --------------------------------------------------------------------------- architecture.md
 
 # The modules whose tests are a file of their own name: the pure core's decisions.
-CENTRAL_MODULES = ("attribution", "families", "rewrite", "power", "procfs", "nvml", "kube")
+CENTRAL_MODULES = (
+    "attribution",
+    "families",
+    "rewrite",
+    "power",
+    "procfs",
+    "nvml",
+    "kube",
+    "podparse",
+)
 
 
 def test_architecture_lists_every_module_and_its_tests() -> None:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from enricher.config import Config
-from enricher.kube import parse_selector
+from enricher.podparse import parse_selector
 from enricher.upstream import url_for_pod_ip
 
 from .helmreleases import releases, require

@@ -2,7 +2,7 @@
 
 The main property drives the real :class:`enricher.pipeline.Scraper` (upstream over real HTTP, the
 real ProcfsSource on a /proc tree written per example, pods through the real
-``kube.parse_pod``) with an upstream exposition and pod metadata chosen to break exposition
+``podparse.parse_pod``) with an upstream exposition and pod metadata chosen to break exposition
 or PromQL: arbitrary metric and label names, label values with quotes, backslashes, newlines,
 ``}`` and any Unicode, very long values, NaN and +/-Inf, timestamps, comments, HELP escapes
 and junk lines. prometheus_client's parser is the oracle: the output must parse, hold the
@@ -42,7 +42,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.app import make_app, serve
 from enricher.attribution import attribute
 from enricher.families import RenderOptions, render_families
-from enricher.kube import build_index, parse_pod
 from enricher.labels import RewritePlan
 from enricher.model import (
     CgroupRef,
@@ -56,6 +55,7 @@ from enricher.model import (
     Runtime,
 )
 from enricher.pipeline import MAX_IDENTITIES, Scraper
+from enricher.podparse import build_index, parse_pod
 from enricher.procfs import ProcfsSource
 from enricher.rewrite import Rewriter
 from enricher.simnode import fakeproc
@@ -428,7 +428,7 @@ class SnapshotSource:
 
 
 class FixedPods:
-    """Stands in for the pod watch (no cluster here); the pods go through kube.parse_pod."""
+    """Stands in for the pod watch (no cluster here); the pods go through podparse.parse_pod."""
 
     name = "kubernetes"
     enabled = True
@@ -998,7 +998,8 @@ def test_help_keeps_leading_unicode_space() -> None:
 
 def test_discovery_ignores_a_labelled_pod_in_a_tenant_namespace() -> None:
     """A fake upstream: the real kubernetes client and PodCache on the API stand-in."""
-    from enricher.kube import PodCache, parse_selector
+    from enricher.kube import PodCache
+    from enricher.podparse import parse_selector
     from enricher.simnode.api import make_pod
 
     from .kubeapi import KubeApiStandIn, make_api_client

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher import cgroups, docker, kube, nvml, podresources, procfs, resourceslices
+from enricher import cgroups, docker, kube, nvml, podparse, podresources, procfs, resourceslices
 from enricher.cli import build_parser
 from enricher.config import Config
 from enricher.labels import Owner, RewritePlan, relabel
@@ -536,7 +536,7 @@ def test_the_flags_it_names_exist_with_the_defaults_it_states(
 FIGURES = [
     (r"`--upstream\.max-bytes` \((\d+) MiB\)", Config().upstream_max_bytes >> 20),
     (r"`--upstream\.timeout` \((\d+) s\)", Config().upstream_timeout),
-    (r"cut to (\d+) characters", kube.MAX_VALUE_CHARS),
+    (r"cut to (\d+) characters", podparse.MAX_VALUE_CHARS),
     (r"holds at most (\d+) pods", kube.MAX_PODS),
     (r"a pod list is read up to (\d+) MiB", kube.MAX_LIST_BYTES >> 20),
     (r"at most (\d+) GPUs", nvml.MAX_DEVICES),
