@@ -22,12 +22,10 @@ reproduced from their source and said so.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import re
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -43,9 +41,9 @@ import yaml
 
 from enricher import demo
 from enricher.attribution import is_mps_daemon
-from enricher.config import Config
 from enricher.model import ProcessKind
 
+from .frozendemo import T0, FrozenDemo
 from .harness import free_port, stop_process
 from .promreleases import PromRelease
 
@@ -56,7 +54,6 @@ RECIPES = ROOT / "deploy" / "autoscaling"
 ADAPTER = RECIPES / "prometheus-adapter.yaml"
 KEDA = RECIPES / "keda-scaledobject.yaml"
 HPA = RECIPES / "hpa.yaml"
-T0 = 1_800_000_000.0  # the demo's clock, stopped
 DEADLINE_SECONDS = 60
 UTIL = "gpu_container_utilization_ratio"
 MEMORY = "gpu_container_memory_used_bytes"
@@ -349,37 +346,6 @@ def test_hpa_and_scaled_object_scale_the_same_deployment_on_the_adapters_metrics
 
 
 # --------------------------------------------------------------------------- a real Prometheus
-
-
-class FrozenDemo:
-    """The demo's real enricher over its SIMULATED node with the clock stopped at T0, served
-    from a thread of its own so that the tests can block on Prometheus meanwhile."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.tmp = tmp
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
-
-    async def _start(self) -> int:
-        socket_path = self.tmp / "pod-resources" / "kubelet.sock"
-        socket_path.parent.mkdir()
-        _scraper, self.runners, self.kubelet = await demo.start_demo(
-            Config(listen_address="127.0.0.1:0"), self.tmp / "proc", socket_path, clock=lambda: T0
-        )
-        return int(self.runners[0].addresses[0][1])
-
-    async def _stop(self) -> None:
-        for runner in self.runners:
-            await runner.cleanup()
-        self.kubelet.stop()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @dataclass

@@ -27,13 +27,13 @@ from enricher.config import Config
 from enricher.promclient import RUNTIME_PREFIXES
 from enricher.simnode.api import pod_object
 
+from .frozendemo import T0
 from .harness import MakeStack
 from .nvmlfake import FakeNvml
 
 ROOT = Path(__file__).resolve().parent.parent
 PERFORMANCE = ROOT / "docs" / "performance.md"
 Labels = tuple[tuple[str, str], ...]
-T0 = 1_800_000_000.0  # the demo clock, stopped at the start of a collection
 
 
 @dataclass(frozen=True)
