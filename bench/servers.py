@@ -316,7 +316,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     from enricher.sourcetable import (
         make_nvml_source,
         make_podresources_source,
-        start_pod_cache,
+        start_kubernetes_source,
     )
 
     settings: dict[str, Any] = {
@@ -338,7 +338,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     config = replace(Config(), **settings)
     if spec.rewrite_on_loop:
         pipeline_module.REWRITE_INLINE_MAX_CHARS = sys.maxsize  # type: ignore[misc]
-    pods = start_pod_cache(config)
+    pods = start_kubernetes_source(config)
     if spec.kube and (pods is None or not pods.synced.wait(30)):
         raise RuntimeError("the pod watch did not sync with the API stand-in")
     gpu = make_nvml_source(config)

@@ -30,7 +30,7 @@ from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
 from .node import PodSource
 from .pipeline import Scraper
 from .procfs import ProcfsSource
-from .sourcetable import make_docker_source, make_sources, start_pod_cache
+from .sourcetable import make_docker_source, make_sources, start_kubernetes_source
 from .upstream import discovery_target
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _pod_index(config: Config, wait: float = 5.0) -> tuple[PodIndex | None, str]
     if not config.kube_active:
         return None, "kubernetes disabled (no node name)"
     try:
-        cache = start_pod_cache(config)
+        cache = start_kubernetes_source(config)
     except Exception as exc:
         return None, f"kubernetes unreachable: {exc}"
     try:

@@ -30,7 +30,7 @@ from .pipeline import Scraper
 from .podparse import parse_mps_daemon_pods, parse_pod
 from .podresources import PodResourcesSource
 from .procfs import ProcfsSource
-from .resourceslices import ResourceSliceSource
+from .resourceslices import ResourceSlicesSource
 from .simnode.api import (
     DRA_DRIVER,
     StaticPods,
@@ -459,7 +459,7 @@ async def start_demo(
         procfs=ProcfsSource(str(proc_root)),
         kubernetes=pods,
         podresources=podresources,
-        resourceslices=ResourceSliceSource(static_slice_lister(resource_slices(DEMO)), NODE),
+        resourceslices=ResourceSlicesSource(static_slice_lister(resource_slices(DEMO)), NODE),
     )
     try:
         runner = await serve(

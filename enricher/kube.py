@@ -1,6 +1,6 @@
 """Kubernetes source: the pods of this node, kept current by one list and a resumed watch.
 
-The I/O: :class:`PodCache` runs the real ``kubernetes`` client in one daemon thread and
+The I/O: :class:`KubernetesSource` runs the real ``kubernetes`` client in one daemon thread and
 publishes an immutable :class:`~enricher.model.PodIndex`; what it reads is parsed by the pure
 :mod:`enricher.podparse` (pod objects, pod lists, the index, selectors, workloads).
 """
@@ -34,7 +34,7 @@ from .podparse import (
 )
 from .sources import Reading
 
-__all__ = ["KubeConfigError", "PodCache", "load_api_client"]
+__all__ = ["KubeConfigError", "KubernetesSource", "load_api_client"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClien
 
     In-cluster config is used when ``KUBERNETES_SERVICE_HOST`` is set and no kubeconfig is
     given; otherwise ``kubeconfig``, ``$KUBECONFIG`` (":"-separated paths allowed) or
-    ``~/.kube/config``. urllib3's own retries are turned off: :class:`PodCache` retries with
+    ``~/.kube/config``. urllib3's own retries are turned off: :class:`KubernetesSource` retries with
     backoff, and a request must fail within its timeout, not several times that.
     Raises :class:`KubeConfigError` with the reason when no configuration can be loaded.
     """
@@ -115,7 +115,7 @@ MAX_ERROR_BYTES = 64 * 1024  # of an error answer's body, kept for the log
 _CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 
 
-class PodCache:
+class KubernetesSource:
     """This node's pods, from a list and a watch that resumes, in one daemon thread.
 
     Readers call :meth:`index` / :meth:`upstream_pods` from any thread: both return objects
@@ -188,7 +188,7 @@ class PodCache:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="enricher-kube", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="enricher-kubernetes", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ from .worker import Worker
 
 
 class PodSource(Source, Protocol):
-    """The kubernetes source (kube.PodCache, or a stand-in): besides the index it reads, the
+    """The kubernetes source (kube.KubernetesSource, or a stand-in): besides the index it reads, the
     pods the upstream may be found in and when the watch last synced."""
 
     last_sync: float
@@ -75,9 +75,11 @@ class NodeSide:
         self.table = tuple(table)
         self._given = {name: source for name, source in sources.items() if source is not None}
         # One daemon thread per worker the table names (enricher.worker): a call that never
-        # returns cannot keep the process from exiting.
+        # returns cannot keep the process from exiting. Each thread is named after the sources
+        # it runs ("enricher-nvml-procfs").
         self._workers = {
-            e.worker: Worker(f"enricher-{e.worker}") for e in table if e.worker is not None
+            key: Worker("enricher-" + "-".join(e.name for e in table if e.worker == key))
+            for key in dict.fromkeys(e.worker for e in table if e.worker is not None)
         }
         self.measured = {
             e.name: Measured(

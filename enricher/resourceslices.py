@@ -20,7 +20,7 @@ one as ``None``), so the effect is kept as written.
 
 :func:`parse_slice_list` is pure (JSON bytes in, :class:`SliceIndex` out: per
 ``(driver, pool, device)`` the UUID, the taints and a MIG device's attributes);
-:class:`ResourceSliceSource` does the I/O: a ``list`` of the ResourceSlices whose
+:class:`ResourceSlicesSource` does the I/O: a ``list`` of the ResourceSlices whose
 ``spec.nodeName`` is this node, asked only when the kubelet reports a DRA device it has not
 seen yet (at most once per ``min_interval`` seconds) or when the last list is older than
 ``max_age``. A node without DRA allocations never calls the API, unless health watching is
@@ -257,7 +257,7 @@ class ResourceSliceError(Exception):
 Lister = Callable[[str, str, float], bytes]  # (api_version, node, timeout) -> list body
 
 
-class ResourceSliceSource:
+class ResourceSlicesSource:
     """This node's ResourceSlices, listed when the kubelet reports a DRA device not yet known.
 
     :meth:`read` takes the DRA devices the kubelet reported and returns the current

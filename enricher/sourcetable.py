@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .nvml import NvmlSource
     from .podresources import PodResourcesSource
     from .procfs import ProcfsSource
-    from .resourceslices import ResourceSliceSource
+    from .resourceslices import ResourceSlicesSource
 
 # The values of the sources read so far, by name (a source switched off: its default).
 Values = Mapping[str, Any]
@@ -81,25 +81,27 @@ class SourceEntry:
 # --------------------------------------------------------------------------- how serve makes them
 
 
-def start_pod_cache(config: Config) -> Any:
+def start_kubernetes_source(config: Config) -> Any:
     """Start the node's pod watch, or return None when Kubernetes is off.
 
     Raises whatever kube.load_api_client raises when no cluster config can be found.
     """
     if not config.kube_active:
         return None
-    from .kube import PodCache, load_api_client
+    from .kube import KubernetesSource, load_api_client
 
     if not config.kube_node_name:
         raise ValueError("--kube.enabled needs --kube.node-name or $NODE_NAME")
-    cache = PodCache(
-        load_api_client(config.kube_kubeconfig), config.kube_node_name, **pod_cache_options(config)
+    cache = KubernetesSource(
+        load_api_client(config.kube_kubeconfig),
+        config.kube_node_name,
+        **kubernetes_source_options(config),
     )
     cache.start()
     return cache
 
 
-def pod_cache_options(config: Config) -> dict[str, Any]:
+def kubernetes_source_options(config: Config) -> dict[str, Any]:
     """The pod watch's options from ``config``: the label and annotation keys it copies and,
     with --upstream.discover-pod, the selector and namespace the upstream pod must match."""
     selector = (
@@ -148,21 +150,21 @@ def make_podresources_source(config: Config) -> PodResourcesSource | None:
 
 def make_resourceslices_source(
     config: Config, api_client: Any = None
-) -> ResourceSliceSource | None:
+) -> ResourceSlicesSource | None:
     """The ResourceSlice source (which GPU each DRA device is), or None: it runs where the
     kubelet source and Kubernetes both do, unless --no-kube.resource-slices. ``api_client``:
-    the pod watch's (``PodCache.api_client``), else one is loaded from the configuration.
+    the pod watch's (``KubernetesSource.api_client``), else one is loaded from the configuration.
 
     Raises whatever kube.load_api_client raises when no cluster config can be found.
     """
     if not (config.kube_resource_slices and config.kube_active and config.kubelet_active):
         return None
     from .kube import load_api_client
-    from .resourceslices import ResourceSliceSource, api_client_lister
+    from .resourceslices import ResourceSlicesSource, api_client_lister
 
     if api_client is None:
         api_client = load_api_client(config.kube_kubeconfig)
-    return ResourceSliceSource(api_client_lister(api_client), config.kube_node_name)
+    return ResourceSlicesSource(api_client_lister(api_client), config.kube_node_name)
 
 
 def make_docker_source(config: Config) -> DockerSource | None:
@@ -214,7 +216,7 @@ SOURCES: tuple[SourceEntry, ...] = (
         "kubernetes",
         after=("docker", "resourceslices"),
         default=PodIndex,
-        make=lambda config, _made: start_pod_cache(config),
+        make=lambda config, _made: start_kubernetes_source(config),
     ),
     # The kubelet has its own worker, so a slow kubelet never delays NVML. Its call carries
     # its own deadline; the margin only guards against a stuck thread.

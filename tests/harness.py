@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.app import make_app
 from enricher.config import Config
 from enricher.docker import DockerSource
-from enricher.kube import PodCache
+from enricher.kube import KubernetesSource
 from enricher.pipeline import Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode.kubelet import SimulatedKubelet
@@ -413,7 +413,7 @@ class Stack:
     gpu: Any
     upstream: Upstream | None = None
     api: KubeApiStandIn | None = None
-    cache: PodCache | None = None
+    cache: KubernetesSource | None = None
     kubelet: SimulatedKubelet | None = None
     docker: DockerSource | None = None
     clock: Clock = field(default_factory=Clock)
@@ -489,7 +489,7 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
                 api.add_pod(obj)
             if kube_down_at_start:
                 api.set_down(True)
-            cache = PodCache(
+            cache = KubernetesSource(
                 make_api_client(api.url),
                 node,
                 **{"watch_timeout_seconds": 5, "backoff_max_seconds": 0.2, **(kube or {})},

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.cli import parse_config
 from enricher.podparse import parse_selector
 from enricher.simnode.api import make_pod
-from enricher.sourcetable import pod_cache_options
+from enricher.sourcetable import kubernetes_source_options
 from tests.scraping import NoProcs
 
 from .harness import MakeStack
@@ -209,7 +209,7 @@ async def test_installed_into_any_namespace_the_exporter_there_is_found(
         procs=NoProcs(),
         node=NODE,
         pods=decoys,
-        kube=pod_cache_options(config),
+        kube=kubernetes_source_options(config),
         base=config,
         upstream_follow_step=0.0,
         upstream_timeout=1.0,

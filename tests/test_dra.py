@@ -28,7 +28,7 @@ from enricher.proto import api_pb2
 from enricher.resourceslices import (
     NotServedError,
     ResourceSliceError,
-    ResourceSliceSource,
+    ResourceSlicesSource,
     api_client_lister,
     parse_slice_list,
 )
@@ -404,7 +404,7 @@ class CountingLister:
 def test_source_lists_only_when_a_dra_device_needs_it() -> None:
     now = [100.0]
     lister = CountingLister(body(slice_obj([dev("gpu-0", G0)])))
-    src = ResourceSliceSource(lister, NODE, min_interval=10, max_age=300, clock=lambda: now[0])
+    src = ResourceSlicesSource(lister, NODE, min_interval=10, max_age=300, clock=lambda: now[0])
     assert src.read([]).value.uuids == {} and lister.calls == []  # no DRA: no API call
     first = src.read([(DRIVER, NODE, "gpu-0")])
     assert first.ok and first.value.uuids == {(DRIVER, NODE, "gpu-0"): G0}
@@ -424,7 +424,7 @@ def test_source_lists_only_when_a_dra_device_needs_it() -> None:
 def test_source_failure_keeps_the_last_index() -> None:
     now = [0.0]
     lister = CountingLister(body(slice_obj([dev("gpu-0", G0)])))
-    src = ResourceSliceSource(lister, NODE, min_interval=1, clock=lambda: now[0])
+    src = ResourceSlicesSource(lister, NODE, min_interval=1, clock=lambda: now[0])
     assert src.read([(DRIVER, NODE, "gpu-0")]).ok
     lister.fail = ResourceSliceError("HTTP 403: forbidden")
     now[0] += 2
@@ -447,7 +447,7 @@ def test_source_falls_back_to_older_api_versions() -> None:
             raise NotServedError(f"{version}: 404")
         return body(slice_obj([dev("gpu-0", G0, basic=True)]))
 
-    src = ResourceSliceSource(lister, NODE, min_interval=0)
+    src = ResourceSlicesSource(lister, NODE, min_interval=0)
     reading = src.read([(DRIVER, NODE, "gpu-0")])
     assert reading.ok and reading.value.api_version == "v1beta1"
     assert calls == ["v1", "v1beta2", "v1beta1"]
@@ -457,7 +457,7 @@ def test_source_falls_back_to_older_api_versions() -> None:
 
 def test_node_name_is_required() -> None:
     with pytest.raises(ValueError):
-        ResourceSliceSource(CountingLister(b""), "")
+        ResourceSlicesSource(CountingLister(b""), "")
 
 
 # --------------------------------------------------------------------------- real client
@@ -476,7 +476,7 @@ def test_real_client_lists_only_this_nodes_slices(api: KubeApiStandIn) -> None:
             slice_obj([dev("gpu-0", G1)], node="node-b", pool="node-b"),
         ]
     )
-    src = ResourceSliceSource(api_client_lister(make_api_client(api.url)), NODE)
+    src = ResourceSlicesSource(api_client_lister(make_api_client(api.url)), NODE)
     reading = src.read([(DRIVER, NODE, "gpu-0")])
     assert reading.ok, reading.error
     assert reading.value.uuids == {(DRIVER, NODE, "gpu-0"): G0}
@@ -487,7 +487,7 @@ def test_real_client_lists_only_this_nodes_slices(api: KubeApiStandIn) -> None:
 
 def test_real_client_on_an_older_cluster(api: KubeApiStandIn) -> None:
     api.set_resource_slices([slice_obj([dev("gpu-0", G0, basic=True)])], versions=["v1beta1"])
-    src = ResourceSliceSource(api_client_lister(make_api_client(api.url)), NODE)
+    src = ResourceSlicesSource(api_client_lister(make_api_client(api.url)), NODE)
     reading = src.read([(DRIVER, NODE, "gpu-0")])
     assert reading.ok and reading.value.api_version == "v1beta1"
     assert [r.path.split("/")[3] for r in api.requests("slices")] == ["v1", "v1beta2", "v1beta1"]
@@ -496,13 +496,13 @@ def test_real_client_on_an_older_cluster(api: KubeApiStandIn) -> None:
 def test_real_client_without_permission(api: KubeApiStandIn) -> None:
     api.set_resource_slices([slice_obj([dev("gpu-0", G0)])])
     api.set_refusal(403)
-    src = ResourceSliceSource(api_client_lister(make_api_client(api.url)), NODE)
+    src = ResourceSlicesSource(api_client_lister(make_api_client(api.url)), NODE)
     reading = src.read([(DRIVER, NODE, "gpu-0")])
     assert not reading.ok and "403" in reading.error and reading.value.uuids == {}
 
 
 def test_real_client_when_no_version_serves_slices(api: KubeApiStandIn) -> None:
-    src = ResourceSliceSource(api_client_lister(make_api_client(api.url)), NODE)
+    src = ResourceSlicesSource(api_client_lister(make_api_client(api.url)), NODE)
     reading = src.read([(DRIVER, NODE, "gpu-0")])
     assert not reading.ok and "404" in reading.error
 
@@ -548,7 +548,7 @@ def test_dra_devices_over_the_socket(
     kubelet(list_response(entries))
     api.set_resource_slices([slice_obj([dev("gpu-0", G0), dev("gpu-2-mig-9-0-4", M21)])])
     pr = PodResourcesSource(str(socket_path), timeout=2.0)
-    slices = ResourceSliceSource(api_client_lister(make_api_client(api.url)), NODE)
+    slices = ResourceSlicesSource(api_client_lister(make_api_client(api.url)), NODE)
     try:
         listed = pr.fetch()
         assert listed.ok, listed.error
@@ -576,7 +576,7 @@ def test_demo_node_maps_its_dra_pod() -> None:
 
     response = list_response(allocations(PODS))
     listed, skipped = parse_list_response(response.SerializeToString())
-    src = ResourceSliceSource(static_slice_lister(resource_slices(DEMO)), DEMO.name)
+    src = ResourceSlicesSource(static_slice_lister(resource_slices(DEMO)), DEMO.name)
     index = src.read(dra_slice_keys(listed)).value
     snapshot = GpuSnapshot(devices=DEMO.gpus, migs=DEMO.migs)
     mapped, unmapped = resolve_allocations(listed, snapshot, index.uuids)

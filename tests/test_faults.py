@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.kube import PodCache
+from enricher.kube import KubernetesSource
 from enricher.model import GpuDevice, MigDevice
 from enricher.nvml import NvmlSource
 from enricher.pipeline import Scraper
@@ -337,7 +337,7 @@ class Env:
         return self.stack.api
 
     @property
-    def cache(self) -> PodCache:
+    def cache(self) -> KubernetesSource:
         assert self.stack.cache is not None
         return self.stack.cache
 

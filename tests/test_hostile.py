@@ -997,8 +997,8 @@ def test_help_keeps_leading_unicode_space() -> None:
 
 
 def test_discovery_ignores_a_labelled_pod_in_a_tenant_namespace() -> None:
-    """A fake upstream: the real kubernetes client and PodCache on the API stand-in."""
-    from enricher.kube import PodCache
+    """A fake upstream: the real kubernetes client and KubernetesSource on the API stand-in."""
+    from enricher.kube import KubernetesSource
     from enricher.podparse import parse_selector
     from enricher.simnode.api import make_pod
 
@@ -1017,7 +1017,7 @@ def test_discovery_ignores_a_labelled_pod_in_a_tenant_namespace() -> None:
             )
         )
         api.add_pod(make_pod("fake", "a-tenant", node=NODE, labels=labels, pod_ip="10.0.0.66"))
-        cache = PodCache(
+        cache = KubernetesSource(
             make_api_client(api.url),
             NODE,
             upstream_selector=parse_selector("app=nvidia-dcgm-exporter"),

@@ -1,4 +1,4 @@
-"""Tests for enricher.kube: PodCache with the real kubernetes client against the
+"""Tests for enricher.kube: KubernetesSource with the real kubernetes client against the
 protocol-faithful API-server stand-in in tests/kubeapi.py (no cluster here). Its pure parsers
 are tested in tests/test_podparse.py."""
 
@@ -17,7 +17,7 @@ import kubernetes.client
 import pytest
 
 from enricher import kube
-from enricher.kube import KubeConfigError, PodCache, load_api_client
+from enricher.kube import KubeConfigError, KubernetesSource, load_api_client
 from enricher.podparse import parse_mps_daemon_pods
 from enricher.simnode.api import container_id, make_pod, pod_uid
 from tests.kubeapi import KubeApiStandIn, make_api_client
@@ -46,7 +46,7 @@ def wait_until(pred: Callable[[], object], timeout: float = WAIT) -> None:
         time.sleep(0.02)
 
 
-def names(cache: PodCache) -> set[str]:
+def names(cache: KubernetesSource) -> set[str]:
     return {p.name for p in cache.index().by_uid.values()}
 
 
@@ -67,21 +67,21 @@ def client(api: KubeApiStandIn) -> Iterator[kubernetes.client.ApiClient]:
     c.close()
 
 
-CacheFactory = Callable[..., PodCache]
+CacheFactory = Callable[..., KubernetesSource]
 
 
 @pytest.fixture
 def make_cache(client: kubernetes.client.ApiClient) -> Iterator[CacheFactory]:
-    caches: list[PodCache] = []
+    caches: list[KubernetesSource] = []
 
-    def factory(start: bool = True, **kwargs: Any) -> PodCache:
+    def factory(start: bool = True, **kwargs: Any) -> KubernetesSource:
         opts: dict[str, Any] = {
             "watch_timeout_seconds": 30,
             "request_timeout_seconds": 2.0,
             "backoff_max_seconds": 0.2,
         }
         opts.update(kwargs)
-        cache = PodCache(client, NODE, **opts)
+        cache = KubernetesSource(client, NODE, **opts)
         caches.append(cache)
         if start:
             cache.start()
@@ -427,7 +427,7 @@ def test_oversized_list_is_an_error_and_keeps_the_index(
 def test_requests_are_the_clients_own(
     api: KubeApiStandIn, no_cluster_env: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """PodCache builds its requests with the client's ApiClient, not CoreV1Api (whose module
+    """KubernetesSource builds its requests with the client's ApiClient, not CoreV1Api (whose module
     costs ~21 MiB): the list must be the request CoreV1Api sends, with the kubeconfig's
     bearer token on the list and on every watch."""
     caplog.set_level(logging.DEBUG, logger="enricher")
@@ -438,7 +438,7 @@ def test_requests_are_the_clients_own(
             field_selector=f"spec.nodeName={NODE}", resource_version="0", _request_timeout=5
         )
         reference = api.requests("list")[-1]
-        cache = PodCache(client, NODE, request_timeout_seconds=2.0, backoff_max_seconds=0.2)
+        cache = KubernetesSource(client, NODE, request_timeout_seconds=2.0, backoff_max_seconds=0.2)
         cache.start()
         try:
             assert cache.synced.wait(WAIT) and api.wait_for_watch()
@@ -465,7 +465,7 @@ def test_requests_are_the_clients_own(
 
 def test_requires_node_name(client: kubernetes.client.ApiClient) -> None:
     with pytest.raises(ValueError):
-        PodCache(client, "")
+        KubernetesSource(client, "")
 
 
 # --------------------------------------------------------------------------- load_api_client

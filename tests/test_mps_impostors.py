@@ -25,7 +25,7 @@ from enricher.commands import resolve
 from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode, SimPod, SimProc
-from enricher.sourcetable import pod_cache_options
+from enricher.sourcetable import kubernetes_source_options
 
 from .conftest import assert_valid_exposition
 from .harness import MakeStack, Stack, check_golden, cid, nvml_state_of, series
@@ -204,7 +204,7 @@ async def test_the_flags_choose_the_daemon_pods(full_stack: MakeStack) -> None:
             "--mps.daemon-pod-namespace=ml",
         ]
     )
-    admitted = pod_cache_options(config)["mps_daemon_pods"]
+    admitted = kubernetes_source_options(config)["mps_daemon_pods"]
     text = await (await start(full_stack, kube={"mps_daemon_pods": admitted})).scrape()
     unattributed = values(text, "gpu_unattributed_memory_used_bytes", "UUID", "reason")
     assert {k: v for k, v in unattributed.items() if v} == {

@@ -21,7 +21,7 @@ from enricher.resourceslices import (
     DeviceTaint,
     MigInfo,
     ResourceSliceError,
-    ResourceSliceSource,
+    ResourceSlicesSource,
     SliceIndex,
     api_client_lister,
     parse_slice_list,
@@ -445,7 +445,7 @@ Steps = list[tuple[float, tuple[Any, ...], int]]
 def test_when_the_source_lists(watch_health: bool, steps: Steps) -> None:
     now = [100.0]
     lister = Lister(body(device("gpu-0", G0, taints=[LOST])))
-    src = ResourceSliceSource(
+    src = ResourceSlicesSource(
         lister,
         NODE,
         min_interval=10,
@@ -465,7 +465,7 @@ def test_when_the_source_lists(watch_health: bool, steps: Steps) -> None:
 def test_health_watch_failure_keeps_the_last_taints() -> None:
     now = [100.0]
     lister = Lister(body(device("gpu-0", G0, taints=[LOST])))
-    src = ResourceSliceSource(lister, NODE, watch_health=True, clock=lambda: now[0])
+    src = ResourceSlicesSource(lister, NODE, watch_health=True, clock=lambda: now[0])
     assert src.read().value.taints == {K0: (T_LOST,)}
     lister.fail = ResourceSliceError("HTTP 503: unavailable")
     now[0] += 61
@@ -502,7 +502,7 @@ def test_real_client_sees_taints_come_and_go(api: KubeApiStandIn, version: str) 
     tainted = resource_slices(DEMO, taints=given, api_version=version)
     api.set_resource_slices(tainted["items"], versions=[version])
     now = [1000.0]
-    src = ResourceSliceSource(
+    src = ResourceSlicesSource(
         api_client_lister(make_api_client(api.url)),
         DEMO.name,
         watch_health=True,

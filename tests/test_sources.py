@@ -19,7 +19,7 @@ import pytest
 from enricher import sourcetable
 from enricher.demo import DEMO
 from enricher.docker import DockerSource
-from enricher.kube import PodCache
+from enricher.kube import KubernetesSource
 from enricher.model import GpuSnapshot
 from enricher.nvml import NvmlSource
 from enricher.pipeline import Scraper
@@ -51,7 +51,7 @@ SOURCES: list[Any] = [
     pytest.param("procfs", lambda tmp: ProcfsSource(str(tmp)), id="procfs"),
     pytest.param(
         "kubernetes",
-        lambda _: PodCache(kubernetes.client.ApiClient(), "node-a"),
+        lambda _: KubernetesSource(kubernetes.client.ApiClient(), "node-a"),
         id="kubernetes",
     ),
     pytest.param("podresources", lambda _: PodResourcesSource(""), id="podresources"),
