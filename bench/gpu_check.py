@@ -8,7 +8,7 @@ and its dependencies from DIR with ``--no-index``, and runs itself again in it. 
 1. starts a CUDA process: PyTorch if the starting Python has it, else a tiny kernel loop built
    with ``nvcc``, else none (and says so; NVML is checked all the same);
 2. reads NVML through pynvml: driver, GPUs, MIG mode, the process list, a utilization sample;
-3. compares the struct layouts enricher/nvml.py unpacks with pynvml's own ctypes structures;
+3. compares the struct layouts enricher/nvmlparse.py unpacks with pynvml's own ctypes structures;
 4. serves a simulated dcgm-exporter on loopback that names the real GPUs, runs
    ``python -m enricher serve`` on it with ``--path.procfs=/proc --collector.process``, scrapes it,
    checks the scrape with prometheus_client's parser (and ``promtool check metrics`` if on PATH);
@@ -353,17 +353,21 @@ def read_nvml(library: str | None, pid: int | None) -> dict[str, Any]:
 
 
 def struct_layouts() -> list[dict[str, Any]]:
-    """The formats enricher/nvml.py unpacks rows with, against pynvml's ctypes structures."""
+    """The formats enricher/nvmlparse.py unpacks rows with, against pynvml's ctypes structures."""
     import pynvml
 
-    from enricher import nvml
+    from enricher import nvmlparse
 
     pairs = [
-        ("nvmlProcessInfo_v1_t", nvml._ROWS_V1, ["c_nvmlProcessInfo_v1_t"]),
-        ("nvmlProcessInfo_v2_t", nvml._ROWS_V2, ["c_nvmlProcessInfo_v2_t"]),
-        ("nvmlProcessInfo_v3_t", nvml._ROWS_V2, ["c_nvmlProcessInfo_v3_t"]),
-        ("nvmlProcessInfo_t", nvml._ROWS_V2, ["c_nvmlProcessInfo_t"]),
-        ("nvmlProcessUtilizationSample_t", nvml._ROWS_SAMPLE, ["c_nvmlProcessUtilizationSample_t"]),
+        ("nvmlProcessInfo_v1_t", nvmlparse.ROWS_V1, ["c_nvmlProcessInfo_v1_t"]),
+        ("nvmlProcessInfo_v2_t", nvmlparse.ROWS_V2, ["c_nvmlProcessInfo_v2_t"]),
+        ("nvmlProcessInfo_v3_t", nvmlparse.ROWS_V2, ["c_nvmlProcessInfo_v3_t"]),
+        ("nvmlProcessInfo_t", nvmlparse.ROWS_V2, ["c_nvmlProcessInfo_t"]),
+        (
+            "nvmlProcessUtilizationSample_t",
+            nvmlparse.ROWS_SAMPLE,
+            ["c_nvmlProcessUtilizationSample_t"],
+        ),
     ]
     rows = []
     for c_name, rows_struct, candidates in pairs:

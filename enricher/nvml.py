@@ -1,21 +1,20 @@
 """The NVML source: which processes use each GPU and MIG instance, and how much.
 
-:class:`NvmlSource` does the I/O through pynvml (``nvidia-ml-py``); the pure helpers
-(:func:`parse_mig_profile`, :func:`merge_processes`, :func:`newer_samples`,
-:func:`utilization_from_samples`, :func:`reason_for_code`) hold the rules and are tested alone.
+:class:`NvmlSource` does the I/O through pynvml (``nvidia-ml-py``); what NVML answers is
+parsed by the pure :mod:`enricher.nvmlparse` (return codes as reasons, MIG profiles, the rows of
+the process lists and samples, one GPU's processes), which holds the rules and is tested alone.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -26,6 +25,30 @@ from .model import (
     MigDevice,
     PowerReading,
     ProcessKind,
+)
+from .nvmlparse import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_INSUFFICIENT_SIZE,
+    ERROR_NO_PERMISSION,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    REASON_INIT_FAILED,
+    REASON_LIBRARY_NOT_FOUND,
+    REASON_READ_FAILED,
+    ROWS_SAMPLE,
+    ROWS_V1,
+    ROWS_V2,
+    SUCCESS,
+    ProcessEntry,
+    UtilSample,
+    merge_processes,
+    newer_samples,
+    parse_mig_profile,
+    parse_process_rows,
+    parse_sample_rows,
+    reason_for_code,
+    utilization_from_samples,
 )
 from .sources import Reading
 
@@ -44,40 +67,9 @@ MAX_TRACKED_TIMESTAMPS = 1024
 # is still found.
 UTILIZATION_RETRY_SECONDS = 300.0
 
-# The reasons NvmlUnavailable carries; the app may use them as label values.
-REASON_LIBRARY_NOT_FOUND = "library_not_found"
-REASON_DRIVER_NOT_LOADED = "driver_not_loaded"
-REASON_NO_PERMISSION = "no_permission"
-REASON_VERSION_MISMATCH = "driver_library_mismatch"
-REASON_UNINITIALIZED = "uninitialized"
-REASON_INIT_FAILED = "init_failed"
-REASON_READ_FAILED = "read_failed"
-
-_SUCCESS = 0
-_ERROR_UNINITIALIZED = 1
-_ERROR_NOT_SUPPORTED = 3
-_ERROR_NO_PERMISSION = 4
-_ERROR_NOT_FOUND = 6
-_ERROR_INSUFFICIENT_SIZE = 7
-_ERROR_DRIVER_NOT_LOADED = 9
-_ERROR_LIBRARY_NOT_FOUND = 12
-_ERROR_FUNCTION_NOT_FOUND = 13
-_ERROR_LIB_RM_VERSION_MISMATCH = 18
-_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-_VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
 # A reading the board lacks (power and energy): absent, not an error.
-_OPTIONAL_ABSENT = frozenset(
-    {_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND, _ERROR_NO_PERMISSION}
-)
+_OPTIONAL_ABSENT = frozenset({ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND, ERROR_NO_PERMISSION})
 _MIG_ENABLED = 1
-
-_REASON_BY_CODE = {
-    _ERROR_LIBRARY_NOT_FOUND: REASON_LIBRARY_NOT_FOUND,
-    _ERROR_DRIVER_NOT_LOADED: REASON_DRIVER_NOT_LOADED,
-    _ERROR_NO_PERMISSION: REASON_NO_PERMISSION,
-    _ERROR_LIB_RM_VERSION_MISMATCH: REASON_VERSION_MISMATCH,
-    _ERROR_UNINITIALIZED: REASON_UNINITIALIZED,
-}
 
 _LIST_SYMBOLS = {
     ProcessKind.COMPUTE: "nvmlDeviceGetComputeRunningProcesses",
@@ -95,125 +87,18 @@ _LIST_SYMBOL = {
     for version in _LIST_VERSIONS
 }
 # A symbol that is absent, or present but built for another struct version: try an older one.
-_TRY_OLDER = frozenset({_ERROR_FUNCTION_NOT_FOUND, _ERROR_ARGUMENT_VERSION_MISMATCH})
-
-# Real NVML names MIG devices "<GPU name> MIG <profile>", with a "<n>c." prefix when the
-# compute instance is smaller than its GPU instance; dcgm-exporter's GPU_I_PROFILE label is
-# the GPU instance part, so that is what we keep.
-_MIG_PROFILE = re.compile(r"\bMIG\s+(?:\d+c\.)?(\d+g\.\d+gb(?:[+-][a-z0-9.]+)*)\s*$", re.IGNORECASE)
+_TRY_OLDER = frozenset({ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH})
 
 
 class NvmlUnavailable(Exception):
     """NVML cannot be used right now: library missing, init failed, driver gone, ...
 
-    ``reason`` is one of the ``REASON_*`` values above; the message says what happened.
+    ``reason`` is one of nvmlparse's ``REASON_*`` values; the message says what happened.
     """
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-# --------------------------------------------------------------------------- pure parts
-
-
-class ProcessEntry(NamedTuple):
-    """One row of one NVML process list, before deduplication."""
-
-    gi_id: int | None
-    pid: int
-    used_memory_bytes: int | None
-    kind: ProcessKind
-
-
-class UtilSample(NamedTuple):
-    """The parts of an ``nvmlProcessUtilizationSample_t`` that we use."""
-
-    pid: int
-    timestamp: int  # microseconds, NVML's clock
-    sm_util: int  # percent
-
-
-def parse_mig_profile(name: str) -> str:
-    """The GPU instance profile in a MIG device name ("... MIG 1g.10gb" -> "1g.10gb"), or ""."""
-    match = _MIG_PROFILE.search(name)
-    return match.group(1) if match else ""
-
-
-def reason_for_code(code: int | None, default: str) -> str:
-    """The NvmlUnavailable reason for an NVML return code; ``default`` for the others."""
-    if code is None:
-        return default
-    return _REASON_BY_CODE.get(code, default)
-
-
-def merge_processes(
-    gpu_uuid: str,
-    gpu_index: int,
-    entries: Iterable[ProcessEntry],
-    utilization: Mapping[int | None, Mapping[int, float]] | None = None,
-) -> tuple[GpuProcess, ...]:
-    """Deduplicate one GPU's list rows per (GPU instance, pid).
-
-    A pid listed several times keeps the union of its kinds and the largest known memory
-    (None only when no row knew it). ``utilization`` holds the SM ratios per GPU instance
-    (None: the full GPU): a process on an instance there gets its ratio, 0.0 without samples;
-    on an instance not there (NVML cannot tell), None. Sorted by (gi_id, pid) so snapshots
-    compare and render stably.
-    """
-    ratios = utilization or {}
-    # (gi_id, pid) -> [largest known memory, kinds]; almost every pid is listed once.
-    merged: dict[tuple[int | None, int], list[Any]] = {}
-    for gi_id, pid, memory, kind in entries:
-        row = merged.get((gi_id, pid))
-        if row is None:
-            merged[(gi_id, pid)] = [memory, {kind}]
-            continue
-        row[1].add(kind)
-        if memory is not None and (row[0] is None or memory > row[0]):
-            row[0] = memory
-    out = []
-    for key in sorted(merged, key=_instance_then_pid):
-        gi_id, pid = key
-        memory, kinds = merged[key]
-        ratio = ratios.get(gi_id)
-        out.append(
-            GpuProcess(
-                gpu_uuid=gpu_uuid,
-                gpu_index=gpu_index,
-                gi_id=gi_id,
-                pid=pid,
-                used_memory_bytes=memory,
-                sm_util_ratio=None if ratio is None else ratio.get(pid, 0.0),
-                kinds=frozenset(kinds),
-            )
-        )
-    return tuple(out)
-
-
-def _instance_then_pid(key: tuple[int | None, int]) -> tuple[int, int]:
-    return (-1 if key[0] is None else key[0], key[1])
-
-
-def newer_samples(samples: Iterable[UtilSample], since: int) -> tuple[list[UtilSample], int]:
-    """The samples taken after ``since`` and the newest timestamp seen (``since`` if none).
-
-    NVML is asked only for samples after ``since`` already; filtering again means a driver
-    that ignores the argument still cannot make us count a sample twice.
-    """
-    fresh = [s for s in samples if s.timestamp > since]
-    newest = max((s.timestamp for s in fresh), default=since)
-    return fresh, newest
-
-
-def utilization_from_samples(samples: Iterable[UtilSample]) -> dict[int, float]:
-    """Per pid, the mean SM utilisation of its samples as a ratio clamped to [0, 1]."""
-    total: dict[int, int] = {}
-    count: dict[int, int] = {}
-    for s in samples:
-        total[s.pid] = total.get(s.pid, 0) + s.sm_util
-        count[s.pid] = count.get(s.pid, 0) + 1
-    return {pid: min(1.0, max(0.0, total[pid] / count[pid] / 100.0)) for pid in total}
 
 
 # --------------------------------------------------------------------------- I/O
@@ -226,17 +111,9 @@ class _DeviceError(Exception):
 # The process lists and utilization samples are read through pynvml's function pointers into
 # plain buffers: pynvml's wrappers ask for the size first (two library calls where one does)
 # and turn every row into a dict-backed object, which costs more than the call itself. The
-# rows are unpacked with struct in one C call; the layouts use native alignment, as the C
-# compiler lays the structs out.
-_ROWS_V1 = struct.Struct("@IQ")  # nvmlProcessInfo_v1_t: pid, usedGpuMemory
-# nvmlProcessInfo_v2_t, also what the _v3 symbols fill: pid, usedGpuMemory, gpuInstanceId,
-# computeInstanceId
-_ROWS_V2 = struct.Struct("@IQII")
-# nvmlProcessUtilizationSample_t: pid, timeStamp, smUtil, memUtil, encUtil, decUtil
-_ROWS_SAMPLE = struct.Struct("@IQIIII")
-
+# rows are unpacked with struct in one C call (the layouts are nvmlparse's).
 _FIRST_CAPACITY = 32  # rows offered on the first call; most lists fit, so one call does
-_LARGEST_ROW = max(_ROWS_V1.size, _ROWS_V2.size, _ROWS_SAMPLE.size)
+_LARGEST_ROW = max(ROWS_V1.size, ROWS_V2.size, ROWS_SAMPLE.size)
 _UUID_BUFFER_SIZE = ctypes.c_uint(pynvml.NVML_DEVICE_UUID_V2_BUFFER_SIZE)  # 96: what pynvml gives
 
 
@@ -258,8 +135,8 @@ def _fill(
         buffer = first if attempt == 0 else (ctypes.c_ubyte * (capacity * rows.size))()
         count = ctypes.c_uint(capacity)
         ret = call(buffer, ctypes.byref(count))
-        if ret != _ERROR_INSUFFICIENT_SIZE:
-            if ret != _SUCCESS:
+        if ret != ERROR_INSUFFICIENT_SIZE:
+            if ret != SUCCESS:
                 return ret, []
             n = min(count.value, capacity)
             return ret, list(rows.iter_unpack(memoryview(buffer)[: n * rows.size]))
@@ -581,7 +458,7 @@ class NvmlSource:
         try:
             current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
         except pynvml.NVMLError as err:
-            if _code(err) in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+            if _code(err) in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
                 return False
             raise _DeviceError(f"nvmlDeviceGetMigMode: {_describe(err)}") from err
         return int(current) == _MIG_ENABLED
@@ -605,15 +482,15 @@ class NvmlSource:
             # every read: the wrappers' lookups cost more than the calls).
             mig_handle = pynvml.c_nvmlDevice_t()
             ret = handle_fn(handle, ctypes.c_uint(slot), ctypes.byref(mig_handle))
-            if ret == _ERROR_NOT_FOUND:
+            if ret == ERROR_NOT_FOUND:
                 continue  # an empty slot
-            if ret != _SUCCESS:
+            if ret != SUCCESS:
                 raise _DeviceError(
                     f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): "
                     f"{_describe(pynvml.NVMLError(ret))}"
                 )
             ret = uuid_fn(mig_handle, uuid_buffer, _UUID_BUFFER_SIZE)
-            if ret != _SUCCESS:
+            if ret != SUCCESS:
                 raise _DeviceError(f"nvmlDeviceGetUUID: {_describe(pynvml.NVMLError(ret))}")
             uuid = uuid_buffer.value.decode()  # strict, as pynvml decodes: bad bytes fail the GPU
             info = self._mig_info.get(uuid)
@@ -660,16 +537,16 @@ class NvmlSource:
             except pynvml.NVMLError as err:  # the library has no such symbol
                 ret = _code(err)
             else:
-                layout = _ROWS_V1 if version == 1 else _ROWS_V2
+                layout = ROWS_V1 if version == 1 else ROWS_V2
                 # Called at once, in this iteration: the lambda sees this iteration's fn.
                 call = lambda buf, count: fn(handle, count, buf)  # noqa: B023, E731
                 ret, rows = _fill(symbol, layout, call, self._first_buffer)
-            if ret == _SUCCESS:
+            if ret == SUCCESS:
                 self._list_version[key] = version
-                return [(r[0], None if r[1] == _VALUE_NOT_AVAILABLE_ULL else r[1]) for r in rows]
+                return parse_process_rows(rows)
             if ret in _TRY_OLDER:
                 continue
-            if ret == _ERROR_NOT_SUPPORTED:
+            if ret == ERROR_NOT_SUPPORTED:
                 return []
             raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
         if self._list_version.get(key) != 0:
@@ -699,7 +576,7 @@ class NvmlSource:
         try:
             fn = self._function(symbol)
         except pynvml.NVMLError as err:
-            if _code(err) == _ERROR_FUNCTION_NOT_FOUND:
+            if _code(err) == ERROR_FUNCTION_NOT_FOUND:
                 return None
             raise
         last_seen = ctypes.c_ulonglong(since)
@@ -707,24 +584,23 @@ class NvmlSource:
         # New samples can arrive between two calls: _fill retries once with more room.
         ret, rows = _fill(
             symbol,
-            _ROWS_SAMPLE,
+            ROWS_SAMPLE,
             lambda buf, count: fn(handle, buf, count, last_seen),
             self._first_buffer,
         )
-        if ret == _ERROR_NOT_SUPPORTED:  # the device's answer (a MIG device's), kept a while
+        if ret == ERROR_NOT_SUPPORTED:  # the device's answer (a MIG device's), kept a while
             if len(self._util_unsupported) >= MAX_TRACKED_TIMESTAMPS:
                 self._util_unsupported.clear()
             self._util_unsupported[target.uuid] = self._clock() + UTILIZATION_RETRY_SECONDS
             return None
         self._util_unsupported.pop(target.uuid, None)
-        if ret == _ERROR_FUNCTION_NOT_FOUND:
+        if ret == ERROR_FUNCTION_NOT_FOUND:
             return None
-        if ret == _ERROR_NOT_FOUND:
+        if ret == ERROR_NOT_FOUND:
             return []  # no sample newer than ``since``: idle, not unknown
-        if ret != _SUCCESS:
+        if ret != SUCCESS:
             raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
-        samples = [UtilSample(pid, stamp, sm) for pid, stamp, sm, _m, _e, _d in rows]
-        fresh, newest = newer_samples(samples, since)
+        fresh, newest = newer_samples(parse_sample_rows(rows), since)
         self._last_seen[target.uuid] = newest
         return fresh
 

@@ -561,6 +561,7 @@ CENTRAL_MODULES = (
     "nvml",
     "kube",
     "podparse",
+    "nvmlparse",
 )
 
 

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "enricher"
 
 # The pure core: attribution, the families, cgroup-path parsing, the text format, the label
-# policy, the rewrite, the power split, the parsing of pod objects and the types they share.
-# The rule they keep: they take snapshots (upstream text, GPU processes, pid to pod, pods) and
-# return output, with no I/O, no event loop, no globals and no mutation of their inputs; so none
-# imports an I/O library.
+# policy, the rewrite, the power split, the parsing of pod objects and of NVML's answers, and the
+# types they share. The rule they keep: they take snapshots (upstream text, GPU processes, pid to
+# pod, pods) and return output, with no I/O, no event loop, no globals and no mutation of their
+# inputs; so none imports an I/O library.
 PURE_MODULES = (
     "enricher.attribution",
     "enricher.families",
@@ -33,6 +33,7 @@ PURE_MODULES = (
     "enricher.power",
     "enricher.selfmetrics",
     "enricher.podparse",
+    "enricher.nvmlparse",
 )
 # The libraries through which the sources do their I/O.
 IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
