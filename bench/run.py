@@ -9,6 +9,9 @@ against an anchor measured in the same run, so a slow or noisy machine cannot fa
   a /proc tree, the real pod watch against the API-server stand-in) next to a plain aiohttp
   pass-through proxy and the upstream itself, one scraper and three concurrent scrapers;
 * attribution: NVML (the fake libnvidia-ml) + procfs + pod lookup for 64 GPU processes;
+* growth: the node side's CPU time and memory per collection on simulated nodes of 1 to 16
+  GPUs, 10 to 1,000 GPU processes and 100 to 10,000 pods, and the growth order of each
+  (bench/growth.py);
 * memory: the enricher process's RSS (every source on: the pod watch and a gRPC kubelet)
   after start, after 1,000 and 10,000 scrapes while pods churn (a tenth of 110 pods replaced
   every 100 scrapes, their PIDs reused);
@@ -273,8 +276,9 @@ def bench_rewrite(mode: Mode) -> dict[str, Any]:
     }
 
 
-def _exponent(rows: dict[str, Any], key: str) -> float:
-    xs = [math.log(r["series"]) for r in rows.values()]
+def _exponent(rows: dict[str, Any], key: str, size: str = "series") -> float:
+    """The least-squares slope of log(``key``) over log(``size``) across ``rows``."""
+    xs = [math.log(r[size]) for r in rows.values()]
     ys = [math.log(r[key]) for r in rows.values()]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
@@ -1342,6 +1346,11 @@ def render_table(results: dict[str, Any], checks: list[Check]) -> str:
             f"    {row['mapping'][:40]:40} floor {row['floor']:7.2f}  start {row['start']:7.2f}"
             f"  end {row['end']:7.2f}  over {row['over_floor']:+7.2f}"
         )
+    if "growth" in results:
+        from .growth import render_growth
+
+        lines.append("")
+        lines.extend(render_growth(results["growth"]))
     if "loop" in results:
         lines.append("")
         lines.extend(render_loop(results["loop"]))
@@ -1431,7 +1440,7 @@ def render_loop(loop: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- main
 
 
-ALL_PARTS = ("rewrite", "attribution", "e2e", "memory", "loop", "cost")
+ALL_PARTS = ("rewrite", "attribution", "growth", "e2e", "memory", "loop", "cost")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1485,6 +1494,11 @@ def main(argv: list[str] | None = None) -> int:
         if "attribution" in parts:
             print("attribution ...", file=sys.stderr, flush=True)
             results["attribution"] = bench_attribution(mode, work, nvml_lib)
+        if "growth" in parts:
+            from .growth import bench_growth
+
+            print("growth ...", file=sys.stderr, flush=True)
+            results["growth"] = bench_growth(args.quick, work, nvml_lib)
         if parts & {"e2e", "memory", "loop", "cost"}:
             sim = SimNode(work / "node", payloads.SHAPES["mig56"])
             sim.write()
@@ -1554,6 +1568,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         if "loop" in results:
             print("\n" + "\n".join(render_loop(results["loop"])))
+        if "growth" in results:
+            from .growth import render_growth
+
+            print("\n" + "\n".join(render_growth(results["growth"])))
     if "cost_breakdown" in results:
         print("\n" + "\n".join(render_breakdown(results["cost_breakdown"])))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -292,7 +292,9 @@ def dra_slice_keys(allocations: Iterable[DeviceAllocation]) -> list[tuple[str, s
 
 
 def _owner_of(
-    who_set: set[tuple[str, str, str] | None], uids: Mapping[tuple[str, str], str]
+    who_set: set[tuple[str, str, str] | None],
+    seen_uids: Mapping[tuple[str, str], str],
+    index_uids: Mapping[tuple[str, str], str],
 ) -> Owner:
     if None in who_set:
         return SHARED
@@ -301,7 +303,10 @@ def _owner_of(
         return SHARED
     ns, pod = next(iter(pods))
     containers = {c for _, _, c in who_set}  # type: ignore[misc]
-    return Owner(ns, pod, containers.pop() if len(containers) == 1 else "", uids.get((ns, pod), ""))
+    uid = seen_uids.get((ns, pod))
+    if uid is None:
+        uid = index_uids.get((ns, pod), "")
+    return Owner(ns, pod, containers.pop() if len(containers) == 1 else "", uid)
 
 
 def attributed_to(a: Attribution) -> tuple[str, str, str] | None:
@@ -338,13 +343,9 @@ def plan_devices(
     owner's UID from ``pods`` for ``pod_uid``, and the label names of each pod the upstream
     may name, so that a series moved away from a pod drops what dcgm-exporter copied from it.
     """
-    uids: dict[tuple[str, str], str] = {}
-    pod_labels: dict[tuple[str, str], frozenset[str]] = {}
-    if pods is not None:
-        for info in pods.by_uid.values():
-            uids.setdefault((info.namespace, info.name), info.uid)
-            if info.label_names:
-                pod_labels[(info.namespace, info.name)] = info.label_names
+    # The UIDs of the pods seen running here, over the index's (worked out once per index:
+    # nothing here walks every pod of the node, so idle pods cost a collection nothing).
+    seen_uids: dict[tuple[str, str], str] = {}
     owners_seen: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
     for a in attributions:
         if a.reason == REASON_MPS_SERVER:
@@ -354,20 +355,23 @@ def plan_devices(
         if a.process.gi_id is not None:
             owners_seen[(a.process.gpu_uuid, "")].add(who)
         if a.pod is not None:
-            uids[(a.pod.namespace, a.pod.name)] = a.pod.uid
+            seen_uids[(a.pod.namespace, a.pod.name)] = a.pod.uid
     allocated_to: dict[DeviceKey, set[tuple[str, str, str] | None]] = defaultdict(set)
     for d in allocated:
         who = (d.namespace, d.pod, d.container)
         allocated_to[d.key].add(who)
         if d.key[1]:
             allocated_to[(d.key[0], "")].add(who)
-    owners = {key: _owner_of(who_set, uids) for key, who_set in owners_seen.items()}
+    index_uids = pods.uid_by_name if pods is not None else {}
+    owners = {
+        key: _owner_of(who_set, seen_uids, index_uids) for key, who_set in owners_seen.items()
+    }
     for key, who_set in allocated_to.items():
         if key not in owners:
-            owners[key] = _owner_of(who_set, uids)
+            owners[key] = _owner_of(who_set, seen_uids, index_uids)
     return RewritePlan(
         owners=owners,
-        pod_labels=pod_labels,
+        pod_labels=pods.label_names_by_name if pods is not None else {},
         upstream_pod_labels=upstream_pod_labels,
         reserved_prefixes=_RESERVED_PREFIXES,
     )

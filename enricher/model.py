@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 
 # --------------------------------------------------------------------------- NVML
 
@@ -162,10 +163,57 @@ class PodInfo:
 
 @dataclass(frozen=True, slots=True)
 class PodIndex:
-    """An immutable view of the node's pods, swapped whole when the watch changes it."""
+    """An immutable view of the node's pods, swapped whole when the watch changes it.
+
+    What a collection asks of all the pods (each pod's UID and label names by namespace and
+    name, how many pods there are) is worked out once per index, at the first collection that
+    asks, so that a collection's cost does not grow with the pods the node merely runs, and a
+    burst of watch events between two collections pays for it once (bench: growth part,
+    docs/performance.md)."""
 
     by_uid: Mapping[str, PodInfo] = field(default_factory=dict)  # includes mirror_of keys
     by_container: Mapping[str, tuple[PodInfo, str]] = field(default_factory=dict)
+    _by_name: _ByName | None = field(init=False, default=None, repr=False, compare=False)
+
+    @property
+    def uid_by_name(self) -> Mapping[tuple[str, str], str]:
+        """(namespace, name) -> UID: the first pod of that name in ``by_uid``'s order."""
+        return self._names().uids
+
+    @property
+    def label_names_by_name(self) -> Mapping[tuple[str, str], frozenset[str]]:
+        """(namespace, name) -> the pod's label names (``PodInfo.label_names``), for the pods
+        that have any. The same object for every call on this index, so the rewrite plans
+        made from it compare equal by identity, without walking it."""
+        return self._names().label_names
+
+    @property
+    def pods(self) -> int:
+        """How many distinct pods (by UID) the index holds."""
+        return self._names().pods
+
+    def _names(self) -> _ByName:
+        names = self._by_name
+        if names is None:
+            uids: dict[tuple[str, str], str] = {}
+            labels: dict[tuple[str, str], frozenset[str]] = {}
+            for info in self.by_uid.values():
+                key = (info.namespace, info.name)
+                uids.setdefault(key, info.uid)
+                if info.label_names:
+                    labels[key] = info.label_names
+            distinct = len({p.uid for p in self.by_uid.values()})
+            # Two threads that get here at once work out the same values; either is kept.
+            names = _ByName(MappingProxyType(uids), MappingProxyType(labels), distinct)
+            object.__setattr__(self, "_by_name", names)
+        return names
+
+
+@dataclass(frozen=True, slots=True)
+class _ByName:
+    uids: Mapping[tuple[str, str], str]
+    label_names: Mapping[tuple[str, str], frozenset[str]]
+    pods: int
 
 
 # --------------------------------------------------------------------------- kubelet devices

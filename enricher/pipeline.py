@@ -543,9 +543,7 @@ class Scraper:
             node.attributions,
             samples=samples,
             invalid_lines=invalid_lines,
-            pods=len({p.uid for p in node.index.by_uid.values()})
-            if self.kubernetes is not None
-            else None,
+            pods=node.index.pods if self.kubernetes is not None else None,
             allocated=len(node.allocated) if self.node.given("podresources") else None,
             unmapped=node.unmapped + node.listed.skipped,
             memory_limit=memory_limit,

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from enricher.attribution import attribute
+from enricher.attribution import AllocatedDevice, attribute, plan_devices
+from enricher.labels import Owner
 from enricher.model import (
     CgroupRef,
     DockerContainer,
@@ -270,3 +271,26 @@ def test_attribute_rules(
         # Attributed exactly when a pod or a Docker container is named, never with a reason.
         assert a.attributed == (w.reason == "")
         assert (a.docker is not None) == (docker is not None and w.container != "")
+
+
+def test_the_index_answers_by_pod_name_once_per_index() -> None:
+    """What a collection asks of every pod (its UID and label names by namespace and name, how
+    many pods there are) comes from the index, worked out once: the rewrite plans of one index
+    share its label names (equal by identity), and an allocated device that runs nothing still
+    gets its pod's UID. A collection's cost stays flat in the pods the node merely runs
+    (bench: the growth part)."""
+    labelled = PodInfo(
+        uid=UID_GONE, namespace="ml", name="idle-c", label_names=frozenset({"app", "team"})
+    )
+    index = build_index([*PODS.by_uid.values(), labelled])
+    assert len(index.by_uid) == 6 and index.pods == 5  # the mirror's hash is one more key
+    assert index.uid_by_name[("kube-system", "static-node1")].startswith("mmmmmmmm")
+    assert index.uid_by_name[("ml", "idle-c")] == UID_GONE
+    assert dict(index.label_names_by_name) == {("ml", "idle-c"): labelled.label_names}
+
+    allocated = [AllocatedDevice((GPU, ""), "ml", "idle-c", "main", "nvidia.com/gpu", GPU)]
+    one, two = plan_devices([], allocated, index), plan_devices([], allocated, index)
+    assert one.owners[(GPU, "")] == Owner("ml", "idle-c", "main", UID_GONE)
+    assert one.pod_labels is two.pod_labels is index.label_names_by_name
+    assert one == two
+    assert plan_devices([], allocated).owners[(GPU, "")].uid == ""  # no index, no UID

@@ -147,6 +147,20 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
     assert node8["stat_reads_floor_p50_ms"] > 0 and node8["nvml_calls_floor_p50_ms"] > 0
     assert attribution["mig56"]["nvml_calls_floor_p50_ms"] is None
 
+    # The node side as it grows (bench/growth.py): every axis measured through the real
+    # pipeline, every process attributed, a growth order for each cost (no timing compared).
+    growth = data["growth"]
+    assert set(growth["axes"]) == {"gpus", "procs", "pods"}
+    for axis, part in growth["axes"].items():
+        sizes = [row[axis] for row in part["rows"]]
+        assert len(sizes) >= 2 and sizes == sorted(sizes)
+        for row in part["rows"]:
+            assert row["cpu_ms"] > 0 and row["held_mib"] > 0 and row["peak_mib"] > 0
+            assert row["processes_seen"] == row["attributed"] == row["procs"]
+        assert all(s["k"] is not None for s in part["slopes"].values())
+    assert "index_build_ms" in growth["axes"]["pods"]["slopes"]
+    assert "Node side growth" in proc.stdout
+
     memory = data["memory"]
     assert memory["churns"] >= 1
     assert set(memory["rss_mib"]) == {"start", "50", "100", "150"}
