@@ -3,7 +3,9 @@ mixin and write what it makes with the default _config: grafana/dcgm-enricher.js
 ConfigMap for the Grafana sidecar (manifests/monitoring/grafana-dashboard.yaml).
 
 The dashboard is written as code here so that every panel's query is built from the same
-filters and the tests can run each of them against a real Prometheus. Its queries name the
+filters and the tests can run each of them against a real Prometheus; grafana-foundation-sdk's
+builders (Python 3.11 or newer) write Grafana's JSON model and lay the panels out
+(docs/dashboard.md says what it cannot express: those parts stay plain JSON here). Its queries name the
 mixin's _config as %(name)s (the dcgm-exporter series selector, the cluster label, the idle
 thresholds); mixin/dashboards/dashboards.libsonnet fills them in, with the uid, title and
 refresh, so a user's _config override reaches every query.
@@ -23,9 +25,23 @@ import argparse
 import importlib.util
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from grafana_foundation_sdk.builders import (
+    bargauge,
+    common,
+    dashboard,
+    prometheus,
+    stat,
+    table,
+    timeseries,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
@@ -35,7 +51,9 @@ CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 UID = "dcgm-enricher-gpu"
 TITLE = "dcgm-enricher / GPU workloads"
 SCHEMA_VERSION = 39  # Grafana 11.0; newer Grafanas migrate it on load
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS_JSON = {"type": "prometheus", "uid": "${datasource}"}
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+THRESHOLD_COLORS = dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS)
 USER = "annotation_hub_jupyter_org_username"
 
 # Pod label names as Prometheus stored them (see the module docstring).
@@ -93,7 +111,10 @@ CONTAINER_DEVICE = f"{DEVICE}, UUID, {NS}, {POD}, {CTR}"
 def used_by_pods_on(memory: str, utilization: str) -> str:
     """Containers' devices in use: utilization over 1%, or a process where NVML gives no
     per-process utilization (MIG)."""
-    return f"({utilization} > {IDLE_UTILIZATION} or ({memory} unless on ({CONTAINER_DEVICE}) {utilization}))"
+    return (
+        f"({utilization} > {IDLE_UTILIZATION} or "
+        f"({memory} unless on ({CONTAINER_DEVICE}) {utilization}))"
+    )
 
 
 ALLOCATED_IDLE = (
@@ -136,7 +157,9 @@ def device(metric: str, agg: str = "max") -> str:
     return f"{agg} by (%(clusterLabel)s, Hostname, gpu) ({sel(metric, *DEV_FILTER)})"
 
 
-# --------------------------------------------------------------------------- panel model
+# --------------------------------------------------------------------------- panels
+# Grafana's JSON model is grafana-foundation-sdk's (the Grafana 11.6 line, pinned in
+# pyproject.toml): typed builders per panel kind, laid out row by row by the dashboard builder.
 
 
 @dataclass
@@ -146,73 +169,96 @@ class Target:
     instant: bool = False
     table: bool = False
 
-    def render(self, ref: str) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "datasource": DS,
-            "refId": ref,
-            "expr": self.expr,
-            "legendFormat": self.legend or "__auto",
-            "range": not (self.instant or self.table),
-            "instant": self.instant or self.table,
-        }
+    def query(self, ref: str) -> prometheus.Dataquery:
+        query = (
+            prometheus.Dataquery()
+            .datasource(DS)
+            .ref_id(ref)
+            .expr(self.expr)
+            .legend_format(self.legend or "__auto")
+        )
         if self.table:
-            out["format"] = "table"
-        return out
-
-
-@dataclass
-class Panel:
-    kind: str  # stat | timeseries | table | bargauge
-    title: str
-    description: str
-    targets: list[Target]
-    unit: str = "short"
-    width: int = 8
-    height: int = 8
-    stacked: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
-    transformations: list[dict[str, Any]] = field(default_factory=list)
-    overrides: list[dict[str, Any]] = field(default_factory=list)
-    extra_defaults: dict[str, Any] = field(default_factory=dict)
+            query.format(pm.PromQueryFormat.TABLE)
+        return query.instant() if self.instant or self.table else query.range()
 
 
 @dataclass
 class Row:
     title: str
-    panels: list[Panel]
+    panels: list[Any]
 
 
-def _stat(title: str, description: str, expr: str, unit: str = "short", **kw: Any) -> Panel:
-    return Panel(
-        "stat",
-        title,
-        description,
-        [Target(expr, kw.pop("legend", ""), instant=True)],
-        unit=unit,
-        width=kw.pop("width", 4),
-        height=4,
-        options={
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "value",
-            "graphMode": "none",
-            "textMode": "auto",
-            "justifyMode": "auto",
-            "orientation": "auto",
-        },
-        extra_defaults={"noValue": "0", **kw.pop("defaults", {})},
-        **kw,
+def _panel(
+    kind: Any, title: str, description: str, targets: list[Target], unit: str, w: int, h: int
+) -> Any:
+    """A panel of builder ``kind`` with what every panel has."""
+    panel = kind.Panel().title(title).description(description).datasource(DS).unit(unit)
+    for i, target in enumerate(targets):
+        panel.with_target(target.query(chr(ord("A") + i)))
+    return panel.span(w).height(h)
+
+
+LAST = common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+
+
+def _stat(title: str, description: str, expr: str, unit: str = "short", **kw: Any) -> Any:
+    target = Target(expr, kw.pop("legend", ""), instant=True)
+    return (
+        _panel(stat, title, description, [target], unit, kw.pop("width", 4), 4)
+        .reduce_options(LAST)
+        .color_mode(cm.BigValueColorMode.VALUE)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .text_mode(cm.BigValueTextMode.AUTO)
+        .justify_mode(cm.BigValueJustifyMode.AUTO)
+        .orientation(cm.VizOrientation.AUTO)
+        .no_value("0")
     )
 
 
-def _series(title: str, description: str, *targets: Target, **kw: Any) -> Panel:
-    return Panel("timeseries", title, description, list(targets), **kw)
+def _series(
+    title: str,
+    description: str,
+    *targets: Target,
+    unit: str = "short",
+    width: int = 8,
+    stacked: bool = False,
+) -> Any:
+    return (
+        _panel(timeseries, title, description, list(targets), unit, width, 8)
+        .draw_style(cm.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(25 if stacked else 0)
+        .stacking(
+            common.StackingConfig()
+            .mode(cm.StackingMode.NORMAL if stacked else cm.StackingMode.NONE)
+            .group("A")
+        )
+        .show_points(cm.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .legend(
+            common.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.TABLE)
+            .placement(cm.LegendPlacement.RIGHT)
+            .calcs(["lastNotNull"])
+            .show_legend(True)
+        )
+        .tooltip(
+            common.VizTooltipOptions()
+            .mode(cm.TooltipDisplayMode.MULTI)
+            .sort(cm.SortOrder.DESCENDING)
+        )
+    )
 
 
-def _unit(column: str, unit: str) -> dict[str, Any]:
-    return {
-        "matcher": {"id": "byName", "options": column},
-        "properties": [{"id": "unit", "value": unit}],
-    }
+def _bars(title: str, description: str, target: Target, unit: str) -> Any:
+    """Each series' last value as a horizontal bar."""
+    return (
+        _panel(bargauge, title, description, [target], unit, 8, 8)
+        .display_mode(cm.BarGaugeDisplayMode.BASIC)
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .reduce_options(LAST)
+        .show_unfilled(True)
+    )
 
 
 def _table(
@@ -226,7 +272,7 @@ def _table(
     limit: int = 0,
     ascending: bool = False,
     width: int = 24,
-) -> Panel:
+) -> Any:
     renames = {
         "exported_namespace": "namespace",
         "exported_pod": "pod",
@@ -234,26 +280,23 @@ def _table(
         USER: "user",
         **names,
     }
-    transformations: list[dict[str, Any]] = [
-        {"id": "merge", "options": {}},
-        {
-            "id": "organize",
-            "options": {"excludeByName": {"Time": True}, "renameByName": renames},
-        },
-        {"id": "sortBy", "options": {"sort": [{"field": sort_by, "desc": not ascending}]}},
+    steps = [
+        ("merge", {}),
+        ("organize", {"excludeByName": {"Time": True}, "renameByName": renames}),
+        ("sortBy", {"sort": [{"field": sort_by, "desc": not ascending}]}),
     ]
     if limit:
-        transformations.append({"id": "limit", "options": {"limitField": limit}})
-    return Panel(
-        "table",
-        title,
-        description,
-        targets,
-        width=width,
-        transformations=transformations,
-        overrides=[_unit(col, unit) for col, unit in units.items()],
-        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
+        steps.append(("limit", {"limitField": limit}))
+    panel = (
+        _panel(table, title, description, targets, "short", width, 8)
+        .transformations([dm.DataTransformerConfig(id_val=i, options=o) for i, o in steps])
+        .show_header(True)
+        .cell_height(cm.TableCellHeight.SM)
+        .footer(common.TableFooterOptions().show(False).reducer([]))
     )
+    for column, unit in units.items():
+        panel.override_by_name(column, [dm.DynamicConfigValue(id_val="unit", value=unit)])
+    return panel
 
 
 # --------------------------------------------------------------------------- the panels
@@ -304,8 +347,7 @@ def rows() -> list[Row]:
                     + sel("gpu_unattributed_memory_used_bytes", *DEV_FILTER, 'reason!="mps_server"')
                     + ")",
                     unit="bytes",
-                    defaults={"color": {"mode": "thresholds"}},
-                ),
+                ).color_scheme(THRESHOLD_COLORS),
                 _stat(
                     "Allocated but idle",
                     "Devices the kubelet allocated to a container that has no process on them "
@@ -443,46 +485,28 @@ def rows() -> list[Row]:
                     Target(f"{PODS_PER_DEVICE} > 1", DEV_LEGEND + " {{GPU_I_ID}}"),
                     width=8,
                 ),
-                Panel(
-                    "bargauge",
+                _bars(
                     "Memory split on shared devices",
                     "How the memory of each shared device divides between its pods.",
-                    [
-                        Target(
-                            f"sum by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}) and on ({DEVICE}) "
-                            f"({PODS_PER_DEVICE} > 1)",
-                            DEV_LEGEND + " {{GPU_I_ID}} " + POD_LEGEND,
-                            instant=True,
-                        )
-                    ],
-                    unit="bytes",
-                    options={
-                        "displayMode": "basic",
-                        "orientation": "horizontal",
-                        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                        "showUnfilled": True,
-                    },
+                    Target(
+                        f"sum by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}) and on ({DEVICE}) "
+                        f"({PODS_PER_DEVICE} > 1)",
+                        DEV_LEGEND + " {{GPU_I_ID}} " + POD_LEGEND,
+                        instant=True,
+                    ),
+                    "bytes",
                 ),
-                Panel(
-                    "bargauge",
+                _bars(
                     "SM split on shared devices",
                     "How the SM time of each shared device divides between its pods "
                     "(not available on MIG).",
-                    [
-                        Target(
-                            f"sum by ({DEVICE}, {NS}, {POD}) ({UTIL_DEV}) and on ({DEVICE}) "
-                            f"({PODS_PER_DEVICE} > 1)",
-                            DEV_LEGEND + " {{GPU_I_ID}} " + POD_LEGEND,
-                            instant=True,
-                        )
-                    ],
-                    unit="percentunit",
-                    options={
-                        "displayMode": "basic",
-                        "orientation": "horizontal",
-                        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                        "showUnfilled": True,
-                    },
+                    Target(
+                        f"sum by ({DEVICE}, {NS}, {POD}) ({UTIL_DEV}) and on ({DEVICE}) "
+                        f"({PODS_PER_DEVICE} > 1)",
+                        DEV_LEGEND + " {{GPU_I_ID}} " + POD_LEGEND,
+                        instant=True,
+                    ),
+                    "percentunit",
                 ),
             ],
         ),
@@ -511,7 +535,8 @@ def rows() -> list[Row]:
                             f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
                             f"> {IDLE_MEMORY} and on ({CONTAINER_DEVICE}) "
                             f"max by ({CONTAINER_DEVICE}) (max_over_time("
-                            f"{sel('gpu_container_utilization_ratio', *POD_FILTER)}[1h])) < {IDLE_UTILIZATION}",
+                            f"{sel('gpu_container_utilization_ratio', *POD_FILTER)}[1h])) "
+                            f"< {IDLE_UTILIZATION}",
                             table=True,
                         )
                     ],
@@ -588,7 +613,8 @@ def rows() -> list[Row]:
                     "with a GPU process only (an allocation alone has no gpu_pod_info).",
                     [
                         Target(
-                            f"sum by (%(clusterLabel)s, {NS}, workload_kind, workload_name, {USER}) ("
+                            f"sum by (%(clusterLabel)s, {NS}, workload_kind, workload_name, "
+                            f"{USER}) ("
                             + with_owner(
                                 f"sum by (%(clusterLabel)s, {NS}, {POD}) (increase({ENERGY}[1d]))"
                             )
@@ -688,25 +714,22 @@ def rows() -> list[Row]:
                     f"min by (source) ({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
                     legend="{{source}}",
                     width=8,
-                    defaults={
-                        "mappings": [
-                            {
-                                "type": "value",
-                                "options": {
-                                    "0": {"text": "down", "color": "red"},
-                                    "1": {"text": "up", "color": "green"},
-                                },
+                )
+                .mappings(
+                    [
+                        dm.ValueMap(
+                            options={
+                                "0": dm.ValueMappingResult(text="down", color="red"),
+                                "1": dm.ValueMappingResult(text="up", color="green"),
                             }
-                        ],
-                        "color": {"mode": "thresholds"},
-                        "thresholds": {
-                            "mode": "absolute",
-                            "steps": [
-                                {"color": "red", "value": None},
-                                {"color": "green", "value": 1},
-                            ],
-                        },
-                    },
+                        )
+                    ]
+                )
+                .color_scheme(THRESHOLD_COLORS)
+                .thresholds(
+                    dashboard.ThresholdsConfig()
+                    .mode(dm.ThresholdsMode.ABSOLUTE)
+                    .steps([dm.Threshold(None, "red"), dm.Threshold(1, "green")])
                 ),
                 _stat(
                     "Enrichers reporting",
@@ -882,49 +905,13 @@ def own_process(expr: str) -> str:
 # --------------------------------------------------------------------------- rendering
 
 
-def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    custom: dict[str, Any] = {}
-    if panel.kind == "timeseries":
-        custom = {
-            "drawStyle": "line",
-            "lineWidth": 1,
-            "fillOpacity": 25 if panel.stacked else 0,
-            "stacking": {"mode": "normal" if panel.stacked else "none", "group": "A"},
-            "showPoints": "never",
-            "spanNulls": False,
-        }
-    defaults: dict[str, Any] = {"unit": panel.unit, **panel.extra_defaults}
-    if custom:
-        defaults["custom"] = custom
-    options = dict(panel.options)
-    if panel.kind == "timeseries":
-        options.setdefault(
-            "legend", {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull"]}
-        )
-        options.setdefault("tooltip", {"mode": "multi", "sort": "desc"})
-    out: dict[str, Any] = {
-        "id": pid,
-        "type": panel.kind,
-        "title": panel.title,
-        "description": panel.description,
-        "datasource": DS,
-        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
-        "options": options,
-        "targets": [t.render(chr(ord("A") + i)) for i, t in enumerate(panel.targets)],
-    }
-    if panel.transformations:
-        out["transformations"] = panel.transformations
-    return out
-
-
 def _query_variable(name: str, label: str, definition: str, description: str) -> dict[str, Any]:
     return {
         "type": "query",
         "name": name,
         "label": label,
         "description": description,
-        "datasource": DS,
+        "datasource": DS_JSON,
         "definition": definition,
         "query": {"query": definition, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
         "refresh": 2,
@@ -1012,75 +999,65 @@ def variables() -> list[dict[str, Any]]:
 
 
 def build() -> dict[str, Any]:
-    """The dashboard as Grafana's classic JSON model."""
-    panels: list[dict[str, Any]] = []
-    pid, y = 1, 0
-    for row in rows():
-        panels.append(
-            {
-                "id": pid,
-                "type": "row",
-                "title": row.title,
-                "collapsed": False,
-                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
-                "panels": [],
-            }
+    board = (
+        dashboard.Dashboard(TITLE)
+        .uid(UID)
+        .description(
+            "Who uses the GPUs: per-pod, namespace, workload and user GPU memory and "
+            "utilization, shared GPUs, waste and device health, from dcgm-exporter as rewritten "
+            "by dcgm-enricher."
         )
-        pid, y, x, line_height = pid + 1, y + 1, 0, 0
-        for panel in row.panels:
-            if x + panel.width > 24:
-                x, y, line_height = 0, y + line_height, 0
-            panels.append(_panel_json(panel, pid, x, y))
-            pid, x, line_height = pid + 1, x + panel.width, max(line_height, panel.height)
-        y += line_height
-    return {
-        "uid": UID,
-        "title": TITLE,
-        "description": "Who uses the GPUs: per-pod, namespace, workload and user GPU memory and "
-        "utilization, shared GPUs, waste and device health, from dcgm-exporter as rewritten by "
-        "dcgm-enricher.",
-        "tags": ["gpu", "dcgm", "kubernetes", "dcgm-enricher"],
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "time": {"from": "now-6h", "to": "now"},
-        "refresh": "30s",
-        "timezone": "",
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "timepicker": {},
+        .tags(["gpu", "dcgm", "kubernetes", "dcgm-enricher"])
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .version(1)
+        .time("now-6h", "now")
+        .refresh("30s")
+        .timezone("")
+        .fiscal_year_start_month(0)
+        .live_now(False)
+        .week_start("")
         # A runbook link needs the URL where docs/runbook.md is published for the users: the
         # chart adds it from prometheusRule.runbookUrl (docs/alerts.md).
-        "links": [],
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                },
-                {
-                    "datasource": DS,
-                    "enable": True,
-                    "iconColor": "red",
-                    "name": "GPU alerts",
-                    "expr": 'ALERTS{alertname=~"Gpu.*", alertstate="firing"}',
-                    "step": "60s",
-                    "titleFormat": "{{alertname}}",
-                    "textFormat": "{{Hostname}} {{gpu}} {{namespace}}/{{pod}}",
-                    "useValueForTime": False,
-                },
-            ]
-        },
-        "templating": {"list": variables()},
-        "panels": panels,
+        .links([])
+    )
+    for row in rows():
+        board.with_row(dashboard.Row(row.title))
+        for panel in row.panels:
+            board.with_panel(panel)
+    model = board.build()
+    model.schema_version = SCHEMA_VERSION
+    for pid, panel in enumerate(model.panels or [], 1):
+        panel.id_val = pid
+    out: dict[str, Any] = json.loads(JSONEncoder(sort_keys=True).encode(model))
+    # Not in the SDK's types: a query variable's `definition` (what Grafana's Prometheus
+    # variable editor shows) and a Prometheus annotation's step, title and text formats.
+    out["templating"] = {"list": variables()}
+    out["annotations"] = {
+        "list": [
+            {
+                "builtIn": 1,
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": True,
+                "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts",
+                "type": "dashboard",
+            },
+            {
+                "datasource": DS_JSON,
+                "enable": True,
+                "iconColor": "red",
+                "name": "GPU alerts",
+                "expr": 'ALERTS{alertname=~"Gpu.*", alertstate="firing"}',
+                "step": "60s",
+                "titleFormat": "{{alertname}}",
+                "textFormat": "{{Hostname}} {{gpu}} {{namespace}}/{{pod}}",
+                "useValueForTime": False,
+            },
+        ]
     }
+    return out
 
 
 def render_template() -> str:
@@ -1106,7 +1083,8 @@ def render_configmap(dashboard_json: str) -> str:
     """A ConfigMap that the Grafana sidecar (label grafana_dashboard: "1") loads."""
     body = "".join(f"    {line}\n" if line else "\n" for line in dashboard_json.splitlines())
     return (
-        "# GENERATED by grafana/generate.py (the mixin's dashboard, default _config): do not edit.\n"
+        "# GENERATED by grafana/generate.py (the mixin's dashboard, default _config): do not\n"
+        "# edit.\n"
         "# The Grafana sidecar of kube-prometheus-stack (grafana.sidecar.dashboards.enabled)\n"
         '# loads every ConfigMap labelled grafana_dashboard: "1"; it must watch this namespace\n'
         "# (sidecar.dashboards.searchNamespace: ALL, or the namespace of this ConfigMap).\n"
