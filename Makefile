@@ -125,4 +125,5 @@ gpu-check:
 	$(PYTHON) bench/gpu_check.py --wheels .cache/gpu-wheels $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-py* .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-py* .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		mixin/prometheus_alerts.yaml mixin/prometheus_rules.yaml mixin/dashboards_out
