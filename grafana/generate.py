@@ -5,8 +5,8 @@ ConfigMap for the Grafana sidecar (manifests/monitoring/grafana-dashboard.yaml).
 The dashboard is written as code here so that every panel's query is built from the same
 filters and the tests can run each of them against a real Prometheus; grafana-foundation-sdk's
 builders (Python 3.11 or newer) write Grafana's JSON model and lay the panels out
-(docs/dashboard.md says what it cannot express: those parts stay plain JSON here). Its queries name the
-mixin's _config as %(name)s (the dcgm-exporter series selector, the cluster label, the idle
+(docs/dashboard.md says what it cannot express: those parts stay plain JSON here). Its queries
+name the mixin's _config as %(name)s (the dcgm-exporter series selector, the cluster label, the idle
 thresholds); mixin/dashboards/dashboards.libsonnet fills them in, with the uid, title and
 refresh, so a user's _config override reaches every query.
 
@@ -69,6 +69,8 @@ NS_FILTER = f'{NS}=~"$namespace"'
 WORKLOAD_FILTER = 'workload_name=~"$workload"'
 POD_FILTER = (*DEV_FILTER, NS_FILTER, f'{POD}=~"$pod"')
 SELF_FILTER = ('%(clusterLabel)s=~"$cluster"',)
+# The cluster label, for the aggregations that keep each cluster apart (tests/test_clusters.py).
+CL = "%(clusterLabel)s"
 # The mixin's _config (mixin/config.libsonnet) fills these in: queries name them as
 # %(name)s, which mixin/dashboards/dashboards.libsonnet formats.
 DCGM_SELECTOR = "%(dcgmSelector)s"
@@ -303,7 +305,7 @@ def _table(
 
 DEV_LEGEND = "{{Hostname}} GPU {{gpu}}"
 POD_LEGEND = "{{" + NS + "}}/{{" + POD + "}}"
-POD_DEVICE = f"{NS}, {POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
+POD_DEVICE = f"%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
 
 
 def rows() -> list[Row]:
@@ -315,26 +317,26 @@ def rows() -> list[Row]:
                     "GPUs",
                     "Physical GPUs that report metrics (dcgm-exporter), after the cluster, "
                     "node and GPU filters.",
-                    f"count(count by (%(clusterLabel)s, Hostname, gpu) "
+                    f"count by (%(clusterLabel)s) (count by (%(clusterLabel)s, Hostname, gpu) "
                     f"({sel('DCGM_FI_DEV_GPU_TEMP', *DEV_FILTER)}))",
                 ),
                 _stat(
                     "GPUs in use",
                     "Physical GPUs with at least one process on them, in a pod or not.",
-                    f"count(count by (%(clusterLabel)s, Hostname, gpu) ({MEM_DEV} or "
+                    f"count by ({CL}) (count by ({CL}, Hostname, gpu) ({MEM_DEV} or "
                     f"{sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)}))",
                 ),
                 _stat(
                     "Pods on GPUs",
                     "Pods with a process on a GPU, after every filter.",
-                    f"count(count by (%(clusterLabel)s, {NS}, {POD}) ({MEM}))",
+                    f"count by ({CL}) (count by ({CL}, {NS}, {POD}) ({MEM}))",
                 ),
                 _stat(
                     "GPU memory used",
                     "Device memory in use on the selected GPUs (dcgm-exporter's framebuffer "
                     "counters; MIG GPUs counted per instance).",
                     # max by device: dcgm-exporter's vGPU mode repeats a device per pod.
-                    f"sum(max by ({DEVICE}) ({FB_USED_DEVICES})) * 1048576",
+                    f"sum by (%(clusterLabel)s) (max by ({DEVICE}) ({FB_USED_DEVICES})) * 1048576",
                     unit="bytes",
                 ),
                 _stat(
@@ -343,7 +345,7 @@ def rows() -> list[Row]:
                     "containers outside Kubernetes, pods the watch has not seen; the MPS "
                     "server's own memory left out). Runbook: "
                     "docs/runbook.md#gpumemoryunattributed.",
-                    "sum("
+                    "sum by (%(clusterLabel)s) ("
                     + sel("gpu_unattributed_memory_used_bytes", *DEV_FILTER, 'reason!="mps_server"')
                     + ")",
                     unit="bytes",
@@ -352,7 +354,7 @@ def rows() -> list[Row]:
                     "Allocated but idle",
                     "Devices the kubelet allocated to a container that has no process on them "
                     "or uses them under 1% right now (needs the PodResources source).",
-                    f"count({ALLOCATED_IDLE})",
+                    f"count by (%(clusterLabel)s) ({ALLOCATED_IDLE})",
                 ),
             ],
         ),
@@ -363,7 +365,7 @@ def rows() -> list[Row]:
                     "GPU memory by pod",
                     "Which pods hold GPU memory (NVML's per-process memory, summed per pod "
                     "over its devices).",
-                    Target(f"sum by ({NS}, {POD}) ({MEM})", POD_LEGEND),
+                    Target(f"sum by (%(clusterLabel)s, {NS}, {POD}) ({MEM})", POD_LEGEND),
                     unit="bytes",
                     stacked=True,
                     width=12,
@@ -371,7 +373,7 @@ def rows() -> list[Row]:
                 _series(
                     "GPU memory by namespace",
                     "Which namespaces (teams) hold GPU memory.",
-                    Target(f"sum by ({NS}) ({MEM})", "{{" + NS + "}}"),
+                    Target(f"sum by (%(clusterLabel)s, {NS}) ({MEM})", "{{" + NS + "}}"),
                     unit="bytes",
                     stacked=True,
                     width=12,
@@ -381,7 +383,7 @@ def rows() -> list[Row]:
                     "GPU memory per Deployment, Job, StatefulSet, ... (from gpu_pod_info): "
                     "all replicas of a workload together.",
                     Target(
-                        f"sum by ({NS}, workload_kind, workload_name) ({MEM})",
+                        f"sum by (%(clusterLabel)s, {NS}, workload_kind, workload_name) ({MEM})",
                         "{{" + NS + "}}/{{workload_kind}}/{{workload_name}}",
                     ),
                     unit="bytes",
@@ -393,7 +395,7 @@ def rows() -> list[Row]:
                     "GPU memory per JupyterHub user (the hub.jupyter.org/username annotation "
                     "on gpu_pod_info; pods without it are left out).",
                     Target(
-                        f"sum by ({USER}) ("
+                        f"sum by (%(clusterLabel)s, {USER}) ("
                         + with_owner(
                             sel("gpu_container_memory_used_bytes", *POD_FILTER), f'{USER}!=""'
                         )
@@ -409,7 +411,7 @@ def rows() -> list[Row]:
                     "Memory of GPU processes without a pod, per device and reason "
                     "(host_process, pod_not_found, ...).",
                     Target(
-                        "sum by (Hostname, gpu, GPU_I_ID, reason) "
+                        "sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, reason) "
                         f"({sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)})",
                         DEV_LEGEND + " {{GPU_I_ID}} {{reason}}",
                     ),
@@ -427,7 +429,7 @@ def rows() -> list[Row]:
                     "Share of SM time each pod used, in GPUs: 100% is one GPU kept busy, a pod "
                     "on two busy GPUs shows 200%. NVML has no per-process figure on MIG "
                     "instances, so MIG pods are missing here.",
-                    Target(f"sum by ({NS}, {POD}) ({UTIL})", POD_LEGEND),
+                    Target(f"sum by (%(clusterLabel)s, {NS}, {POD}) ({UTIL})", POD_LEGEND),
                     unit="percentunit",
                     stacked=True,
                     width=12,
@@ -435,7 +437,7 @@ def rows() -> list[Row]:
                 _series(
                     "SM utilization by namespace",
                     "GPUs' worth of SM time used per namespace.",
-                    Target(f"sum by ({NS}) ({UTIL})", "{{" + NS + "}}"),
+                    Target(f"sum by (%(clusterLabel)s, {NS}) ({UTIL})", "{{" + NS + "}}"),
                     unit="percentunit",
                     stacked=True,
                     width=12,
@@ -561,10 +563,12 @@ def rows() -> list[Row]:
                     "processes actually use (a shared device split between its containers). "
                     "The gap is waste; in-use above allocated is use without request.",
                     Target(
-                        f"sum by ({NS}) ({sel('gpu_container_allocated', *POD_FILTER)})",
+                        f"sum by ({CL}, {NS}) ({sel('gpu_container_allocated', *POD_FILTER)})",
                         "{{" + NS + "}} allocated",
                     ),
-                    Target(f"sum by ({NS}) ({IN_USE_SHARE})", "{{" + NS + "}} in use"),
+                    Target(
+                        f"sum by (%(clusterLabel)s, {NS}) ({IN_USE_SHARE})", "{{" + NS + "}} in use"
+                    ),
                     width=24,
                 ),
             ],
@@ -711,7 +715,7 @@ def rows() -> list[Row]:
                     "Sources up (worst node)",
                     "Per data source, 1 when it worked on every node's last scrape, 0 when it "
                     "failed on at least one (see the table beside).",
-                    f"min by (source) ({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
+                    f"min by ({CL}, source) ({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
                     legend="{{source}}",
                     width=8,
                 )
@@ -734,14 +738,14 @@ def rows() -> list[Row]:
                 _stat(
                     "Enrichers reporting",
                     "Enricher instances scraped, by version.",
-                    f"count by (version) ({sel('dcgm_enricher_build_info', *SELF_FILTER)})",
+                    f"count by ({CL}, version) ({sel('dcgm_enricher_build_info', *SELF_FILTER)})",
                     legend="{{version}}",
                     width=4,
                 ),
                 _stat(
                     "Pod watch age",
                     "Longest time since an enricher last heard from the Kubernetes API.",
-                    "max(time() - "
+                    "max by (%(clusterLabel)s) (time() - "
                     f"{sel('dcgm_enricher_kubernetes_last_sync_timestamp_seconds', *SELF_FILTER)})",
                     unit="s",
                     width=4,
@@ -750,7 +754,7 @@ def rows() -> list[Row]:
                     "Upstream lines dropped",
                     "Invalid or repeated lines dropped from dcgm-exporter's output on the last "
                     "scrapes, all nodes together.",
-                    f"sum({sel('dcgm_enricher_upstream_invalid_lines', *SELF_FILTER)})",
+                    f"sum by ({CL}) ({sel('dcgm_enricher_upstream_invalid_lines', *SELF_FILTER)})",
                     width=8,
                 ),
                 _table(
@@ -758,7 +762,7 @@ def rows() -> list[Row]:
                     "Each enricher's sources on its last scrape (0: failed); failures first.",
                     [
                         Target(
-                            "min by (instance, node, source) "
+                            "min by (%(clusterLabel)s, instance, node, source) "
                             f"({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
                             table=True,
                         )
@@ -773,12 +777,13 @@ def rows() -> list[Row]:
                     "Source duration (slowest enricher)",
                     "Time each source took on the slowest enricher's last scrape.",
                     Target(
-                        "max by (source) "
+                        "max by (%(clusterLabel)s, source) "
                         f"({sel('dcgm_enricher_source_duration_seconds', *SELF_FILTER)})",
                         "{{source}}",
                     ),
                     Target(
-                        f"max({sel('dcgm_enricher_scrape_duration_seconds', *SELF_FILTER)})",
+                        f"max by ({CL}) "
+                        f"({sel('dcgm_enricher_scrape_duration_seconds', *SELF_FILTER)})",
                         "whole scrape",
                     ),
                     unit="s",
@@ -787,7 +792,7 @@ def rows() -> list[Row]:
                     "Source errors",
                     "Errors per second of each source, all enrichers together.",
                     Target(
-                        "sum by (source) (rate("
+                        "sum by (%(clusterLabel)s, source) (rate("
                         f"{sel('dcgm_enricher_source_errors_total', *SELF_FILTER)}"
                         "[$__rate_interval]))",
                         "{{source}}",
@@ -798,7 +803,8 @@ def rows() -> list[Row]:
                     "GPU processes",
                     "GPU processes attributed to a pod, and those that are not.",
                     Target(
-                        f"sum by (state) ({sel('dcgm_enricher_gpu_processes', *SELF_FILTER)})",
+                        f"sum by ({CL}, state) "
+                        f"({sel('dcgm_enricher_gpu_processes', *SELF_FILTER)})",
                         "{{state}}",
                     ),
                     width=8,
@@ -810,11 +816,11 @@ def rows() -> list[Row]:
                     "50m and limit it to 500m; at dcgm-exporter's default rhythm (a collection "
                     "every 30 s) it uses well under a millicore (docs/performance.md).",
                     Target(
-                        f"max({own_process(PROCESS_CPU)}) * 1000",
+                        f"max by (%(clusterLabel)s) ({own_process(PROCESS_CPU)}) * 1000",
                         "busiest enricher",
                     ),
                     Target(
-                        f"avg({own_process(PROCESS_CPU)}) * 1000",
+                        f"avg by (%(clusterLabel)s) ({own_process(PROCESS_CPU)}) * 1000",
                         "average",
                     ),
                 ),
@@ -826,10 +832,13 @@ def rows() -> list[Row]:
                     "RSS plus one upstream body at --upstream.max-bytes; docs/performance.md); "
                     "GpuEnricherMemoryNearLimit warns at 90 % of the container's limit.",
                     Target(
-                        f"max({own_process(sel('process_resident_memory_bytes'))})",
+                        f"max by ({CL}) ({own_process(sel('process_resident_memory_bytes'))})",
                         "largest enricher",
                     ),
-                    Target(f"avg({own_process(sel('process_resident_memory_bytes'))})", "average"),
+                    Target(
+                        f"avg by ({CL}) ({own_process(sel('process_resident_memory_bytes'))})",
+                        "average",
+                    ),
                     unit="bytes",
                 ),
                 _series(
@@ -841,12 +850,13 @@ def rows() -> list[Row]:
                     # No collection in the window (the upstream down: see the sources): no
                     # value rather than +Inf.
                     Target(
-                        f"sum({_rate('dcgm_enricher_upstream_requests_total')}) / "
-                        f"(sum({_rate('dcgm_enricher_upstream_collections_total')}) > 0)",
+                        f"sum by ({CL}) ({_rate('dcgm_enricher_upstream_requests_total')}) / "
+                        f"(sum by ({CL}) "
+                        f"({_rate('dcgm_enricher_upstream_collections_total')}) > 0)",
                         "all enrichers",
                     ),
                     Target(
-                        f"max({_rate('dcgm_enricher_upstream_requests_total')} / "
+                        f"max by ({CL}) ({_rate('dcgm_enricher_upstream_requests_total')} / "
                         f"({_rate('dcgm_enricher_upstream_collections_total')} > 0))",
                         "highest enricher",
                     ),
@@ -856,13 +866,16 @@ def rows() -> list[Row]:
                     "Scrapes, upstream requests and collections",
                     "Per second, all enrichers together: scrapes of /metrics served, requests "
                     "sent to dcgm-exporter and dcgm-exporter collections seen.",
-                    Target(f"sum({_rate('dcgm_enricher_scrapes_total')})", "scrapes"),
                     Target(
-                        f"sum({_rate('dcgm_enricher_upstream_requests_total')})",
+                        f"sum by (%(clusterLabel)s) ({_rate('dcgm_enricher_scrapes_total')})",
+                        "scrapes",
+                    ),
+                    Target(
+                        f"sum by ({CL}) ({_rate('dcgm_enricher_upstream_requests_total')})",
                         "upstream requests",
                     ),
                     Target(
-                        f"sum({_rate('dcgm_enricher_upstream_collections_total')})",
+                        f"sum by ({CL}) ({_rate('dcgm_enricher_upstream_collections_total')})",
                         "collections",
                     ),
                     unit="reqps",
@@ -875,7 +888,7 @@ def rows() -> list[Row]:
                     "identity otherwise. A gzip body is about 1/18 of the identity one on an "
                     "8 x 7 MIG node (docs/performance.md).",
                     Target(
-                        f"sum by (encoding) ({_rate('dcgm_enricher_response_bytes_total')})",
+                        f"sum by ({CL}, encoding) ({_rate('dcgm_enricher_response_bytes_total')})",
                         "{{encoding}}",
                     ),
                     unit="Bps",

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,8 +107,16 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(release: PromRelease, config: dict[str, Any], folder: Path) -> Iterator[Server]:
-    """``release``'s Prometheus running ``config`` (written to ``folder``), once it is ready."""
+def serve(
+    release: PromRelease,
+    config: dict[str, Any],
+    folder: Path,
+    *,
+    agent: bool = False,
+    flags: Sequence[str] = (),
+) -> Iterator[Server]:
+    """``release``'s Prometheus running ``config`` (written to ``folder``), once it is ready;
+    in agent mode (a WAL and remote write, no queries) with ``agent``, and ``flags`` added."""
     from .harness import free_port, stop_process  # harness imports conftest, which imports us
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -120,9 +128,14 @@ def serve(release: PromRelease, config: dict[str, Any], folder: Path) -> Iterato
             [
                 release.prometheus,
                 f"--config.file={folder / 'prometheus.yml'}",
-                f"--storage.tsdb.path={folder / 'tsdb'}",
+                *(
+                    ["--agent", f"--storage.agent.path={folder / 'wal'}"]
+                    if agent
+                    else [f"--storage.tsdb.path={folder / 'tsdb'}"]
+                ),
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--log.level=warn",
+                *flags,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

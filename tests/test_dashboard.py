@@ -753,8 +753,9 @@ def test_cost_panels_show_the_enrichers_own_process(stack: Stack, mode: str) -> 
         ("Enricher CPU (millicores)", "process_cpu_seconds_total"),
         ("Enricher memory (RSS)", "process_resident_memory_bytes"),
     ):
-        # The largest enricher's: max over its process_* joined to dcgm_enricher_build_info.
-        found = re.fullmatch(r"max\((.*)\)(?: \* 1000)?", panels[title].expr)
+        # The largest enricher's (per cluster): max over its process_* joined to
+        # dcgm_enricher_build_info.
+        found = re.fullmatch(r"max by \(cluster\) \((.*)\)(?: \* 1000)?", panels[title].expr)
         assert found, (title, panels[title].expr)
         inner = found.group(1)
         assert metric in inner and "group_left () dcgm_enricher_build_info" in inner, title

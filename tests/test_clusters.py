@@ -1,0 +1,347 @@
+"""Many clusters in one store: no rule, alert or dashboard query mixes them.
+
+Users of Thanos, Mimir or VictoriaMetrics send every cluster's series to one store, each
+cluster's with its own `cluster` label (an external label of the Prometheus or agent that
+ships them). There, a rule or panel that aggregates without `cluster`, or joins on labels that
+leave it out, adds one cluster's GPUs to another's or fails on the duplicate match.
+
+Two checks:
+- **The expressions, read.** Every recording rule, alert and dashboard query is parsed
+  (promql-parser, a PromQL parser) and walked: each aggregation must keep `cluster` (by it, or
+  without leaving it out), each join of two vectors must match on it, and the result must
+  carry it. What cannot keep it (absent() has no labels) is listed with the reason.
+- **The distributed path, run.** Two clusters (the demo's node twice, its clock stopped, so
+  that every server sees the same values), each scraped by its own Prometheus 3.5 with the
+  rules and by a Prometheus 3.5 in agent mode that remote-writes with `cluster` set to a
+  receiver (a Prometheus with `--web.enable-remote-write-receiver`: the protocol Thanos Receive
+  and Mimir ingest) that runs the rules too. On the receiver, every recording rule, alert
+  expression and dashboard query, for each cluster, gives what that cluster's own Prometheus
+  gives: the same series (label sets, less `cluster`) and, where the expression reads no range
+  of history (which the servers started at different moments), the same values.
+
+Only the GPU node is SIMULATED (no GPU or cluster exists here); the enricher, the Prometheus
+servers and the protocol between them are real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .frozendemo import FrozenDemo
+from .promreleases import PromRelease, Server, releases, require, serve
+from .test_dashboard import interpolate, queries
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
+CLUSTER = "cluster"
+CLUSTERS = ("east", "west")
+DEADLINE_SECONDS = 90
+
+# What cannot keep the cluster label, and why (docs/install.md#thanos-mimir-or-victoriametrics).
+CLUSTERLESS = {
+    "GpuEnricherAbsent": "absent() answers with no labels: on a store of many clusters it "
+    "fires only when no cluster has an enricher, so run it in each cluster's own Prometheus",
+}
+
+
+# --------------------------------------------------------------------------- the expressions
+
+_SCALAR = "scalar"  # a number: no labels, matches every series
+_CONSTANT = "constant"  # one label-less series (vector(1)): joins with `on ()` are per series
+
+
+def cluster_problems(expr: str) -> list[str]:
+    """Where ``expr`` mixes clusters or loses the cluster label (empty: it keeps them apart)."""
+    import promql_parser as pp  # a test extra
+
+    problems: list[str] = []
+
+    def aggregation_keeps(modifier: Any) -> bool:
+        if modifier is None:
+            return False
+        if modifier.type == pp.AggModifierType.By:
+            return CLUSTER in modifier.labels
+        return CLUSTER not in modifier.labels
+
+    def walk(e: Any) -> bool | str:
+        kind = type(e).__name__
+        if kind in ("VectorSelector", "MatrixSelector"):
+            return True
+        if kind in ("NumberLiteral", "StringLiteral"):
+            return _SCALAR
+        if kind in ("ParenExpr", "UnaryExpr", "SubqueryExpr"):
+            return walk(e.expr)
+        if kind == "Call":
+            name = e.func.name
+            args = [walk(a) for a in e.args]
+            if name in ("absent", "absent_over_time"):
+                problems.append(f"{name}() keeps no label")
+                return False
+            if name == "vector":
+                return _CONSTANT
+            if name in ("label_replace", "label_join") and e.args[1].prettify() == f'"{CLUSTER}"':
+                problems.append(f"{name}() writes the cluster label")
+            vectors = [a for a in args if a is not _SCALAR]
+            return vectors[0] if vectors else _SCALAR
+        if kind == "AggregateExpr":
+            inner = walk(e.expr)
+            if inner is _CONSTANT:
+                return _CONSTANT
+            if not aggregation_keeps(e.modifier):
+                problems.append(f"{e.op} {e.modifier or ''} aggregates across clusters")
+                return False
+            return inner
+        if kind == "BinaryExpr":
+            left, right = walk(e.lhs), walk(e.rhs)
+            if left in (_SCALAR, _CONSTANT):
+                return right
+            if right in (_SCALAR, _CONSTANT):
+                return left
+            modifier = e.modifier
+            matching = modifier.matching if modifier is not None else None
+            on = matching is not None and matching.type == pp.LabelModifierType.Include
+            if on and CLUSTER not in matching.labels:
+                problems.append(f"{e.op} on ({', '.join(matching.labels)}) matches across clusters")
+            if matching is not None and not on and CLUSTER in matching.labels:
+                problems.append(f"{e.op} ignoring (cluster) matches across clusters")
+            op = str(e.op)
+            card = modifier.card if modifier is not None else None
+            if op in ("and", "unless") or card == pp.VectorMatchCardinality.ManyToOne:
+                return left
+            if card == pp.VectorMatchCardinality.OneToMany:
+                return right
+            if op == "or":
+                return left is True and right is True
+            if on:  # one-to-one on (...): the result has only the matching labels
+                return CLUSTER in matching.labels
+            return left is True and right is True
+        raise AssertionError(f"an expression node the check does not know: {kind}")
+
+    if walk(pp.parse(expr)) is False and not problems:
+        problems.append("the result has no cluster label")
+    return problems
+
+
+@pytest.mark.parametrize(
+    ("expr", "mixes"),
+    [
+        ("sum by (cluster, pod) (x)", False),
+        ("sum without (pod) (x)", False),
+        ("sum(x)", True),
+        ("sum by (pod) (x)", True),
+        ("sum without (cluster) (x)", True),
+        ("topk(3, x)", True),
+        ("x * on (cluster, pod) group_left (a) y", False),
+        ("x * on (pod) group_left (a) y", True),
+        ("x and ignoring (cluster) y", True),
+        ("x / on () group_left () count_over_time(vector(1)[1h:15s])", False),
+        ("absent(up == 1)", True),
+        ('label_replace(x, "cluster", "a", "b", "c")', True),
+        ("rate(x[5m]) > 0.5", False),
+        ("count(count by (cluster, gpu) (x))", True),
+        ("max by (cluster) (time() - x)", False),
+    ],
+)
+def test_the_check_sees_what_mixes_clusters(expr: str, mixes: bool) -> None:
+    assert bool(cluster_problems(expr)) == mixes, cluster_problems(expr)
+
+
+def rules() -> list[tuple[str, str, str]]:
+    """(record or alert, name, expr) of every rule shipped."""
+    out = []
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            kind = "record" if "record" in rule else "alert"
+            out.append((kind, rule[kind], rule["expr"]))
+    return out
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    """(panel/ref, query) of every dashboard query, with the variables on All and the labels
+    as honor_labels keeps them."""
+    return [(q.id, interpolate(q.expr, "")) for q in queries()]
+
+
+@pytest.mark.parametrize(("kind", "name", "expr"), rules(), ids=[r[1] for r in rules()])
+def test_every_rule_keeps_the_clusters_apart(kind: str, name: str, expr: str) -> None:
+    problems = cluster_problems(expr)
+    if name in CLUSTERLESS:
+        assert problems, f"{name} is listed as unable to keep the cluster label, and keeps it"
+        return
+    assert not problems, f"{kind} {name}: {problems}\n{expr}"
+
+
+@pytest.mark.parametrize(("ref", "expr"), panel_queries(), ids=[q[0] for q in panel_queries()])
+def test_every_dashboard_query_keeps_the_clusters_apart(ref: str, expr: str) -> None:
+    """With the cluster variable on All (several clusters selected), each panel still shows
+    each cluster's figures apart."""
+    assert not cluster_problems(expr), f"{ref}: {cluster_problems(expr)}\n{expr}"
+
+
+# --------------------------------------------------------------------------- the path, run
+
+
+def _scrape(demo: FrozenDemo) -> dict[str, Any]:
+    """The enricher's scrape job as every install path here writes it."""
+    return {
+        "job_name": "dcgm-enricher",
+        "honor_labels": True,
+        "static_configs": [{"targets": [f"127.0.0.1:{demo.port}"]}],
+        "relabel_configs": [
+            # What the Prometheus Operator gives the target: the enricher pod's own labels.
+            {"target_label": "pod", "replacement": "dcgm-enricher-x7k2p"},
+            {"target_label": "namespace", "replacement": "gpu-monitoring"},
+            {"target_label": "node", "replacement": "demo-gpu-node-1"},
+        ],
+    }
+
+
+_GLOBAL = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+
+
+@dataclass
+class Fleet:
+    receiver: Server
+    own: dict[str, Server]  # cluster -> that cluster's own Prometheus
+    at: float = 0.0  # the one evaluation time every comparison uses
+
+    def per_cluster(self, expr: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        """The receiver's answer at ``at``, split by cluster (less the label)."""
+        out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {c: {} for c in CLUSTERS}
+        for sample in self.receiver.api("query", query=expr, time=str(self.at))["result"]:
+            labels = dict(sample["metric"])
+            cluster = labels.pop(CLUSTER, None)
+            assert cluster in CLUSTERS, f"a series of no cluster: {sample['metric']}\n{expr}"
+            out[cluster][tuple(sorted(labels.items()))] = float(sample["value"][1])
+        return out
+
+    def own_answer(self, cluster: str, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
+        result = self.own[cluster].api("query", query=expr, time=str(self.at))["result"]
+        return {tuple(sorted(s["metric"].items())): float(s["value"][1]) for s in result}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    release: PromRelease = require(releases()[1])  # agent mode as Prometheus 3.5 has it
+    tmp = tmp_path_factory.mktemp("clusters")
+    demos = {c: FrozenDemo(tmp / f"demo-{c}") for c in CLUSTERS}
+    with_rules = {"global": _GLOBAL, "rule_files": [str(RULES)]}
+    try:
+        with serve(
+            release, with_rules, tmp / "receiver", flags=["--web.enable-remote-write-receiver"]
+        ) as receiver:
+            own: dict[str, Server] = {}
+            with contextlib.ExitStack() as stack:
+                for c, demo in demos.items():
+                    own[c] = stack.enter_context(
+                        serve(
+                            release,
+                            {**with_rules, "scrape_configs": [_scrape(demo)]},
+                            tmp / f"own-{c}",
+                        )
+                    )
+                    agent = {
+                        "global": {**_GLOBAL, "external_labels": {CLUSTER: c}},
+                        "scrape_configs": [_scrape(demo)],
+                        "remote_write": [
+                            {
+                                "url": f"{receiver.url}/api/v1/write",
+                                "queue_config": {"batch_send_deadline": "1s"},
+                            }
+                        ],
+                    }
+                    stack.enter_context(serve(release, agent, tmp / f"agent-{c}", agent=True))
+                built = Fleet(receiver, own)
+                _wait_for_rules(built, receiver)
+                built.at = time.time() - 3
+                yield built
+    finally:
+        for demo in demos.values():
+            demo.close()
+
+
+def _wait_for_rules(fleet: Fleet, receiver: Server) -> None:
+    """Until every recording rule that has series on each cluster's own Prometheus has them
+    on the receiver for each cluster too (remote write and the rules have caught up)."""
+    records = [name for kind, name, _ in rules() if kind == "record"]
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        fleet.at = time.time() - 3
+        behind = [
+            (name, c)
+            for name in records
+            for c in CLUSTERS
+            if fleet.own_answer(c, name) and not fleet.per_cluster(name)[c]
+        ]
+        settled = all(
+            fleet.own_answer(c, 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 3')
+            and len(fleet.per_cluster("DCGM_FI_DEV_GPU_TEMP")[c]) == 8
+            for c in CLUSTERS
+        )
+        ready = settled and not behind
+        if ready:
+            return
+        assert time.monotonic() < deadline, f"not on the receiver: {behind}\n{receiver.log_tail()}"
+        time.sleep(1)
+
+
+def _values_differ_by_design(expr: str) -> bool:
+    """Whether the servers may hold different values for ``expr``: it reads a range of samples
+    (how many depends on how long each server has held data: they started moments apart), or
+    the enricher's own timings and process figures, which change with every scrape (each
+    server scraped at its own instants); the GPU series of the stopped demo do not."""
+    return "[" in expr or "_duration_seconds" in expr or "process_" in expr
+
+
+def _compare(fleet: Fleet, name: str, expr: str, own_expr: str | None = None) -> None:
+    receiver = fleet.per_cluster(expr)
+    for cluster in CLUSTERS:
+        own = fleet.own_answer(cluster, own_expr or expr)
+        got = receiver[cluster]
+        assert set(got) == set(own), f"{name} on the receiver, {cluster}:\n{expr}"
+        if not _values_differ_by_design(expr):
+            for labels, value in own.items():
+                assert got[labels] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, labels)
+
+
+@pytest.mark.one_python
+def test_the_receiver_holds_both_clusters(fleet: Fleet) -> None:
+    gpus = fleet.per_cluster("DCGM_FI_DEV_GPU_TEMP")
+    assert all(len(gpus[c]) == 8 for c in CLUSTERS), gpus
+
+
+@pytest.mark.one_python
+@pytest.mark.parametrize("record", [name for kind, name, _ in rules() if kind == "record"], ids=str)
+def test_each_recording_rule_per_cluster_equals_the_clusters_own(fleet: Fleet, record: str) -> None:
+    _compare(fleet, record, record)
+
+
+@pytest.mark.one_python
+@pytest.mark.parametrize(
+    ("alert", "expr"),
+    [(name, expr) for kind, name, expr in rules() if kind == "alert" and name not in CLUSTERLESS],
+    ids=str,
+)
+def test_each_alert_per_cluster_equals_the_clusters_own(
+    fleet: Fleet, alert: str, expr: str
+) -> None:
+    _compare(fleet, alert, expr)
+
+
+@pytest.mark.one_python
+@pytest.mark.parametrize(("ref", "expr"), panel_queries(), ids=[q[0] for q in panel_queries()])
+def test_each_dashboard_query_per_cluster_equals_the_clusters_own(
+    fleet: Fleet, ref: str, expr: str
+) -> None:
+    """The query with the cluster variable on All, per cluster on the receiver, against the
+    cluster's own Prometheus (whose series carry no cluster label: the variable matches the
+    empty value there)."""
+    _compare(fleet, ref, expr)
