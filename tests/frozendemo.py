@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 from enricher import demo
 from enricher.config import Config
@@ -40,6 +41,21 @@ class FrozenDemo:
         for runner in self.runners:
             await runner.cleanup()
         self.kubelet.stop()
+
+    def scrape_job(self) -> dict[str, Any]:
+        """Prometheus's job for this enricher as every install path here writes it: job
+        dcgm-enricher, honor_labels, and the enricher pod's own labels as the Prometheus
+        Operator gives every target (which honor_labels keeps off the workload's)."""
+        return {
+            "job_name": "dcgm-enricher",
+            "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}],
+            "relabel_configs": [
+                {"target_label": "pod", "replacement": "dcgm-enricher-x7k2p"},
+                {"target_label": "namespace", "replacement": "gpu-monitoring"},
+                {"target_label": "node", "replacement": "demo-gpu-node-1"},
+            ],
+        }
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)

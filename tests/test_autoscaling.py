@@ -23,12 +23,8 @@ reproduced from their source and said so.
 from __future__ import annotations
 
 import datetime
-import json
 import re
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -44,8 +40,7 @@ from enricher.attribution import is_mps_daemon
 from enricher.model import ProcessKind
 
 from .frozendemo import T0, FrozenDemo
-from .harness import free_port, stop_process
-from .promreleases import PromRelease
+from .promreleases import PromRelease, Server, serve
 
 pytestmark = pytest.mark.one_python
 
@@ -350,78 +345,40 @@ def test_hpa_and_scaled_object_scale_the_same_deployment_on_the_adapters_metrics
 
 @dataclass
 class Stack:
-    url: str
-
-    def get(self, path: str, params: Mapping[str, str]) -> Any:
-        url = f"{self.url}{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.loads(r.read())
-        assert body["status"] == "success", body
-        return body["data"]
+    server: Server
 
     def keda(self, query: str) -> list[dict[str, Any]]:
         """The query as KEDA's prometheus scaler sends it: query and an RFC 3339 time."""
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        result: list[dict[str, Any]] = self.get("/api/v1/query", {"query": query, "time": now})[
-            "result"
-        ]
+        result: list[dict[str, Any]] = self.server.api("query", query=query, time=now)["result"]
         return result
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.get("/api/v1/query", {"query": promql})["result"]
-        return result
+        return self.server.query(promql)
+
+    def series(self, selector: str) -> list[dict[str, str]]:
+        found: list[dict[str, str]] = self.server.api("series", **{"match[]": selector})
+        return found
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp(f"autoscaling-{prom_release.id}")
-    frozen = FrozenDemo(tmp)
-    port = free_port()
+    frozen = FrozenDemo(tmp / "demo")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [
-            {
-                "job_name": "dcgm-enricher",
-                "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{frozen.port}"]}],
-                # What the Prometheus Operator gives the target: the enricher pod's own labels,
-                # which honor_labels keeps off the workload's.
-                "relabel_configs": [
-                    {"target_label": "pod", "replacement": "dcgm-enricher-x7k2p"},
-                    {"target_label": "namespace", "replacement": "gpu-monitoring"},
-                ],
-            }
-        ],
+        "scrape_configs": [frozen.scrape_job()],
     }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = (tmp / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            prom_release.prometheus,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     try:
-        built = Stack(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while True:
-            try:
-                scraped = 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 2'
-                if built.query(scraped) and built.query(f"count({MEMORY})"):
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield built
+        with serve(prom_release, config, tmp / "prometheus") as server:
+            built = Stack(server)
+            deadline = time.monotonic() + DEADLINE_SECONDS
+            scraped = 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 2'
+            while not (built.query(scraped) and built.query(f"count({MEMORY})")):
+                assert time.monotonic() < deadline, server.log_tail()
+                time.sleep(0.5)
+            yield built
     finally:
-        stop_process(proc)
-        log.close()
         frozen.close()
 
 
@@ -440,7 +397,7 @@ def test_adapter_discovers_the_metrics_on_workload_pods(stack: Stack) -> None:
     names = set()
     workloads = {(p.namespace, p.name) for p in demo.PODS}
     for rule in load(ADAPTER)["rules"]:
-        found = stack.get("/api/v1/series", {"match[]": rule["seriesQuery"]})
+        found = stack.series(rule["seriesQuery"])
         assert found, rule["seriesQuery"]
         for series in found:
             assert (series["namespace"], series["pod"]) in workloads, series

@@ -189,21 +189,6 @@ def test_every_dashboard_query_keeps_the_clusters_apart(ref: str, expr: str) -> 
 # --------------------------------------------------------------------------- the path, run
 
 
-def _scrape(demo: FrozenDemo) -> dict[str, Any]:
-    """The enricher's scrape job as every install path here writes it."""
-    return {
-        "job_name": "dcgm-enricher",
-        "honor_labels": True,
-        "static_configs": [{"targets": [f"127.0.0.1:{demo.port}"]}],
-        "relabel_configs": [
-            # What the Prometheus Operator gives the target: the enricher pod's own labels.
-            {"target_label": "pod", "replacement": "dcgm-enricher-x7k2p"},
-            {"target_label": "namespace", "replacement": "gpu-monitoring"},
-            {"target_label": "node", "replacement": "demo-gpu-node-1"},
-        ],
-    }
-
-
 _GLOBAL = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
 
 
@@ -244,13 +229,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                     own[c] = stack.enter_context(
                         serve(
                             release,
-                            {**with_rules, "scrape_configs": [_scrape(demo)]},
+                            {**with_rules, "scrape_configs": [demo.scrape_job()]},
                             tmp / f"own-{c}",
                         )
                     )
                     agent = {
                         "global": {**_GLOBAL, "external_labels": {CLUSTER: c}},
-                        "scrape_configs": [_scrape(demo)],
+                        "scrape_configs": [demo.scrape_job()],
                         "remote_write": [
                             {
                                 "url": f"{receiver.url}/api/v1/write",
