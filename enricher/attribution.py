@@ -2,8 +2,9 @@
 
 No I/O, no event loop, no globals. ``attribute`` decides who owns each GPU process (``pod_of``
 reads a cgroup's pod evidence, the ``resolve`` command too), ``resolve_allocations`` puts the
-kubelet's allocations on devices, ``plan_devices`` decides what each device series names, and
-``fallback_identity`` gives NVML's devices dcgm-exporter's labels where the upstream has none.
+kubelet's allocations on devices, ``device_taints`` the DRA driver's taints, ``plan_devices``
+decides what each device series names, and ``fallback_identity`` gives NVML's devices
+dcgm-exporter's labels where the upstream has none.
 What the enricher writes of it is in ``families``.
 
 On a host without Kubernetes, a process in a container is attributed to its Docker container
@@ -23,6 +24,7 @@ from .model import (
     CgroupRef,
     DeviceAllocation,
     DeviceIdKind,
+    DeviceTaint,
     DockerContainer,
     DraDevice,
     GpuProcess,
@@ -289,6 +291,36 @@ def dra_slice_keys(allocations: Iterable[DeviceAllocation]) -> list[tuple[str, s
     """The (driver, pool, device) of each DRA device among ``allocations``, once each, in
     order: what to look up in the ResourceSlices."""
     return list(dict.fromkeys(a.dra.slice_key for a in allocations if a.dra is not None))
+
+
+def device_taints(
+    taints: Mapping[tuple[str, str, str], Sequence[DeviceTaint]],
+    uuids: Mapping[tuple[str, str, str], str],
+    snapshot: GpuSnapshot,
+) -> dict[DeviceKey, tuple[DeviceTaint, ...]]:
+    """The taints of each device key, from the DRA devices' taints and UUIDs (by driver,
+    pool and device name, as the ResourceSlices give them), found as allocations are: a GPU
+    UUID names its GPU even when NVML is down; a MIG UUID names its instance (``GPU_I_ID``)
+    only through NVML's MIG devices, and is left out otherwise. Two DRA devices of one device
+    key (two drivers describing one GPU) give it the taints of both, once each; each device's
+    taints are sorted by key, value and effect."""
+    migs = {m.uuid: (m.gpu_uuid, str(m.gi_id)) for m in snapshot.migs}
+    out: dict[DeviceKey, set[DeviceTaint]] = {}
+    for slice_key, given in taints.items():
+        ref = parse_device_id(uuids.get(slice_key, ""))
+        key: DeviceKey | None = None
+        if ref is None:
+            pass
+        elif ref.kind is DeviceIdKind.GPU_UUID and ref.replica is None:
+            key = (ref.uuid, "")
+        elif ref.kind is DeviceIdKind.MIG_UUID and ref.replica is None:
+            key = migs.get(ref.uuid)
+        if key is not None and given:
+            out.setdefault(key, set()).update(given)
+    return {
+        key: tuple(sorted(found, key=lambda t: (t.key, t.value, t.effect)))
+        for key, found in sorted(out.items())
+    }
 
 
 def _owner_of(

@@ -1,5 +1,6 @@
 """The families the enricher writes of an attribution, pure: per container, per process,
-unattributed, allocated, pod info, Docker container info, and the enricher's own health.
+unattributed, allocated, pod info, Docker container info, the DRA driver's device taints, and
+the enricher's own health.
 
 No I/O: ``render_families`` and ``self_metrics`` take the attribution (``attribution``) and the
 sources' statuses and return exposition text or a writer.
@@ -19,6 +20,7 @@ from .attribution import (
 )
 from .labels import DeviceKey
 from .model import (
+    DeviceTaint,
     DockerContainer,
     DraDevice,
     PodInfo,
@@ -66,6 +68,7 @@ def _dra_values(dra: DraDevice) -> tuple[str, ...]:
 
 
 CONTAINER_INFO = "gpu_container_info"
+DEVICE_TAINT = "gpu_device_taint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,9 @@ class RenderOptions:
     process_series: bool = False
     # Docker mode: gpu_container_info is written (its HELP and TYPE even with no container).
     docker: bool = False
+    # The ResourceSlice source is on: gpu_device_taint is written (its HELP and TYPE even
+    # with no taint).
+    device_taints: bool = False
 
 
 def render_families(
@@ -84,10 +90,12 @@ def render_families(
     options: RenderOptions,
     allocated: Sequence[AllocatedDevice] = (),
     label_sets: LabelSets | None = None,
+    taints: Mapping[DeviceKey, Sequence[DeviceTaint]] | None = None,
 ) -> str:
     """Render the per-container, per-process, unattributed, allocation and pod-info families,
-    and in Docker mode gpu_container_info. ``label_sets``: the caller's label memo
-    (MetricWriter.render)."""
+    in Docker mode gpu_container_info, and with ``options.device_taints`` (or any taint)
+    gpu_device_taint of ``taints`` (by device key: ``attribution.device_taints``).
+    ``label_sets``: the caller's label memo (MetricWriter.render)."""
     w = MetricWriter()
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
     w.family(
@@ -205,7 +213,38 @@ def render_families(
     text = w.render(label_sets)
     if options.docker or containers:
         text += render_container_info(containers.values(), label_sets)
+    if options.device_taints or taints:
+        text += render_device_taints(taints or {}, identities, label_sets)
     return text
+
+
+def render_device_taints(
+    taints: Mapping[DeviceKey, Sequence[DeviceTaint]],
+    identities: Mapping[DeviceKey, tuple[tuple[str, str], ...]],
+    label_sets: LabelSets | None = None,
+) -> str:
+    """``gpu_device_taint{<device>, key, value, effect} 1`` per taint the DRA driver put on a
+    GPU or MIG device (its ResourceSlice), with the device labels of the other device-keyed
+    families. ``namespace``, ``pod`` and ``container`` are written empty, as on
+    gpu_unattributed_memory_used_bytes: a taint is the device's, and with ``honor_labels:
+    true`` no target label may land on it."""
+    w = MetricWriter()
+    w.family(
+        DEVICE_TAINT,
+        "Taints the DRA driver put on a GPU or MIG device of this node (its ResourceSlice), "
+        "such as gpu.nvidia.com/xid: its health report; always 1.",
+    )
+    for key in sorted(taints):
+        for taint in sorted(set(taints[key]), key=lambda t: (t.key, t.value, t.effect)):
+            labels = (
+                *device_labels(identities, key),
+                *NO_POD,
+                ("key", taint.key),
+                ("value", taint.value),
+                ("effect", taint.effect),
+            )
+            w.sample(DEVICE_TAINT, labels, 1)
+    return w.render(label_sets)
 
 
 def render_container_info(

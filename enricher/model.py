@@ -271,6 +271,17 @@ class DraDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """One taint on a DRA device (its driver's ResourceSlice): ``key`` (a label name such as
+    ``gpu.nvidia.com/xid``), ``value`` ("" when none), ``effect`` as written (``None``,
+    ``NoSchedule``, ``NoExecute``, or a newer one)."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceAllocation:
     """One GPU device the kubelet allocated to one container: a device plugin's device ID, or
     (``dra`` set) a DRA device, whose ``resource`` is its driver's name and ``device_id`` its

@@ -7,20 +7,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .attribution import (
     AllocatedDevice,
     Attribution,
     attribute,
+    device_taints,
     fallback_identity,
     plan_devices,
     resolve_allocations,
 )
 from .config import Config
 from .labels import DeviceKey, RewritePlan
-from .model import GpuSnapshot, PodIndex, PodInfo, SourceStatus
+from .model import DeviceTaint, GpuSnapshot, PodIndex, PodInfo, SourceStatus
 from .podresources import ListResult
 from .resourceslices import SliceIndex
 from .sources import Measured, Off, Outcome, Source
@@ -52,6 +53,8 @@ class NodeView:
     unmapped: int
     plan: RewritePlan
     fallback: dict[DeviceKey, tuple[tuple[str, str], ...]]  # device labels from NVML
+    # The DRA driver's taints on each device (its ResourceSlices): gpu_device_taint.
+    taints: dict[DeviceKey, tuple[DeviceTaint, ...]] = field(default_factory=dict)
 
 
 class NodeSide:
@@ -125,6 +128,7 @@ class NodeSide:
                 attributions, allocated, index, frozenset(self.config.upstream_pod_labels)
             ),
             fallback=fallback_identity(snapshot, self.config.kube_node_name),
+            taints=device_taints(slice_index.taints, slice_index.uuids, snapshot),
         )
 
     async def read_sources(self) -> dict[str, Outcome[Any]]:

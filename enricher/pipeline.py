@@ -179,6 +179,7 @@ class Scraper:
             annotation_keys=config.kube_pod_annotations,
             process_series=config.collector_process,
             docker=self.node.given("docker") is not None,
+            device_taints=self.node.given("resourceslices") is not None,
         )
         # Energy per container, from each GPU's energy counter: advanced on every upstream
         # collection (when following) and every scrape; a repeated reading adds nothing.
@@ -461,13 +462,14 @@ class Scraper:
                 or (
                     last.node.attributions == node.attributions
                     and last.node.allocated == node.allocated
+                    and last.node.taints == node.taints
                 )
             )
         ):
             self._container_families = ContainerFamilies(node, identities, last.text)
             return last.text
         text = render_families(
-            node.attributions, identities, options, node.allocated, self._label_sets
+            node.attributions, identities, options, node.allocated, self._label_sets, node.taints
         )
         self._container_families = ContainerFamilies(node, identities, text)
         return text

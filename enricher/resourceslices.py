@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model import DeviceIdKind, parse_device_id
+from .model import DeviceIdKind, DeviceTaint, parse_device_id
 from .sources import Reading
 
 SliceKey = tuple[str, str, str]  # (driver, pool, device)
@@ -61,17 +61,6 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _EFFECT = re.compile(r"[A-Za-z][A-Za-z0-9]*")
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceTaint:
-    """One taint on a DRA device: ``key`` (a label name such as ``gpu.nvidia.com/xid``),
-    ``value`` ("" when none), ``effect`` as written (``None``, ``NoSchedule``,
-    ``NoExecute``, or a newer one)."""
-
-    key: str
-    value: str = ""
-    effect: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +256,9 @@ class ResourceSlicesSource:
     I/O. With ``watch_health`` it also lists when the index is older than
     ``health_interval``, with or without DRA devices, so that taints stay current on every
     device. A failed list keeps the previous index (its ``listed_at`` says how old its
-    taints are) and reports the error.
+    taints are) and reports the error; that no version of the API serves ResourceSlices is an
+    error only while a DRA device is asked about (without one, the cluster has no DRA: an
+    empty index, so that health watching there never reports the source down).
 
     ``list_slices`` does the request (``api_client_lister`` builds it from a kubernetes
     ``ApiClient``); a 404 for one API version moves on to the next older one.
@@ -321,6 +312,13 @@ class ResourceSlicesSource:
             self._attempted = now
             try:
                 self._index = self._fetch(now)
+            except NotServedError as exc:
+                if keys:
+                    self.errors_total += 1
+                    return Reading(index, False, str(exc))
+                # No DRA device asked about and no version of the API serves ResourceSlices
+                # (a cluster without DRA): no device, so no taint; not a failure.
+                self._index = SliceIndex(listed_at=now)
             except Exception as exc:  # a malformed answer must never take the scrape down
                 self.errors_total += 1
                 said = str(exc) if isinstance(exc, ResourceSliceError) else None
@@ -343,7 +341,7 @@ class ResourceSlicesSource:
             self._version = version
             return replace(index, listed_at=now, api_version=version)
         self._version = ""
-        raise ResourceSliceError(last or "no resource.k8s.io version serves resourceslices")
+        raise NotServedError(last or "no resource.k8s.io version serves resourceslices")
 
     def close(self) -> None:
         pass

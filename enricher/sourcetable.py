@@ -151,9 +151,10 @@ def make_podresources_source(config: Config) -> PodResourcesSource | None:
 def make_resourceslices_source(
     config: Config, api_client: Any = None
 ) -> ResourceSlicesSource | None:
-    """The ResourceSlice source (which GPU each DRA device is), or None: it runs where the
-    kubelet source and Kubernetes both do, unless --no-kube.resource-slices. ``api_client``:
-    the pod watch's (``KubernetesSource.api_client``), else one is loaded from the configuration.
+    """The ResourceSlice source (which GPU each DRA device is, and its taints), or None: it
+    runs where the kubelet source and Kubernetes both do, unless --no-kube.resource-slices.
+    ``api_client``: the pod watch's (``KubernetesSource.api_client``), else one is loaded from
+    the configuration.
 
     Raises whatever kube.load_api_client raises when no cluster config can be found.
     """
@@ -164,7 +165,11 @@ def make_resourceslices_source(
 
     if api_client is None:
         api_client = load_api_client(config.kube_kubeconfig)
-    return ResourceSlicesSource(api_client_lister(api_client), config.kube_node_name)
+    # Health watching: the node's slices are listed every minute with or without DRA
+    # allocations, so that a taint on any device is seen (gpu_device_taint).
+    return ResourceSlicesSource(
+        api_client_lister(api_client), config.kube_node_name, watch_health=True
+    )
 
 
 def make_docker_source(config: Config) -> DockerSource | None:
@@ -227,8 +232,8 @@ SOURCES: tuple[SourceEntry, ...] = (
         timeout=lambda config, _spent: config.kubelet_timeout + 1.0,
         make=lambda config, _made: make_podresources_source(config),
     ),
-    # Asked only about the DRA devices the kubelet reported. It shares the kubelet's worker,
-    # so a slow API server never delays NVML either.
+    # Asked about the DRA devices the kubelet reported (and, every minute, for the devices'
+    # taints). It shares the kubelet's worker, so a slow API server never delays NVML either.
     SourceEntry(
         "resourceslices",
         needs=("podresources",),

@@ -30,7 +30,15 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -49,7 +57,7 @@ from enricher.pipeline import Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode.kubelet import SimulatedKubelet
 from enricher.simnode.node import SimNode, SimPod
-from enricher.sourcetable import make_podresources_source
+from enricher.sourcetable import make_podresources_source, make_resourceslices_source
 
 from .conftest import GOLDEN
 from .dockerapi import DockerAPI
@@ -447,7 +455,9 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
     ``upstream``: what the exporter serves (None: nothing listens). ``nvml``/``proc``: the
     fake NVML state and a writer of the /proc tree (under tmp_path). ``node``/``pods``: the
     node name and the pod objects the API server holds (None: no Kubernetes); ``kube``: the
-    pod cache's options. ``podresources``: read the kubelet's socket, where ``kubelet``
+    pod cache's options; ``slices``: the ResourceSlices the API server holds, served at
+    ``slice_versions``, read by the ResourceSlice source as ``serve`` makes it (None: the
+    source is off). ``podresources``: read the kubelet's socket, where ``kubelet``
     answers (None: no kubelet listens). ``docker_host``: Docker mode with that host ("":
     cgroup-only). ``gpu``/``procs``: replace the NVML or procfs source. ``base`` and the
     other keywords: the config.
@@ -462,6 +472,8 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
         proc: Callable[[Path], None] | None = None,
         node: str = "",
         pods: Iterable[Mapping[str, Any]] | None = None,
+        slices: Sequence[Mapping[str, Any]] | None = None,
+        slice_versions: Sequence[str] = ("v1",),
         kube: Mapping[str, Any] | None = None,
         kube_down_at_start: bool = False,
         podresources: bool = False,
@@ -487,6 +499,8 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
             api = KubeApiStandIn()
             for obj in pods:
                 api.add_pod(obj)
+            if slices is not None:
+                api.set_resource_slices(slices, slice_versions)
             if kube_down_at_start:
                 api.set_down(True)
             cache = KubernetesSource(
@@ -526,6 +540,11 @@ async def full_stack(tmp_path: Path, fake_nvml: FakeNvml) -> AsyncIterator[MakeS
             procfs=reader,
             kubernetes=cache,
             podresources=make_podresources_source(cfg) if podresources else None,
+            resourceslices=(
+                make_resourceslices_source(cfg, cache.api_client)
+                if slices is not None and cache is not None
+                else None
+            ),
             docker=docker,
             # The golden outputs do not depend on the memory limit of the machine's cgroup
             # (tests/test_cgroupmem.py and tests/test_promclient.py read limits).

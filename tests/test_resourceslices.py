@@ -16,10 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from enricher.model import DeviceTaint
 from enricher.resourceslices import (
     MAX_TAINTS,
-    DeviceTaint,
     MigInfo,
+    NotServedError,
     ResourceSliceError,
     ResourceSlicesSource,
     SliceIndex,
@@ -479,6 +480,27 @@ def test_health_watch_failure_keeps_the_last_taints() -> None:
     now[0] += 10
     healed = src.read()
     assert healed.ok and healed.value.taints == {} and lister.calls == 3
+
+
+def test_no_served_version_is_a_failure_only_for_a_dra_device() -> None:
+    """Health watching on a cluster that serves no ResourceSlices (no DRA): an empty index,
+    up, every health interval; with a DRA device to map, the 404s are a failure."""
+    now = [100.0]
+    calls: list[str] = []
+
+    def lister(version: str, _node: str, _timeout: float) -> bytes:
+        calls.append(version)
+        raise NotServedError(f"resource.k8s.io/{version} resourceslices: 404")
+
+    src = ResourceSlicesSource(lister, NODE, watch_health=True, clock=lambda: now[0])
+    quiet = src.read()
+    assert quiet.ok and quiet.value.taints == {} and quiet.value.listed_at == 100.0
+    assert calls == list(VERSIONS) and src.errors_total == 0
+    now[0] += 61
+    assert src.read().ok and calls == list(VERSIONS) * 2
+    now[0] += 61
+    wanted = src.read([K0])
+    assert not wanted.ok and "404" in wanted.error and src.errors_total == 1
 
 
 # --------------------------------------------------------------------------- real client

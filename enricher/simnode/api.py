@@ -11,9 +11,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..model import PodIndex, PodInfo
+from ..model import DeviceTaint, PodIndex, PodInfo
 from ..podparse import build_index
-from ..resourceslices import DeviceTaint
 from ..sources import Reading
 from .node import SimNode, SimPod
 

@@ -294,6 +294,36 @@ local oneLine = utils.oneLine;
               |||),
             },
           },
+          {
+            // The DRA driver's health report (gpu_device_taint, from the node's ResourceSlices)
+            // on a device a container holds or runs on. One alert per container and device: a
+            // device may carry several taints (PromQL cannot join two many sides), so the value
+            // counts them and the description lists them.
+            alert: 'GpuDeviceTainted',
+            expr: |||
+              group by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+                gpu_container_allocated{%(dcgmSelector)s} or gpu_container_memory_used_bytes{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) group_left ()
+              count by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) (gpu_device_taint{%(dcgmSelector)s})
+            ||| % $._config,
+            'for': '5m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A pod is using a GPU its DRA driver reports unhealthy.',
+              description: oneLine(|||
+                Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} uses
+                GPU {{ $labels.gpu }}{{ with $labels.GPU_I_ID }} (MIG instance {{ . }}){{ end }} of
+                {{ $labels.Hostname }}, on which the DRA driver has put {{ $value }} taint(s):{{ range
+                printf `gpu_device_taint{%(clusterLabel)s="%%s", UUID="%%s", GPU_I_ID="%%s", %(dcgmSelector)s}`
+                (index $labels "%(clusterLabel)s") $labels.UUID $labels.GPU_I_ID | query | sortByLabel
+                "key" }}
+                {{ .Labels.key }}{{ with .Labels.value }}={{ . }}{{ end }} ({{ .Labels.effect }}){{ end }}.
+                The device is failing or no longer watched: move the workload to a healthy device and
+                drain this one. Runbook: docs/runbook.md#gpudevicetainted.
+              ||| % $._config),
+            },
+          },
         ],
       },
       {
