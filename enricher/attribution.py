@@ -29,6 +29,7 @@ from .model import (
     DraDevice,
     GpuProcess,
     GpuSnapshot,
+    MigInfo,
     PodIndex,
     PodInfo,
     ProcError,
@@ -97,6 +98,8 @@ class AllocatedDevice:
     resource: str
     device_id: str
     dra: DraDevice | None = None  # a DRA device: its claim, driver, pool and device names
+    # A DRA MIG device: what its ResourceSlice says of it (its MIG UUID and profile).
+    dra_mig: MigInfo | None = None
 
 
 def is_mps_daemon(comm: str) -> bool:
@@ -231,6 +234,7 @@ def resolve_allocations(
     allocations: Iterable[DeviceAllocation],
     snapshot: GpuSnapshot,
     dra_uuids: Mapping[tuple[str, str, str], str] | None = None,
+    dra_migs: Mapping[tuple[str, str, str], MigInfo] | None = None,
 ) -> tuple[list[AllocatedDevice], list[DeviceAllocation]]:
     """Put each allocated device on its device key; also return those that fit no device.
 
@@ -238,20 +242,27 @@ def resolve_allocations(
     looked up in NVML's MIG devices; GPU indices (GKE's ``nvidia0``, the plugin's index
     strategy) in NVML's GPUs. A DRA device is the UUID its driver's ResourceSlice gives it
     (``dra_uuids``, by driver, pool and device name), read the same way; without one it is
-    unmapped. An ID that names nothing NVML reported stays unmapped: guessing would risk
-    naming the wrong pod.
+    unmapped. A DRA MIG device (``MIG-<uuid>``) is its MIG instance (``GPU_I_ID``) through
+    NVML's MIG devices, and only where its slice's ``parentUUID`` (``dra_migs``), when given,
+    is the GPU NVML puts that MIG device on; it keeps its slice's MIG attributes
+    (``AllocatedDevice.dra_mig``). An ID that names nothing NVML reported stays unmapped:
+    guessing would risk naming the wrong pod.
     """
     by_index = {d.index: d.uuid for d in snapshot.devices}
     migs = {m.uuid: m for m in snapshot.migs}
     instances = {(m.gpu_uuid, m.gi_id) for m in snapshot.migs}
     slices = dra_uuids or {}
+    slice_migs = dra_migs or {}
     mapped: list[AllocatedDevice] = []
     unmapped: list[DeviceAllocation] = []
     for alloc in allocations:
+        dra_mig: MigInfo | None = None
         if alloc.dra is not None:
             ref = parse_device_id(slices.get(alloc.dra.slice_key, ""))
             if ref is not None and ref.kind not in (DeviceIdKind.GPU_UUID, DeviceIdKind.MIG_UUID):
                 ref = None
+            if ref is not None and ref.kind is DeviceIdKind.MIG_UUID:
+                dra_mig = slice_migs.get(alloc.dra.slice_key) or MigInfo(ref.uuid)
         else:
             ref = parse_device_id(alloc.device_id)
         key: DeviceKey | None = None
@@ -262,6 +273,9 @@ def resolve_allocations(
         elif ref.kind is DeviceIdKind.MIG_UUID:
             mig = migs.get(ref.uuid)
             key = (mig.gpu_uuid, str(mig.gi_id)) if mig is not None else None
+            parent = dra_mig.parent_uuid if dra_mig is not None else ""
+            if mig is not None and parent and parent != mig.gpu_uuid:
+                key = None  # the slice puts it on another GPU than NVML does: trust neither
         elif ref.kind is DeviceIdKind.MIG_LEGACY:
             key = (ref.uuid, str(ref.gi))
         elif ref.index is not None and ref.index in by_index:
@@ -282,6 +296,7 @@ def resolve_allocations(
                     alloc.resource,
                     alloc.device_id,
                     alloc.dra,
+                    dra_mig,
                 )
             )
     return mapped, unmapped

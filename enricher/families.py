@@ -23,6 +23,7 @@ from .model import (
     DeviceTaint,
     DockerContainer,
     DraDevice,
+    MigInfo,
     PodInfo,
     SourceStatus,
 )
@@ -63,8 +64,14 @@ DRA_LABELS = (
 )
 
 
-def _dra_values(dra: DraDevice) -> tuple[str, ...]:
-    return (dra.claim_name, dra.claim_namespace, dra.driver, dra.pool, dra.device)
+# And for a MIG device given through DRA, as dcgm-exporter writes them: the slice's
+# ``profile`` and ``uuid`` (the MIG device's) attributes.
+DRA_MIG_LABELS = ("dra_mig_profile", "dra_mig_device_uuid")
+
+
+def _dra_values(dra: DraDevice, mig: MigInfo | None) -> tuple[str, ...]:
+    names = (dra.claim_name, dra.claim_namespace, dra.driver, dra.pool, dra.device)
+    return names if mig is None else (*names, mig.profile, mig.uuid)
 
 
 CONTAINER_INFO = "gpu_container_info"
@@ -197,7 +204,7 @@ def render_families(
 
     held: dict[tuple[DeviceKey, str, str, str, str, tuple[str, ...]], int] = defaultdict(int)
     for d in allocated:
-        dra = () if d.dra is None else _dra_values(d.dra)
+        dra = () if d.dra is None else _dra_values(d.dra, d.dra_mig)
         held[(d.key, d.namespace, d.pod, d.container, d.resource, dra)] += 1
     for hk in sorted(held):
         key, ns, pod, container, resource, dra = hk
@@ -207,7 +214,7 @@ def render_families(
             ("pod", pod),
             ("container", container),
             ("resource", resource),
-            *zip(DRA_LABELS, dra, strict=False),
+            *zip((*DRA_LABELS, *DRA_MIG_LABELS), dra, strict=False),
         )
         w.sample(ALLOCATED, labels, held[hk])
     text = w.render(label_sets)

@@ -28,7 +28,8 @@ IDENTITY_LABELS = frozenset(
 )
 # Labels dcgm-exporter writes about the pod it names, beside the pod labels themselves:
 # --kubernetes-enable-pod-uid and the DRA claim of the allocation. They follow the enricher's
-# decision; the device-describing dra_* labels (driver, pool, device) stay as they are.
+# decision; the device-describing dra_* labels (driver, pool, device, a MIG device's profile
+# and UUID) stay as they are.
 POD_UID_LABEL = "pod_uid"
 DRA_CLAIM_LABELS = frozenset({"dra_claim_name", "dra_claim_namespace"})
 # (namespace, pod, container) label names per dcgm-exporter naming scheme.
@@ -46,6 +47,7 @@ KEPT_LABELS = (
     | frozenset(CURRENT_SCHEME)
     | frozenset(OLD_SCHEME)
     | {POD_UID_LABEL, VGPU_LABEL, "dra_driver_name", "dra_pool_name", "dra_device_name"}
+    | {"dra_mig_profile", "dra_mig_device_uuid"}
 )
 GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
 

@@ -282,6 +282,17 @@ class DeviceTaint:
 
 
 @dataclass(frozen=True, slots=True)
+class MigInfo:
+    """What a DRA driver's ResourceSlice says of a MIG device: its ``uuid`` (``MIG-...``), its
+    GPU's ``parentUUID`` (``GPU-...``; "" when missing or not a GPU UUID) and its ``profile``
+    (``1g.10gb``; "" when missing)."""
+
+    uuid: str
+    parent_uuid: str = ""
+    profile: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceAllocation:
     """One GPU device the kubelet allocated to one container: a device plugin's device ID, or
     (``dra`` set) a DRA device, whose ``resource`` is its driver's name and ``device_id`` its

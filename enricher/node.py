@@ -115,7 +115,9 @@ class NodeSide:
         attributions = attribute(snapshot, values["procfs"], index, containers)
         slices = values["resourceslices"]
         slice_index = slices if isinstance(slices, SliceIndex) else SliceIndex()
-        allocated, unmapped = resolve_allocations(listed.allocations, snapshot, slice_index.uuids)
+        allocated, unmapped = resolve_allocations(
+            listed.allocations, snapshot, slice_index.uuids, slice_index.mig
+        )
         return NodeView(
             snapshot=snapshot,
             statuses=[outcomes[e.name].status for e in self.table if e.node],

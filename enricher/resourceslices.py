@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model import DeviceIdKind, DeviceTaint, parse_device_id
+from .model import DeviceIdKind, DeviceTaint, MigInfo, parse_device_id
 from .sources import Reading
 
 SliceKey = tuple[str, str, str]  # (driver, pool, device)
@@ -61,17 +61,6 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _EFFECT = re.compile(r"[A-Za-z][A-Za-z0-9]*")
-
-
-@dataclass(frozen=True, slots=True)
-class MigInfo:
-    """What the slice says of a MIG device: its ``uuid`` (``MIG-...``), its GPU's
-    ``parentUUID`` (``GPU-...``; "" when missing or not a GPU UUID) and its ``profile``
-    (``1g.10gb``; "" when missing)."""
-
-    uuid: str
-    parent_uuid: str = ""
-    profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,6 +244,22 @@ async def test_slices_without_taints_give_no_series(
     assert source_up(text, "resourceslices") == 1.0
 
 
+async def test_a_dra_mig_device_is_its_instance_with_dcgm_exporters_labels(
+    taint_node: Callable[..., Awaitable[Stack]],
+) -> None:
+    """The MIG device eval-0's claim names maps, through its slice's uuid and parentUUID, to
+    MIG instance 1's series; its allocation carries dra_mig_profile and dra_mig_device_uuid
+    as dcgm-exporter writes them."""
+    node = await taint_node(slice_items())
+    text = await node.scrape()
+    (row,) = [r for r in series(text, "gpu_container_allocated") if r["pod"] == "eval-0"]
+    assert {k: row[k] for k in device(2, 1, "3g.40gb")} == device(2, 1, "3g.40gb")
+    assert (row["dra_mig_profile"], row["dra_mig_device_uuid"]) == ("3g.40gb", MIG_1)
+    assert row["dra_device_name"] == "gpu-2-mig-1-0"
+    (train,) = [r for r in series(text, "gpu_container_allocated") if r["pod"] == "train-0"]
+    assert "dra_mig_profile" not in train and "dra_mig_device_uuid" not in train
+
+
 async def test_the_source_switched_off_writes_no_family(
     taint_node: Callable[..., Awaitable[Stack]],
 ) -> None:

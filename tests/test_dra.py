@@ -22,7 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.attribution import dra_slice_keys, resolve_allocations
 from enricher.families import ALLOCATED, RenderOptions, render_families
-from enricher.model import DeviceAllocation, DraDevice, GpuDevice, GpuSnapshot, MigDevice
+from enricher.model import (
+    DeviceAllocation,
+    DraDevice,
+    GpuDevice,
+    GpuSnapshot,
+    MigDevice,
+    MigInfo,
+)
 from enricher.podresources import PodResourcesSource, parse_list_response
 from enricher.proto import api_pb2
 from enricher.resourceslices import (
@@ -351,6 +358,59 @@ def test_resolve_dra_allocations(allocation: DeviceAllocation, key: tuple[str, s
     else:
         assert [m.key for m in mapped] == [key] and unmapped == []
         assert mapped[0].dra == allocation.dra
+
+
+MIG_KEY = (DRIVER, NODE, "gpu-2-mig-9-0-4")
+
+
+@pytest.mark.parametrize(
+    ("migs", "key", "dra_mig"),
+    [
+        pytest.param(
+            {MIG_KEY: MigInfo(M21, G2, "3g.40gb")},
+            (G2, "1"),
+            MigInfo(M21, G2, "3g.40gb"),
+            id="parent-agrees",
+        ),
+        pytest.param({MIG_KEY: MigInfo(M21, G0, "3g.40gb")}, None, None, id="parent-disagrees"),
+        pytest.param(
+            {MIG_KEY: MigInfo(M21, "", "")}, (G2, "1"), MigInfo(M21, "", ""), id="no-parent"
+        ),
+        pytest.param({}, (G2, "1"), MigInfo(M21), id="no-mig-attributes"),
+    ],
+)
+def test_dra_mig_devices_map_to_their_instance(
+    migs: dict[tuple[str, str, str], MigInfo],
+    key: tuple[str, str] | None,
+    dra_mig: MigInfo | None,
+) -> None:
+    """A DRA MIG device is its MIG instance (GPU_I_ID) through NVML, where the slice's
+    parentUUID agrees; it keeps the slice's MIG attributes for gpu_container_allocated."""
+    allocation = alloc("gpu-2-mig-9-0-4")
+    mapped, unmapped = resolve_allocations([allocation], SNAPSHOT, SLICE_UUIDS, migs)
+    if key is None:
+        assert (mapped, unmapped) == ([], [allocation])
+    else:
+        assert [(m.key, m.dra_mig) for m in mapped] == [(key, dra_mig)] and unmapped == []
+
+
+def test_gpu_container_allocated_carries_the_dra_mig_labels() -> None:
+    """As dcgm-exporter writes them for a MIG device given through DRA: dra_mig_profile (the
+    slice's profile) and dra_mig_device_uuid (its uuid); a full GPU has neither."""
+    mapped, _ = resolve_allocations(
+        [alloc("gpu-0"), alloc("gpu-2-mig-9-0-4", pod="mig-0")],
+        SNAPSHOT,
+        SLICE_UUIDS,
+        {MIG_KEY: MigInfo(M21, G2, "3g.40gb")},
+    )
+    text = render_families([], {}, RenderOptions(), mapped)
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == ALLOCATED]
+    by_pod = {s.labels["pod"]: s.labels for s in family.samples}
+    assert by_pod["mig-0"]["dra_mig_profile"] == "3g.40gb"
+    assert by_pod["mig-0"]["dra_mig_device_uuid"] == M21
+    assert (by_pod["mig-0"]["UUID"], by_pod["mig-0"]["GPU_I_ID"]) == (G2, "1")
+    assert by_pod["mig-0"]["dra_device_name"] == "gpu-2-mig-9-0-4"
+    assert not any(name.startswith("dra_mig_") for name in by_pod["train-0"])
 
 
 def test_device_name_alone_never_maps() -> None:

@@ -16,10 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enricher.model import DeviceTaint
+from enricher.model import DeviceTaint, MigInfo
 from enricher.resourceslices import (
     MAX_TAINTS,
-    MigInfo,
     NotServedError,
     ResourceSliceError,
     ResourceSlicesSource,
