@@ -1449,9 +1449,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument(
         "--only",
-        choices=ALL_PARTS,
+        choices=(*ALL_PARTS, "fleet"),
         action="append",
-        help="run only these parts (repeatable); targets are checked on the full run",
+        help="run only these parts (repeatable); targets are checked on the full run; "
+        "fleet (a simulated fleet on Prometheus 3.5, bench/fleet.py) runs only when named",
+    )
+    parser.add_argument(
+        "--fleet-nodes",
+        type=int,
+        default=100,
+        help="nodes of the simulated fleet (--only fleet; --quick: 8)",
     )
     parser.add_argument(
         "--breakdown",
@@ -1499,6 +1506,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print("growth ...", file=sys.stderr, flush=True)
             results["growth"] = bench_growth(args.quick, work, nvml_lib)
+        if "fleet" in parts:
+            from .fleet import bench_fleet
+
+            print("fleet ...", file=sys.stderr, flush=True)
+            results["fleet"] = bench_fleet(args.quick, work / "fleet", args.fleet_nodes)
         if parts & {"e2e", "memory", "loop", "cost"}:
             sim = SimNode(work / "node", payloads.SHAPES["mig56"])
             sim.write()
@@ -1572,6 +1584,10 @@ def main(argv: list[str] | None = None) -> int:
             from .growth import render_growth
 
             print("\n" + "\n".join(render_growth(results["growth"])))
+        if "fleet" in results:
+            from .fleet import render_fleet
+
+            print("\n" + "\n".join(render_fleet(results["fleet"])))
     if "cost_breakdown" in results:
         print("\n" + "\n".join(render_breakdown(results["cost_breakdown"])))
     args.out.parent.mkdir(parents=True, exist_ok=True)

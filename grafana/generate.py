@@ -306,6 +306,24 @@ def _table(
 DEV_LEGEND = "{{Hostname}} GPU {{gpu}}"
 POD_LEGEND = "{{" + NS + "}}/{{" + POD + "}}"
 POD_DEVICE = f"%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
+# The peak over the range: the subquery sums each pod's memory on each device at every step
+# and only its result meets the owners (the pods' workload and user over the same range). A
+# pod's owner does not change while it lives, so this is the peak of the sum joined at every
+# step, without the join at every step: 106x sum(DCGM_FI_DEV_GPU_UTIL) on 100 simulated nodes
+# when the join was inside (bench/fleet.py, docs/performance.md#a-fleet-on-one-prometheus).
+PEAK_MEMORY_BY_POD_DEVICE = (
+    f"max_over_time((sum by (%(clusterLabel)s, {NS}, {POD}, Hostname, gpu, GPU_I_ID) "
+    f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}))[$__range:]) "
+    f"* on (%(clusterLabel)s, {NS}, {POD}) group_left (workload_kind, workload_name) "
+    f"max by (%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name) (max_over_time("
+    + sel(
+        "gpu_pod_info",
+        '%(clusterLabel)s=~"$cluster"',
+        'workload_name=~"$workload"',
+        f'{USER}=~"$user"',
+    )
+    + "[$__range]))"
+)
 
 
 def rows() -> list[Row]:
@@ -454,10 +472,7 @@ def rows() -> list[Row]:
                     "under 10, 20 or 40 GiB says a MIG slice of that size would do.",
                     [
                         Target(f"sum by ({POD_DEVICE}) ({MEM})", table=True),
-                        Target(
-                            f"max_over_time((sum by ({POD_DEVICE}) ({MEM}))[$__range:])",
-                            table=True,
-                        ),
+                        Target(PEAK_MEMORY_BY_POD_DEVICE, table=True),
                         Target(f"sum by ({POD_DEVICE}) ({UTIL})", table=True),
                     ],
                     {

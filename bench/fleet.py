@@ -1,0 +1,831 @@
+"""A simulated fleet on a real Prometheus 3.5 (``python -m bench --only fleet``): what the
+recording rules, the alerts and the dashboard cost on one Prometheus holding many GPU nodes.
+
+**Bodies.** No series is written by hand: each node kind's ``/metrics`` is rendered by the real
+enricher's rewrite on a simulated node, a few times (one body per collection, values moving):
+
+- ``demo``: the demo's node (``enricher.demo.start_demo``: 8 GPUs with a training job,
+  time-slicing, MIG with a host process, a Jupyter pod that never asked, MPS, an idle
+  allocation, a finished job holding memory, a DRA claim), scraped through its ``Scraper``
+  with the simulated clock moved one collection each time;
+- ``node8``: the benchmark's busy whole-GPU node (:class:`bench.node.SimNode` on payload shape
+  ``node8``: 8 GPUs with the profiling counters, 110 pods, 64 GPU processes), read by the real
+  ``Scraper`` against the payload's upstream (as ``bench/growth.py`` reads its nodes).
+
+**Many nodes from a few bodies.** Node ``i`` of the fleet takes kind ``KINDS[i % 4]`` (three
+``demo`` nodes for one ``node8``) and gets its own identity by substitution in the rendered
+text: its node name for dcgm-exporter's ``Hostname``, the demo's node name and the bench's,
+GPU and MIG UUIDs with the node's number in their first four hex digits, and a pod suffix (on
+``pod`` and ``pod_uid`` values) that names the node and the pod generation. Pods churn: every
+node replaces all its pods once an hour (its generation changes at a point of the hour of its
+own, so the fleet churns evenly), about the 10 GPU pods an hour per node docs/performance.md
+budgets for. Values at sample ``j`` are those of rendered body ``j mod K``; counters
+(``# TYPE ... counter``) grow by their mean step per body instead, so that rates see no resets.
+Each series carries what Prometheus would add scraping it with ``honor_labels``: ``job``,
+``instance``, ``cluster`` (two clusters, alternating nodes), and ``node`` where the body has none.
+
+**Data.** One hour at a 30 s interval before the run (``promtool tsdb
+create-blocks-from openmetrics`` of Prometheus 3.5, into the data folder), then Prometheus 3.5
+starts on that folder with the shipped rules (evaluation every 30 s) and scrapes the same nodes,
+served by this process at their current generation, every 30 s for a few scrapes: history
+from blocks (an hour of it in minutes), ingest, the head and the rule evaluations from a live
+Prometheus. Why not only live scraping: an hour of data would take an hour; why not only
+blocks: a Prometheus that scrapes nothing has no ingest and an empty head.
+
+**Measured** (HTTP API): ingest (``prometheus_tsdb_head_samples_appended_total`` over the live
+window, head series from ``/api/v1/status/tsdb``, RSS and its peak from ``/proc``), each rule
+group's ``evaluationTime`` (the largest seen over the live window), every dashboard query
+(variables on All) over the dashboard's default range (``now-6h``) at a 30 s step (the scrape
+interval: Grafana's step at that range on a wide panel, raised to the data source's scrape
+interval) as Grafana asks (range queries for time series, instant ones for stats and tables),
+the whole dashboard's load (every query at once, six at a time, as a browser's connections to
+Grafana allow), and each alert expression as an instant query. Each figure is also a ratio to
+the baseline ``sum(DCGM_FI_DEV_GPU_UTIL)`` over the same range (instant for instant queries)
+measured in the same run, interleaved with the queries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
+RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
+PROMETHEUS3_DIR = ROOT / ".cache" / "prometheus-3"
+
+INTERVAL = 30  # seconds: scrape, evaluation and sample interval
+HISTORY_S = 3600  # the blocks' span
+CHURN_S = 3600  # every node replaces its pods once per CHURN_S
+KINDS = ("demo", "demo", "node8", "demo")
+CLUSTERS = ("east", "west")
+BASELINE = "sum(DCGM_FI_DEV_GPU_UTIL)"
+DASHBOARD_RANGE_S = 6 * 3600  # the dashboard's default time range: now-6h
+STEP_S = INTERVAL
+# Grafana's built-ins at that range and step: $__rate_interval = max(4 x scrape interval,
+# step + scrape interval).
+BUILTINS = {"__range": "6h", "__rate_interval": "2m", "__interval": "30s"}
+BROWSER_CONNECTIONS = 6
+_VAR_RE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+
+@dataclass(frozen=True)
+class FleetMode:
+    nodes: int
+    variants: int  # bodies rendered per kind
+    reps: int  # repetitions of each query
+    live_scrapes: int  # scrapes of the live window
+
+
+FLEET_QUICK = FleetMode(nodes=8, variants=3, reps=2, live_scrapes=1)
+
+
+def fleet_mode(nodes: int, quick: bool) -> FleetMode:
+    if quick:
+        return FLEET_QUICK
+    return FleetMode(nodes=nodes, variants=4, reps=7, live_scrapes=3)
+
+
+# --------------------------------------------------------------------------- the bodies
+
+
+@dataclass
+class Body:
+    """One node kind's rendered bodies, as series (name and label block) and K values each."""
+
+    kind: str
+    series: list[str] = field(default_factory=list)  # `name{labels}` as the enricher wrote it
+    values: list[list[float]] = field(default_factory=list)  # per series, one per variant
+    counter: list[bool] = field(default_factory=list)
+
+
+def parse_bodies(kind: str, texts: list[str]) -> Body:
+    """The series of ``texts`` (bodies of one node, consecutive collections) and their values;
+    a series missing from a later body keeps its first value."""
+    counters: set[str] = set()
+    rows: dict[str, list[float]] = {}
+    for k, text in enumerate(texts):
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, kind_ = line.split(" ", 3)
+                if kind_ == "counter":
+                    counters.update((name, name + "_total"))
+                continue
+            if not line or line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            row = rows.setdefault(head, [])
+            row.extend([float(value)] * (k + 1 - len(row)))
+    body = Body(kind)
+    for head, row in rows.items():
+        row.extend([row[-1]] * (len(texts) - len(row)))
+        body.series.append(head)
+        body.values.append(row)
+        body.counter.append(head.split("{", 1)[0] in counters)
+    return body
+
+
+async def _demo_texts(work: Path, variants: int) -> list[str]:
+    from enricher import demo
+    from enricher.config import Config
+
+    now = [1_800_000_000.0]
+    socket_path = work / "demo-kubelet" / "kubelet.sock"
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    scraper, runners, kubelet = await demo.start_demo(
+        Config(listen_address="127.0.0.1:0", upstream_follow_step=0.0),
+        work / "demo-proc",
+        socket_path,
+        clock=lambda: now[0],
+    )
+    texts = []
+    try:
+        for k in range(variants):
+            now[0] = 1_800_000_000.0 + INTERVAL * k
+            texts.append((await scraper.scrape()).body.decode())
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        kubelet.stop()
+        await scraper.close()
+    return texts
+
+
+def _node8_texts(work: Path, variants: int) -> list[str]:
+    from tests.nvmlfake import build_fake_nvml
+
+    from . import payloads
+    from .growth import _Point
+    from .node import SimNode
+    from .run import _start
+    from .servers import run_upstream, use_fake_nvml
+
+    shape = payloads.SHAPES["node8"]
+    nvml_lib = build_fake_nvml(work / "fakenvml")
+    sim = SimNode(work / "node8", shape)
+    sim.write()
+    use_fake_nvml(str(sim.nvml_state))
+    upstream = _start(run_upstream, shape)
+    try:
+        point = _Point(sim, upstream.url, nvml_lib)
+
+        async def scrape_all() -> list[str]:
+            scraper = point.scraper()
+            try:
+                return [(await scraper.scrape()).body.decode() for _ in range(variants)]
+            finally:
+                await scraper.close()
+
+        return asyncio.run(scrape_all())
+    finally:
+        upstream.stop()
+
+
+def render_bodies(work: Path, variants: int) -> dict[str, Body]:
+    """Each kind's bodies, from the real enricher on its simulated node."""
+    return {
+        "demo": parse_bodies("demo", asyncio.run(_demo_texts(work, variants))),
+        "node8": parse_bodies("node8", _node8_texts(work, variants)),
+    }
+
+
+# --------------------------------------------------------------------------- many nodes
+
+_UUID_RE = re.compile(r"((?:GPU|MIG)-)[0-9a-f]{4}")
+_POD_RE = re.compile(r'\b(pod|pod_uid)="([^"]+)"')
+_NODE_NAMES = (
+    "demo-gpu-node-1",
+    "dcgm-exporter-demo",
+    "gpu-node-bench",
+    "nvidia-dcgm-exporter-x7k2p",
+)
+
+
+def node_name(i: int) -> str:
+    return f"gpu-node-{i:04d}"
+
+
+def target_labels(i: int) -> dict[str, str]:
+    return {
+        "cluster": CLUSTERS[i % len(CLUSTERS)],
+        "instance": f"{node_name(i)}:9400",
+        "job": "dcgm-enricher",
+    }
+
+
+class Fleet:
+    """The fleet's nodes: node ``i``'s series at its pod generation, ready to print."""
+
+    def __init__(self, bodies: dict[str, Body], nodes: int) -> None:
+        self.bodies = bodies
+        self.nodes = nodes
+        self._cache: dict[tuple[int, int], list[str]] = {}
+
+    def kind(self, i: int) -> Body:
+        return self.bodies[KINDS[i % len(KINDS)]]
+
+    def generation(self, i: int, t: float) -> int:
+        offset = (i * CHURN_S) // max(self.nodes, 1)
+        return int((t + offset) // CHURN_S)
+
+    def heads(self, i: int, generation: int, *, with_target: bool) -> list[str]:
+        """Node ``i``'s series (name and labels) at pod ``generation``."""
+        key = (i, generation if with_target else -1 - generation)
+        if key in self._cache:
+            return self._cache[key]
+        name = node_name(i)
+        suffix = f"-n{i}g{generation}"
+        extra = target_labels(i)
+        out = []
+        for head in self.kind(i).series:
+            for old in _NODE_NAMES:
+                head = head.replace(f'"{old}"', f'"{name}"')
+            head = _UUID_RE.sub(lambda m: f"{m.group(1)}{i:04x}", head)
+            head = _POD_RE.sub(lambda m: f'{m.group(1)}="{m.group(2)}{suffix}"', head)
+            if with_target:
+                labels = dict(extra)
+                if ',node="' not in head and '{node="' not in head:
+                    labels["node"] = name
+                block = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                if head.endswith("}"):
+                    head = head[:-1] + ("," if not head.endswith("{}") else "") + block + "}"
+                else:
+                    head = head + "{" + block + "}"
+            out.append(head)
+        if len(self._cache) > 4 * self.nodes:
+            self._cache.clear()
+        self._cache[key] = out
+        return out
+
+    def values(self, i: int, j: int) -> list[float]:
+        """Node ``i``'s values at sample ``j`` (0 at the start of the history)."""
+        body = self.kind(i)
+        out = []
+        for row, counter in zip(body.values, body.counter, strict=True):
+            if counter:
+                step = max((row[-1] - row[0]) / max(len(row) - 1, 1), 0.0)
+                out.append(row[0] + step * j)
+            else:
+                out.append(row[j % len(row)])
+        return out
+
+    def write_openmetrics(self, path: Path, start: int, end: int) -> int:
+        """Samples from ``start`` to ``end`` (excluded) every INTERVAL, as OpenMetrics; the
+        number of samples written."""
+        n = 0
+        with path.open("w") as out:
+            for t in range(start, end, INTERVAL):
+                j = (t - start) // INTERVAL
+                chunk: list[str] = []
+                for i in range(self.nodes):
+                    heads = self.heads(i, self.generation(i, t), with_target=True)
+                    stamp = f" {t}\n"
+                    chunk.extend(
+                        f"{h} {_fmt(v)}{stamp}"
+                        for h, v in zip(heads, self.values(i, j), strict=True)
+                    )
+                    chunk.append(f"up{{{_labels(i)}}} 1{stamp}")
+                n += len(chunk)
+                out.write("".join(chunk))
+            out.write("# EOF\n")
+        return n
+
+    def body(self, i: int, t: float, j: int) -> bytes:
+        """Node ``i``'s /metrics at ``t`` (sample ``j``), as Prometheus scrapes it."""
+        heads = self.heads(i, self.generation(i, t), with_target=False)
+        return "".join(
+            f"{h} {_fmt(v)}\n" for h, v in zip(heads, self.values(i, j), strict=True)
+        ).encode()
+
+
+def _labels(i: int) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in {**target_labels(i), "node": node_name(i)}.items())
+
+
+def _fmt(v: float) -> str:
+    return (
+        repr(v)
+        if v == v and v not in (float("inf"), float("-inf"))
+        else {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}[repr(v)]
+    )
+
+
+# --------------------------------------------------------------------------- Prometheus
+
+
+def prometheus_bin(name: str) -> str:
+    root = Path(os.environ.get("ENRICHER_PROMETHEUS3_DIR") or PROMETHEUS3_DIR)
+    path = root / "usr" / "bin" / name
+    if not path.is_file():
+        raise SystemExit(f"Prometheus 3.5 is missing ({path}): .ci/prometheus3 unpacks it")
+    return str(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class _Targets:
+    """The fleet's /metrics, one path per node (``/node/<i>``), from a thread of this process."""
+
+    def __init__(self, fleet: Fleet, start: int) -> None:
+        self.fleet = fleet
+        self.start = start
+        targets = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                i = int(self.path.rsplit("/", 1)[1])
+                now = time.time()
+                j = int(now - targets.start) // INTERVAL
+                body = targets.fleet.body(i, now, j)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prometheus_config(nodes: int, port: int) -> dict[str, Any]:
+    return {
+        "global": {
+            "scrape_interval": f"{INTERVAL}s",
+            "scrape_timeout": "10s",
+            "evaluation_interval": f"{INTERVAL}s",
+        },
+        "rule_files": [str(RULES)],
+        "scrape_configs": [
+            {
+                "job_name": "dcgm-enricher",
+                "honor_labels": True,
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{port}"],
+                        "labels": {
+                            "__metrics_path__": f"/node/{i}",
+                            "instance": target_labels(i)["instance"],
+                            "cluster": target_labels(i)["cluster"],
+                            "node": node_name(i),
+                        },
+                    }
+                    for i in range(nodes)
+                ],
+            }
+        ],
+    }
+
+
+@dataclass
+class Prom:
+    url: str
+    pid: int
+
+    def get(self, path: str, timeout: float = 120, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = json.loads(response.read())
+        if body["status"] != "success":
+            raise RuntimeError(body)
+        return body["data"]
+
+    def timed(self, promql: str, instant: bool, end: float) -> tuple[float, int]:
+        """Seconds the query took (as the client sees it) and the series it returned."""
+        t0 = time.perf_counter()
+        if instant:
+            data = self.get("query", query=promql, time=str(end))
+        else:
+            data = self.get(
+                "query_range",
+                query=promql,
+                start=str(end - DASHBOARD_RANGE_S),
+                end=str(end),
+                step=str(STEP_S),
+            )
+        return time.perf_counter() - t0, len(data["result"])
+
+    def rss_mib(self) -> tuple[float, float]:
+        """(VmRSS, VmHWM) in MiB."""
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        kib = {
+            k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.*)$", status, re.M)
+        }
+        return round(kib["VmRSS"] / 1024, 1), round(kib["VmHWM"] / 1024, 1)
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@contextlib.contextmanager
+def run_prometheus(config: dict[str, Any], data: Path) -> Iterator[Prom]:
+    (data.parent / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = _free_port()
+    log = (data.parent / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            prometheus_bin("prometheus"),
+            f"--config.file={data.parent / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=30d",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    prom = Prom(f"http://127.0.0.1:{port}", proc.pid)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "Prometheus did not start:\n"
+                    + (data.parent / "prometheus.log").read_text(errors="replace")[-3000:]
+                )
+            time.sleep(0.3)
+        yield prom
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+# --------------------------------------------------------------------------- what is asked
+
+
+@dataclass(frozen=True)
+class Query:
+    id: str
+    expr: str
+    instant: bool
+
+
+# Panel queries as they were before a fix this benchmark led to, measured in the same run as
+# the shipped ones (rows "<id> (before)"), and checked to answer the same.
+BEFORE = {
+    "Top pods/Top pods by GPU memory/B": (
+        "max_over_time((sum by (cluster, ${label_prefix}namespace, ${label_prefix}pod, "
+        "workload_kind, workload_name, Hostname, gpu, GPU_I_ID) (gpu_container_memory_used_bytes"
+        '{cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu", '
+        '${label_prefix}namespace=~"$namespace", ${label_prefix}pod=~"$pod"} * on (cluster, '
+        "${label_prefix}namespace, ${label_prefix}pod) group_left (workload_kind, workload_name, "
+        "annotation_hub_jupyter_org_username) max by (cluster, ${label_prefix}namespace, "
+        "${label_prefix}pod, workload_kind, workload_name, annotation_hub_jupyter_org_username) "
+        '(gpu_pod_info{cluster=~"$cluster", workload_name=~"$workload", '
+        'annotation_hub_jupyter_org_username=~"$user"})))[$__range:])'
+    ),
+}
+
+
+def _interpolator() -> Any:
+    board = json.loads(DASHBOARD.read_text())
+    values = {**BUILTINS, "label_prefix": ""}
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            values[var["name"]] = var["allValue"]
+
+    def sub(m: re.Match[str]) -> str:
+        return values[m.group(1) or m.group(2)]
+
+    return lambda text: _VAR_RE.sub(sub, text)
+
+
+def before_queries() -> list[Query]:
+    """The queries of BEFORE, as the shipped ones of the same ids are asked."""
+    interpolate = _interpolator()
+    shipped = {q.id: q for q in dashboard_queries()}
+    return [
+        Query(f"{id_} (before)", interpolate(expr), shipped[id_].instant)
+        for id_, expr in BEFORE.items()
+    ]
+
+
+def dashboard_queries() -> list[Query]:
+    """Every panel query of the shipped dashboard, variables on All, as Grafana asks it."""
+    board = json.loads(DASHBOARD.read_text())
+    interpolate = _interpolator()
+    out, row = [], ""
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+            continue
+        for t in panel["targets"]:
+            out.append(
+                Query(
+                    f"{row}/{panel['title']}/{t['refId']}",
+                    interpolate(t["expr"]),
+                    bool(t.get("instant")) and not t.get("range"),
+                )
+            )
+    return out
+
+
+def alert_queries() -> list[Query]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [
+        Query(r["alert"], r["expr"], True)
+        for g in doc["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure_queries(
+    prom: Prom, queries: list[Query], reps: int, end: float
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """Each query ``reps`` times, each repetition right after one of the baseline (range and
+    instant), so both see the same machine; p50/p99 in ms and the ratios of the p50s."""
+    base: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[str, list[float]] = {q.id: [] for q in queries}
+    series: dict[str, int] = {}
+    for q in queries:  # once to warm the caches, untimed
+        prom.timed(q.expr, q.instant, end)
+    for _ in range(reps):
+        for q in queries:
+            base[q.instant].append(prom.timed(BASELINE, q.instant, end)[0])
+            took, n = prom.timed(q.expr, q.instant, end)
+            times[q.id].append(took)
+            series[q.id] = n
+    baseline = {
+        ("instant" if k else "range"): {
+            "p50_ms": round(statistics.median(v) * 1000, 2),
+            "p99_ms": round(_p(v, 0.99) * 1000, 2),
+        }
+        for k, v in base.items()
+        if v
+    }
+    rows = []
+    for q in queries:
+        b = baseline["instant" if q.instant else "range"]["p50_ms"]
+        p50 = statistics.median(times[q.id]) * 1000
+        rows.append(
+            {
+                "id": q.id,
+                "kind": "instant" if q.instant else "range",
+                "p50_ms": round(p50, 2),
+                "p99_ms": round(_p(times[q.id], 0.99) * 1000, 2),
+                "ratio": round(p50 / b, 2) if b else None,
+                "series": series[q.id],
+                "expr": q.expr,
+            }
+        )
+    return rows, baseline
+
+
+def _answer(prom: Prom, q: Query, end: float) -> list[tuple[tuple[tuple[str, str], ...], str]]:
+    """What ``q`` answers at ``end`` (an instant query): each series' labels and value."""
+    result = prom.get("query", query=q.expr, time=str(end))["result"]
+    return sorted((tuple(sorted(s["metric"].items())), s["value"][1]) for s in result)
+
+
+def _same(a: list[tuple[Any, str]], b: list[tuple[Any, str]]) -> bool:
+    """The same series, with values equal but for the order of float additions."""
+    return [k for k, _ in a] == [k for k, _ in b] and all(
+        abs(float(x) - float(y)) <= 1e-9 * max(abs(float(x)), 1.0)
+        for (_, x), (_, y) in zip(a, b, strict=True)
+    )
+
+
+def dashboard_load(prom: Prom, queries: list[Query], end: float, reps: int) -> dict[str, float]:
+    """Every query of the dashboard at once, BROWSER_CONNECTIONS at a time: wall ms (median of
+    ``reps``), against the range baseline measured the same way just before each."""
+    loads, bases = [], []
+    with ThreadPoolExecutor(BROWSER_CONNECTIONS) as pool:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            prom.timed(BASELINE, False, end)
+            bases.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            list(pool.map(lambda q: prom.timed(q.expr, q.instant, end), queries))
+            loads.append(time.perf_counter() - t0)
+    load, base = statistics.median(loads) * 1000, statistics.median(bases) * 1000
+    return {
+        "wall_ms": round(load, 1),
+        "baseline_ms": round(base, 2),
+        "ratio": round(load / base, 1),
+    }
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
+    """Build the fleet's hour of blocks, start Prometheus 3.5 on them, scrape the fleet live
+    for a few intervals, and measure."""
+    mode = fleet_mode(nodes, quick)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    bodies = render_bodies(work / "bodies", mode.variants)
+    fleet = Fleet(bodies, mode.nodes)
+    timings["render_s"] = time.perf_counter() - t0
+
+    end = int(time.time()) // INTERVAL * INTERVAL
+    start = end - (HISTORY_S if not quick else 600)
+    t0 = time.perf_counter()
+    om = work / "fleet.om"
+    samples = fleet.write_openmetrics(om, start, end)
+    om_bytes = om.stat().st_size
+    timings["openmetrics_s"] = time.perf_counter() - t0
+    data = work / "prometheus" / "data"
+    data.mkdir(parents=True)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [
+            prometheus_bin("promtool"),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(om),
+            str(data),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    timings["blocks_s"] = time.perf_counter() - t0
+    om.unlink()
+
+    targets = _Targets(fleet, start)
+    out: dict[str, Any] = {
+        "nodes": mode.nodes,
+        "kinds": {
+            k: sum(1 for i in range(mode.nodes) if KINDS[i % len(KINDS)] == k) for k in bodies
+        },
+        "series_per_node": {k: len(b.series) for k, b in bodies.items()},
+        "history_s": end - start,
+        "history_samples": samples,
+        "openmetrics_mib": round(om_bytes / (1 << 20), 1),
+    }
+    try:
+        with run_prometheus(prometheus_config(mode.nodes, targets.port), data) as prom:
+            groups_seen: dict[str, float] = {}
+            appended0 = prom.metric("prometheus_tsdb_head_samples_appended_total")
+            live0 = time.monotonic()
+            window = mode.live_scrapes * INTERVAL + 5
+            while time.monotonic() - live0 < window:
+                time.sleep(5)
+                for g in prom.get("rules")["groups"]:
+                    groups_seen[g["name"]] = max(
+                        groups_seen.get(g["name"], 0.0), g["evaluationTime"]
+                    )
+            appended = prom.metric("prometheus_tsdb_head_samples_appended_total") - appended0
+            live_s = time.monotonic() - live0
+            tsdb = prom.get("status/tsdb")
+            rss_after_ingest = prom.rss_mib()
+            groups = prom.get("rules")["groups"]
+            out["ingest"] = {
+                "window_s": round(live_s, 1),
+                "samples_appended": int(appended),
+                "samples_per_s": round(appended / live_s, 1),
+                "head_series": tsdb["headStats"]["numSeries"],
+                "rss_mib": rss_after_ingest[0],
+            }
+            out["rule_groups"] = [
+                {
+                    "name": g["name"],
+                    "rules": len(g["rules"]),
+                    "interval_s": g["interval"],
+                    "evaluation_ms": round(
+                        groups_seen.get(g["name"], g["evaluationTime"]) * 1000, 2
+                    ),
+                    "share_of_interval": round(
+                        groups_seen.get(g["name"], g["evaluationTime"]) / g["interval"], 5
+                    ),
+                    "last_error": next(
+                        (r.get("lastError") for r in g["rules"] if r.get("lastError")), None
+                    ),
+                }
+                for g in groups
+            ]
+            now = time.time()
+            before = before_queries()
+            rows, baseline = measure_queries(prom, dashboard_queries() + before, mode.reps, now)
+            out["baseline"] = baseline
+            out["panels"] = [r for r in rows if not r["id"].endswith(" (before)")]
+            out["before"] = [r for r in rows if r["id"].endswith(" (before)")]
+            shipped = {q.id: q for q in dashboard_queries()}
+            for r, q in zip(out["before"], before, strict=True):
+                after = shipped[q.id.removesuffix(" (before)")]
+                r["same_answer"] = _same(_answer(prom, q, now), _answer(prom, after, now))
+            out["dashboard_load"] = dashboard_load(prom, dashboard_queries(), now, mode.reps)
+            alerts, alert_base = measure_queries(prom, alert_queries(), mode.reps, now)
+            out["alerts"] = alerts
+            out["alert_baseline"] = alert_base
+            out["rss_mib_end"], out["rss_mib_peak"] = prom.rss_mib()
+    finally:
+        targets.close()
+    out["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    out["targets"] = {
+        "panels_over_10x": [r["id"] for r in out["panels"] if r["ratio"] and r["ratio"] > 10],
+        "max_panel_ratio": max(r["ratio"] or 0 for r in out["panels"]),
+        "max_group_share": max(g["share_of_interval"] for g in out["rule_groups"]),
+    }
+    return out
+
+
+def render_fleet(fleet: dict[str, Any]) -> list[str]:
+    ing = fleet["ingest"]
+    b = fleet["baseline"]
+    kinds = ", ".join(f"{n} {k}" for k, n in fleet["kinds"].items())
+    lines = [
+        f"Fleet on Prometheus 3.5: {fleet['nodes']} nodes ({kinds}; "
+        f"series per node {fleet['series_per_node']}), {fleet['history_s'] // 60} min of blocks "
+        f"({fleet['history_samples']:,} samples, {fleet['openmetrics_mib']} MiB of OpenMetrics) "
+        f"then {ing['window_s']:.0f} s live",
+        f"ingest: {ing['samples_per_s']:,.0f} samples/s, head series {ing['head_series']:,}, "
+        f"RSS {ing['rss_mib']} MiB after ingest, {fleet['rss_mib_end']} MiB after the queries "
+        f"(peak {fleet['rss_mib_peak']})",
+        f"baseline {BASELINE}: range (6h, step 30s) p50 {b['range']['p50_ms']} ms, "
+        f"p99 {b['range']['p99_ms']}; instant p50 {b.get('instant', {}).get('p50_ms')} ms",
+        "rule groups (largest evaluation seen; share of the 30 s interval):",
+    ]
+    for g in fleet["rule_groups"]:
+        lines.append(
+            f"  {g['name']:32} {g['rules']:>3} rules {g['evaluation_ms']:>9.2f} ms "
+            f"{g['share_of_interval']:>8.2%}"
+            + (f"  ERROR {g['last_error']}" if g["last_error"] else "")
+        )
+    lines.append(
+        f"{'dashboard query (variables on All)':64} {'kind':>7} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'x base':>7} {'series':>7}"
+    )
+    for r in sorted(fleet["panels"], key=lambda r: -(r["ratio"] or 0)):
+        lines.append(
+            f"{r['id'][:64]:64} {r['kind']:>7} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+            f"{r['ratio'] or 0:>7.2f} {r['series']:>7}"
+        )
+    for r in fleet.get("before", []):
+        lines.append(
+            f"{r['id'][:64]:64} {r['kind']:>7} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+            f"{r['ratio'] or 0:>7.2f} {r['series']:>7}  same answer: {r['same_answer']}"
+        )
+    d = fleet["dashboard_load"]
+    lines.append(
+        f"whole dashboard ({len(fleet['panels'])} queries, {BROWSER_CONNECTIONS} at a time): "
+        f"{d['wall_ms']:.0f} ms, {d['ratio']}x the range baseline"
+    )
+    lines.append(
+        f"{'alert expression (instant)':40} {'p50 ms':>8} {'p99 ms':>8} {'x base':>7} {'series':>7}"
+    )
+    for r in sorted(fleet["alerts"], key=lambda r: -(r["ratio"] or 0)):
+        lines.append(
+            f"{r['id'][:40]:40} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+            f"{r['ratio'] or 0:>7.2f} {r['series']:>7}"
+        )
+    t = fleet["targets"]
+    lines.append(
+        f"targets: panel queries over 10x the baseline: {len(t['panels_over_10x'])} "
+        f"(max {t['max_panel_ratio']}x); largest rule group {t['max_group_share']:.2%} "
+        "of its interval"
+    )
+    return lines
