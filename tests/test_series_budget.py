@@ -102,13 +102,14 @@ class Count:
     container_device: dict[tuple[str, str, str, str, str], Counter[str]]
     pods: int
     device_reason: Counter[tuple[str, str, str, str]]
+    taints: Counter[tuple[str, str, str, str, str]]
     processes: int
     own: int
     unbudgeted: list[str]
 
 
 def count(text: str, budget: dict[str, Budget]) -> Count:
-    c = Count(0, defaultdict(Counter), 0, Counter(), 0, 0, [])
+    c = Count(0, defaultdict(Counter), 0, Counter(), Counter(), 0, 0, [])
     for name, labels in series(text):
         d = dict(labels)
         if name.startswith("DCGM_FI_"):
@@ -120,6 +121,8 @@ def count(text: str, budget: dict[str, Budget]) -> Count:
             c.pods += 1
         elif of(budget["device and reason"], name):
             c.device_reason[(name, *device_of(labels), d["reason"])] += 1
+        elif of(budget["taint on a device (DRA)"], name):
+            c.taints[(*device_of(labels), d["key"], d["value"], d["effect"])] += 1
         elif of(budget["GPU process (--collector.process)"], name):
             c.processes += 1
         elif of(budget["node (the enricher's own)"], name) or name.startswith(RUNTIME_PREFIXES):
@@ -137,6 +140,7 @@ def check(c: Count, budget: dict[str, Budget], upstream_series: int) -> None:
         assert max(names.values()) == 1, f"two series of one family for {key}: {names}"
         assert sum(names.values()) <= per_pair, (key, names)
     assert max(c.device_reason.values(), default=1) <= budget["device and reason"].each
+    assert max(c.taints.values(), default=1) <= budget["taint on a device (DRA)"].each
     assert c.own <= budget["node (the enricher's own)"].each, c.own
 
 
@@ -154,6 +158,7 @@ def test_the_budget_table_names_every_unit() -> None:
         "container on a device",
         "pod with a GPU process",
         "device and reason",
+        "taint on a device (DRA)",
         "GPU process (--collector.process)",
         "node (the enricher's own)",
     }
