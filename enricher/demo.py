@@ -25,7 +25,7 @@ from aiohttp import web
 from .app import make_app, serve
 from .commands import wait_for_signal
 from .config import Config
-from .model import DraDevice, GpuDevice, MigDevice, ProcessKind
+from .model import DeviceTaint, DraDevice, GpuDevice, MigDevice, ProcessKind
 from .pipeline import Scraper
 from .podparse import parse_mps_daemon_pods, parse_pod
 from .podresources import PodResourcesSource
@@ -250,6 +250,9 @@ UPSTREAM_PODS: dict[tuple[int, int | None], SimPod] = {
     (7, None): DRA_TRAIN,  # with the dra_* labels of its claim, as dcgm-exporter writes them
 }
 DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS)
+# The SIMULATED DRA driver's health report: it lost track of GPU 7's health events, which
+# dra-train-0 runs on (gpu_device_taint, GpuDeviceTainted).
+TAINTS = {GPUS[7].uuid: (DeviceTaint("gpu.nvidia.com/unmonitored", "", "NoSchedule"),)}
 
 
 # --------------------------------------------------------------------------- fake dcgm-exporter
@@ -459,7 +462,9 @@ async def start_demo(
         procfs=ProcfsSource(str(proc_root)),
         kubernetes=pods,
         podresources=podresources,
-        resourceslices=ResourceSlicesSource(static_slice_lister(resource_slices(DEMO)), NODE),
+        resourceslices=ResourceSlicesSource(
+            static_slice_lister(resource_slices(DEMO, taints=TAINTS)), NODE
+        ),
     )
     try:
         runner = await serve(

@@ -721,6 +721,25 @@ def rows() -> list[Row]:
                     Target(device("DCGM_FI_DEV_MEM_CLOCK"), DEV_LEGEND + " memory"),
                     unit="rotmhz",
                 ),
+                _table(
+                    "DRA device taints",
+                    "The taints NVIDIA's DRA driver puts on GPUs and MIG devices in the node's "
+                    "ResourceSlices (gpu.nvidia.com/xid, gpu-lost, unmonitored): its health "
+                    "report. GpuDeviceTainted fires for a container on a tainted device "
+                    "(docs/runbook.md#gpudevicetainted).",
+                    [
+                        Target(
+                            f"max by ({CL}, Hostname, gpu, GPU_I_ID, UUID, key, value, effect) "
+                            f"({sel('gpu_device_taint', *DEV_FILTER)})",
+                            table=True,
+                        )
+                    ],
+                    {"Value": "taints", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    "node",
+                    {},
+                    ascending=True,
+                    width=8,
+                ),
             ],
         ),
         Row(

@@ -254,8 +254,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def _wait_for_rules(fleet: Fleet, receiver: Server) -> None:
-    """Until every recording rule that has series on each cluster's own Prometheus has them
-    on the receiver for each cluster too (remote write and the rules have caught up)."""
+    """Until every recording rule has the same series on the receiver, for each cluster, as
+    on that cluster's own Prometheus (remote write and the rules have caught up)."""
     records = [name for kind, name, _ in rules() if kind == "record"]
     deadline = time.monotonic() + DEADLINE_SECONDS
     while True:
@@ -264,7 +264,7 @@ def _wait_for_rules(fleet: Fleet, receiver: Server) -> None:
             (name, c)
             for name in records
             for c in CLUSTERS
-            if fleet.own_answer(c, name) and not fleet.per_cluster(name)[c]
+            if set(fleet.own_answer(c, name)) != set(fleet.per_cluster(name)[c])
         ]
         settled = all(
             fleet.own_answer(c, 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 3')

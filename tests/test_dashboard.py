@@ -333,6 +333,7 @@ EXPECTED_ALERTS = {
     "GpuMemoryUnattributed": None,  # a host process on a MIG instance
     "GpuAllocatedIdle": "allocation",  # an allocated GPU with no process
     "GpuMemoryHeldWhileIdle": "idle-holder",
+    "GpuDeviceTainted": None,  # the DRA driver's taint on dra-train-0's GPU 7
 }
 # Labels a legend may name that some series legitimately lack (Grafana prints nothing).
 OPTIONAL_LEGEND_LABELS = {"GPU_I_ID", "cluster"}
