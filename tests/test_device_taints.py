@@ -68,7 +68,7 @@ EVAL = SimPod(
     cid(0xD2),
     ("Job", "eval"),
     None,
-    claims=(claim("eval-0", "gpu-2-mig-1-0"),),
+    claims=(claim("eval-0", "gpu-2-mig-9-0-4"),),
 )
 TAINT_NODE = SimNode(
     NODE,
@@ -255,7 +255,7 @@ async def test_a_dra_mig_device_is_its_instance_with_dcgm_exporters_labels(
     (row,) = [r for r in series(text, "gpu_container_allocated") if r["pod"] == "eval-0"]
     assert {k: row[k] for k in device(2, 1, "3g.40gb")} == device(2, 1, "3g.40gb")
     assert (row["dra_mig_profile"], row["dra_mig_device_uuid"]) == ("3g.40gb", MIG_1)
-    assert row["dra_device_name"] == "gpu-2-mig-1-0"
+    assert row["dra_device_name"] == "gpu-2-mig-9-0-4"
     (train,) = [r for r in series(text, "gpu_container_allocated") if r["pod"] == "train-0"]
     assert "dra_mig_profile" not in train and "dra_mig_device_uuid" not in train
 

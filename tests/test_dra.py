@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,9 @@ from enricher.resourceslices import (
     api_client_lister,
     parse_slice_list,
 )
-from enricher.simnode.api import resource_slices, static_slice_lister
+from enricher.simnode.api import mig_device_names, resource_slices, static_slice_lister
 from enricher.simnode.kubelet import SimulatedKubelet, allocations, list_response
+from enricher.simnode.node import SimNode
 
 from .harness import short_dir
 from .kubeapi import KubeApiStandIn, make_api_client
@@ -643,3 +645,33 @@ def test_demo_node_maps_its_dra_pod() -> None:
     assert skipped == 0 and unmapped == []
     (dra_alloc,) = [m for m in mapped if m.dra is not None]
     assert (dra_alloc.pod, dra_alloc.key) == (DRA_TRAIN.name, (DEMO.gpus[7].uuid, ""))
+
+
+def test_simulated_mig_devices_are_named_as_nvidias_driver_names_them() -> None:
+    """gpu-<minor>-mig-<profile ID>-<placement start>-<placement size>: each MIG device where
+    the node places it, or else in the first free placement its profile allows; one that fits
+    nowhere is refused."""
+    gpu = GpuDevice(2, G2, "NVIDIA A100-SXM4-80GB", mig_enabled=True)
+    migs = (
+        MigDevice(G2, 2, 1, 0, "MIG-00000000-0000-4000-8000-0000000000a1", "3g.40gb"),
+        MigDevice(G2, 2, 5, 0, "MIG-00000000-0000-4000-8000-0000000000a5", "2g.20gb"),
+        MigDevice(G2, 2, 13, 0, "MIG-00000000-0000-4000-8000-0000000000ad", "1g.10gb"),
+        MigDevice(G2, 2, 14, 0, "MIG-00000000-0000-4000-8000-0000000000ae", "1g.10gb"),
+    )
+    node = SimNode("node-a", (gpu,), migs[:3], (), ())
+    assert list(mig_device_names(node).values()) == [
+        "gpu-2-mig-9-0-4",  # 3g.40gb: the first four memory slices
+        "gpu-2-mig-14-4-2",
+        "gpu-2-mig-19-6-1",
+    ]
+    placed = replace(node, migs=migs, mig_placements=((migs[0].uuid, 4), (migs[1].uuid, 0)))
+    assert list(mig_device_names(placed).values()) == [
+        "gpu-2-mig-9-4-4",
+        "gpu-2-mig-14-0-2",
+        "gpu-2-mig-19-2-1",
+        "gpu-2-mig-19-3-1",
+    ]
+    with pytest.raises(ValueError):
+        mig_device_names(replace(node, migs=migs))  # a 1g.10gb never starts at slice 7
+    with pytest.raises(ValueError):
+        mig_device_names(replace(node, mig_placements=((migs[1].uuid, 2),)))  # inside the 3g

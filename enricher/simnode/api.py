@@ -20,6 +20,18 @@ from .node import SimNode, SimPod
 # names a full GPU gpu-<minor number>; the ResourceSlice's uuid attribute says which GPU it is.
 DRA_DRIVER = "gpu.nvidia.com"
 
+# The GPU-instance profiles of an 80 GB A100 or H100 (the simulated GPUs): NVML's profile ID
+# (the ID nvidia-smi mig -lgip lists), the placement's size in memory slices and the starts
+# it allows.
+MIG_PROFILES: dict[str, tuple[int, int, tuple[int, ...]]] = {
+    "1g.10gb": (19, 1, (0, 1, 2, 3, 4, 5, 6)),
+    "1g.20gb": (15, 2, (0, 2, 4, 6)),
+    "2g.20gb": (14, 2, (0, 2, 4)),
+    "3g.40gb": (9, 4, (0, 4)),
+    "4g.40gb": (5, 4, (0,)),
+    "7g.80gb": (0, 8, (0,)),
+}
+
 
 def container_id(seed: str) -> str:
     """A realistic 64-hex container id, stable for a given seed."""
@@ -202,9 +214,9 @@ def resource_slices(
 ) -> dict[str, Any]:
     """The SIMULATED DRA driver's ResourceSliceList for ``node`` (resource.k8s.io/v1), in
     the shape NVIDIA's driver publishes: one pool named after the node, a device per GPU
-    (``gpu-<minor>``; the simulated minor number is the index) and per MIG device (in the
-    driver's ``gpu-<minor>-mig-...`` form, with simulated numbers), each with its ``uuid``
-    attribute, a MIG device also with ``parentUUID`` and ``profile``.
+    (``gpu-<minor>``; the simulated minor number is the index) and per MIG device (see
+    mig_device_name), each with its ``uuid`` attribute, a MIG device also with
+    ``parentUUID`` and ``profile``.
 
     ``taints`` puts taints on devices, by the GPU's or MIG device's UUID, as the driver's
     health monitor does (``timeAdded`` is set, as the API server sets it). ``api_version``
@@ -223,9 +235,10 @@ def resource_slices(
         for g in node.gpus
         if not g.mig_enabled
     ]
+    names = mig_device_names(node)
     devices += [
         {
-            "name": f"gpu-{m.gpu_index}-mig-{m.gi_id}-{m.ci_id}",
+            "name": names[m.uuid],
             "attributes": {
                 "type": {"string": "mig"},
                 "uuid": {"string": m.uuid},
@@ -263,6 +276,28 @@ def resource_slices(
             }
         ],
     }
+
+
+def mig_device_names(node: SimNode) -> dict[str, str]:
+    """The name NVIDIA's DRA driver gives each of ``node``'s MIG devices, by MIG UUID:
+    ``gpu-<minor>-mig-<profile ID>-<placement start>-<placement size>`` (the simulated minor
+    number is the index), each placed where ``node.mig_placements`` says or else in the first
+    free placement its profile allows."""
+    given = dict(node.mig_placements)
+    used: dict[int, set[int]] = {}
+    names: dict[str, str] = {}
+    for m in node.migs:
+        if m.profile not in MIG_PROFILES:
+            raise ValueError(f"no simulated GPU-instance profile {m.profile!r}")
+        profile_id, size, starts = MIG_PROFILES[m.profile]
+        taken = used.setdefault(m.gpu_index, set())
+        free = [s for s in starts if not taken & set(range(s, s + size))]
+        start = given.get(m.uuid, free[0] if free else -1)
+        if start not in free:
+            raise ValueError(f"{m.uuid} ({m.profile}) has no free placement at {start}")
+        taken.update(range(start, start + size))
+        names[m.uuid] = f"gpu-{m.gpu_index}-mig-{profile_id}-{start}-{size}"
+    return names
 
 
 def _taint_object(taint: DeviceTaint) -> dict[str, Any]:

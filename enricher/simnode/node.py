@@ -70,5 +70,9 @@ class SimNode:
     procs: tuple[SimProc, ...]
     pods: tuple[SimPod, ...]
     driver: str = "550.90.07"
+    # Where each MIG device sits on its GPU (its GPU instance's placement start, in memory
+    # slices), by MIG UUID, as NVML's GPU-instance info says; one not given takes the first
+    # free placement its profile allows, in the order of ``migs``.
+    mig_placements: tuple[tuple[str, int], ...] = ()
     first_ticks: int = 100_000  # the first process's start time, in clock ticks after boot
     ticks_apart: int = 1000
