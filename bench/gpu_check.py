@@ -317,9 +317,17 @@ def read_nvml(library: str | None, pid: int | None) -> dict[str, Any]:
                 dev["mig"] = "not supported"
             except Exception as exc:
                 dev["mig"] = f"error: {exc}"
-            mem = _nvml_call(errors, f"gpu {i} memory", pynvml.nvmlDeviceGetMemoryInfo, h)
-            if mem is not None:
-                dev["memory_used_bytes"], dev["memory_total_bytes"] = mem.used, mem.total
+            # v2 (R510 drivers on) says the driver's reservation apart, as DCGM 3.x's
+            # FB_RESERVED does, and leaves it out of `used`; v1's `used` counts it.
+            try:
+                mem2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+                dev["memory_used_bytes"], dev["memory_total_bytes"] = mem2.used, mem2.total
+                dev["memory_reserved_bytes"], dev["memory_info"] = mem2.reserved, "v2"
+            except Exception as exc:
+                mem = _nvml_call(errors, f"gpu {i} memory", pynvml.nvmlDeviceGetMemoryInfo, h)
+                if mem is not None:
+                    dev["memory_used_bytes"], dev["memory_total_bytes"] = mem.used, mem.total
+                    dev["memory_info"] = f"v1 (v2: {exc})"
             dev.update(_read_power(pynvml, h))
             procs = _nvml_call(
                 errors, f"gpu {i} processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h
@@ -427,13 +435,20 @@ def render_upstream(devices: list[dict[str, Any]]) -> str:
     """A minimal dcgm-exporter /metrics naming the real GPUs, with its label names."""
     lines: list[str] = []
     host = socket.gethostname().replace("\\", "\\\\").replace('"', '\\"')
-    for name, help_text in (
-        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
-        ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+    for name, help_text, key in (
+        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", ""),
+        ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "memory_used_bytes"),
+        (
+            "DCGM_FI_DEV_FB_RESERVED",
+            "Framebuffer memory reserved (in MiB).",
+            "memory_reserved_bytes",
+        ),
     ):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
         for d in devices:
-            value = d.get("memory_used_bytes", 0) // 2**20 if name.endswith("FB_USED") else 0
+            if key and key not in d:
+                continue  # as DCGM writes no field it could not read
+            value = d[key] // 2**20 if key else 0
             model = str(d["name"]).replace("\\", "\\\\").replace('"', '\\"')
             lines.append(
                 f'{name}{{gpu="{d["index"]}",UUID="{d["uuid"]}",device="nvidia{d["index"]}",'
@@ -551,6 +566,11 @@ def check_scrape(text: str, pid: int | None, deadline: Deadline) -> dict[str, An
         for s in samples
         if s.name in ("gpu_container_power_watts", "gpu_unattributed_power_watts")
     ]
+    out["memory"] = [
+        {"name": s.name, "labels": s.labels, "value": s.value}
+        for s in samples
+        if s.name in ("gpu_container_memory_used_bytes", "gpu_unattributed_memory_used_bytes")
+    ]
     out["energy"] = [
         {"labels": s.labels, "value": s.value}
         for s in samples
@@ -629,6 +649,7 @@ def verdicts(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     missing = "no sample for the pid in NVML's window, none from the enricher"
     put("utilization_sample", *about_pid(bool(samples or util), text, missing))
     put("power_split", *power_verdict(devices, sc, pid))
+    put("memory_split", *memory_verdict(devices, sc))
     bad = [r["struct"] for r in report["structs"] if r["ok"] is False]
     sizes = ", ".join(f"{r['struct']} {r['calcsize']}" for r in report["structs"])
     put("struct_layouts", not bad, "mismatch: " + ", ".join(bad) if bad else sizes)
@@ -678,6 +699,39 @@ def power_verdict(
         said += f" ({pods or 'none'})" + ("" if energy_ok else ", energy counter went down")
         parts.append(said)
     return ok, "; ".join(parts)
+
+
+def memory_verdict(
+    devices: list[dict[str, Any]], scrape: dict[str, Any]
+) -> tuple[bool | None, str]:
+    """Each GPU's memory as the simulated dcgm-exporter wrote it from NVML (FB_USED, and
+    FB_RESERVED from the v2 memory info) is the enricher's parts: its containers' memory and
+    every unattributed reason (driver_reserved, not_in_process_list among them), or less than
+    them, with not_in_process_list 0, where the processes grew between the two reads."""
+    read = [d for d in devices if "memory_used_bytes" in d]
+    if not read:
+        return None, "no memory reading"
+    ok = True
+    said: list[str] = []
+    for d in read:
+        device = (d["memory_used_bytes"] >> 20 << 20) + (
+            d.get("memory_reserved_bytes", 0) >> 20 << 20
+        )
+        mine = [m for m in scrape.get("memory", []) if m["labels"].get("UUID") == d["uuid"]]
+        total = sum(m["value"] for m in mine)
+        rest = sum(m["value"] for m in mine if m["labels"].get("reason") == "not_in_process_list")
+        adds_up = bool(mine) and (total == device or (total > device and rest == 0))
+        ok = ok and adds_up
+        parts = ", ".join(
+            f"{m['labels'].get('pod') or m['labels'].get('reason') or m['labels'].get('container')}"
+            f" {int(m['value']) >> 20} MiB"
+            for m in mine
+        )
+        said.append(
+            f"GPU {d['index']}: device {device >> 20} MiB (NVML {d.get('memory_info')}), "
+            f"parts {int(total) >> 20} MiB ({parts or 'none'})"
+        )
+    return ok, "; ".join(said)
 
 
 def render_text(report: dict[str, Any]) -> str:

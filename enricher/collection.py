@@ -8,50 +8,21 @@ Nothing here does I/O; ``device_memory`` is pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .attribution import AllocatedDevice, Attribution
 from .compress import GzipHead
 from .labels import DeviceKey
+from .memory import DeviceMemory, parse_device_memory
 from .model import GpuSnapshot, SourceStatus
 from .node import NodeView
-from .power import DeviceDraw, Part, Who, watched_sample
+from .power import DeviceDraw, Part, Who
 from .promclient import MetricWriter
 from .sources import Outcome
 from .textformat import WatchedLine
 
-MIB = 2**20
-# dcgm-exporter's framebuffer gauges (MiB): the rewrite watches them for the node page.
-FB_USED = "DCGM_FI_DEV_FB_USED"
-FB_FREE = "DCGM_FI_DEV_FB_FREE"
-MEMORY_NAMES = (FB_USED, FB_FREE)
-
 DeviceLabels = dict[DeviceKey, tuple[tuple[str, str], ...]]
-
-
-def device_memory(lines: Iterable[WatchedLine]) -> dict[DeviceKey, tuple[float, float]]:
-    """(used, total) bytes per device from the upstream's FB_USED and FB_FREE sample lines
-    (``RewriteResult.watched``; other watched names are skipped).
-
-    Lines that are not valid exposition, name no GPU or carry a non-finite or negative value
-    are skipped; a device whose series repeat (vGPU copies) keeps the last pair seen.
-    """
-    seen: dict[DeviceKey, dict[str, float]] = {}
-    for line in lines:
-        if line[0] not in MEMORY_NAMES:
-            continue
-        sample = watched_sample(line)
-        if sample is None:
-            continue
-        key, value = sample
-        seen.setdefault(key, {})[line[0]] = value * MIB
-    return {
-        key: (vals[FB_USED], vals[FB_USED] + vals[FB_FREE])
-        for key, vals in seen.items()
-        if FB_USED in vals and FB_FREE in vals
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +56,17 @@ class Head:
     power: PowerView | None  # the power split they were written from
     watched: tuple[WatchedLine, ...] = ()  # the upstream's lines the rewrite handed over
     gzip: GzipHead | None = None
-    memory: dict[DeviceKey, tuple[float, float]] | None = None  # device_memory(watched), once
+    memory: dict[DeviceKey, DeviceMemory] | None = None  # parse_device_memory(watched), once
 
     @property
     def size(self) -> int:
         return sum(len(chunk) for chunk in self.chunks)
 
-    def device_memory(self) -> dict[DeviceKey, tuple[float, float]]:
-        """Each device's (used, total) bytes, worked out on the first call (the node page's)."""
+    def device_memory(self) -> dict[DeviceKey, DeviceMemory]:
+        """Each device's memory, worked out once (for its unattributed parts, or the node
+        page)."""
         if self.memory is None:
-            self.memory = device_memory(self.watched)
+            self.memory = parse_device_memory(self.watched)
         return self.memory
 
 
@@ -129,10 +101,10 @@ class ScrapeResult:
         power: PowerView | None = None,
         head: Head | None = None,
         tail: bytes = b"",
-        memory: dict[DeviceKey, tuple[float, float]] | None = None,
+        memory: dict[DeviceKey, DeviceMemory] | None = None,
     ) -> None:
         """``body`` None: ``head``'s chunks followed by ``tail``. ``memory``: each device's
-        (used, total) bytes (None: the head's, from the lines the rewrite watched)."""
+        memory (None: the head's, from the lines the rewrite watched)."""
         self._body = body
         self.attributions = attributions
         self.snapshot = snapshot
@@ -152,9 +124,9 @@ class ScrapeResult:
             self._body = b"".join((*chunks, self.tail))
         return self._body
 
-    def device_memory(self) -> dict[DeviceKey, tuple[float, float]]:
-        """Each device's (used, total) bytes in this collection, from the upstream's
-        framebuffer gauges as the rewrite handed them over (the model, not the body)."""
+    def device_memory(self) -> dict[DeviceKey, DeviceMemory]:
+        """Each device's memory in this collection, from the upstream's framebuffer gauges as
+        the rewrite handed them over (the model, not the body)."""
         if self.memory is None:
             self.memory = self.head.device_memory() if self.head is not None else {}
         return self.memory
@@ -181,10 +153,12 @@ class CollectionTail(NamedTuple):
 
 
 class ContainerFamilies(NamedTuple):
-    """The container families as written for a node view and the device labels they carry."""
+    """The container families as written for a node view, the device labels they carry and
+    the memory no listed process holds (``memory.memory_parts``)."""
 
     node: NodeView
     identities: DeviceLabels
+    memory: dict[tuple[DeviceKey, str], float]
     text: str
 
 

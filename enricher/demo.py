@@ -13,6 +13,7 @@ procfs reader and cgroup parser, attribution, the rewrite and the HTTP server.
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 import time
@@ -274,6 +275,7 @@ _FIELDS = (
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", False),
     ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", True),
     ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", True),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", True),
     (
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         "gauge",
@@ -296,13 +298,21 @@ _FIELDS = (
 )
 
 
+# What the SIMULATED driver holds that no process NVML lists has (MiB), as DCGM 3.x reports
+# it: its reservation on each whole GPU (FB_RESERVED; none inside a MIG instance), and on
+# GPU 5, allocated to a pod that leaves it idle, memory no listed process holds (what an
+# exited process's context left behind until the driver frees it).
+DRIVER_RESERVED_MIB = 512
+UNLISTED_MIB = {(5, None): 1536}
+
+
 def device_usage(
     gpus: SimulatedGpus, t: float
 ) -> tuple[dict[tuple[int, int | None], float], dict[tuple[int, int | None], float]]:
     """The SIMULATED devices' used memory (MiB) and load (0..1) at ``t``, per (GPU, GPU
     instance) and per whole GPU (GPU, None): each process counted once on its instance and
-    once on its GPU (on a GPU without MIG the two are one key). The simulated driver holds no
-    memory of its own that FB_USED counts: a device's used memory is its processes'."""
+    once on its GPU (on a GPU without MIG the two are one key). FB_USED is its processes'
+    memory and what the simulated driver holds outside them (``UNLISTED_MIB``)."""
     used: dict[tuple[int, int | None], float] = {}
     busy: dict[tuple[int, int | None], float] = {}
     for p in PROCS:
@@ -310,6 +320,8 @@ def device_usage(
         for key in {(p.gpu, p.gi), (p.gpu, None)}:
             used[key] = used.get(key, 0.0) + (gpus.proc_memory(p, t) or 0) / 2**20
             busy[key] = busy.get(key, 0.0) + (MIG_PROCESS_LOAD if util is None else util)
+    for key, mib in UNLISTED_MIB.items():
+        used[key] = used.get(key, 0.0) + mib
     return used, busy
 
 
@@ -359,7 +371,10 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                         20_480 if mig and mig.profile == "2g.20gb" else (10_240 if mig else 81_920)
                     )
                 )
-                mem = round(used.get((gpu.index, gi), 0.0))
+                # Whole MiB, as DCGM writes them: rounded up, so the processes never list more
+                # than FB_USED says the device holds.
+                mem = math.ceil(used.get((gpu.index, gi), 0.0))
+                reserved = 0 if mig else DRIVER_RESERVED_MIB
                 load = min(1.0, busy.get((gpu.index, gi), 0.0))
                 value = {
                     "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
@@ -373,8 +388,9 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                     "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
                     "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),
                     "DCGM_FI_DEV_XID_ERRORS": 0,
-                    "DCGM_FI_DEV_FB_FREE": max(0, total - mem),
+                    "DCGM_FI_DEV_FB_FREE": max(0, total - mem - reserved),
                     "DCGM_FI_DEV_FB_USED": mem,
+                    "DCGM_FI_DEV_FB_RESERVED": reserved,
                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(load, 6),
                     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
                     # One GPU has had a few correctable errors, as aging HBM does.

@@ -98,10 +98,13 @@ def render_families(
     allocated: Sequence[AllocatedDevice] = (),
     label_sets: LabelSets | None = None,
     taints: Mapping[DeviceKey, Sequence[DeviceTaint]] | None = None,
+    memory: Mapping[tuple[DeviceKey, str], float] | None = None,
 ) -> str:
     """Render the per-container, per-process, unattributed, allocation and pod-info families,
     in Docker mode gpu_container_info, and with ``options.device_taints`` (or any taint)
     gpu_device_taint of ``taints`` (by device key: ``attribution.device_taints``).
+    ``memory``: the bytes of each device that no listed process holds, by (device key,
+    reason) (``memory.memory_parts``), written as unattributed memory beside the processes'.
     ``label_sets``: the caller's label memo (MetricWriter.render)."""
     w = MetricWriter()
     w.family(MEM, "GPU memory used by a container's processes on a GPU or MIG instance (NVML).")
@@ -120,7 +123,8 @@ def render_families(
         w.family(PROC_MEM, "GPU memory used by one process (NVML), with its pod if known.")
     w.family(
         UNATTR,
-        "GPU memory held by processes that belong to no known pod, by reason.",
+        "GPU memory no container holds, by reason: processes of no known pod, the driver's "
+        "reservation, memory no listed process holds.",
     )
     w.family(
         POD_INFO,
@@ -130,7 +134,7 @@ def render_families(
     mem: dict[tuple[DeviceKey, str, str, str], int] = defaultdict(int)
     mem_known: set[tuple[DeviceKey, str, str, str]] = set()
     util: dict[tuple[DeviceKey, str, str, str], float] = defaultdict(float)
-    unattr: dict[tuple[DeviceKey, str], int] = defaultdict(int)
+    unattr: dict[tuple[DeviceKey, str], float] = defaultdict(int)
     pods: dict[str, PodInfo] = {}
     containers: dict[str, DockerContainer] = {}
 
@@ -180,6 +184,8 @@ def render_families(
         key, ns, pod, container = ck
         labels = (*ident(key), ("namespace", ns), ("pod", pod), ("container", container))
         w.sample(UTIL, labels, min(1.0, max(0.0, util[ck])))
+    for part, value in (memory or {}).items():
+        unattr[part] += value
     for key, reason in sorted(unattr):
         # Empty pod labels, present: with honor_labels Prometheus would otherwise attach the
         # enricher's own pod to memory that belongs to no pod.

@@ -1,9 +1,11 @@
 """The page at ``/``: this node's GPUs and who is on each, as of the last scrape.
 
 The ``ps`` view as a page: one section per GPU or MIG instance with a memory bar per container,
-SM utilization, namespace, pod, container, workload and the memory of processes that belong
-to no pod. It refreshes itself and loads nothing from elsewhere (inline CSS, no script), so it
-works offline and behind ``kubectl port-forward``.
+SM utilization, namespace, pod, container, workload, the memory of processes that belong to no
+pod, and the device's memory no listed process holds (the driver's reservation, the rest), so
+the rows add up to the device's used memory as ``/metrics`` does. It refreshes itself and
+loads nothing from elsewhere (inline CSS, no script), so it works offline and
+behind ``kubectl port-forward``.
 
 It reads the collection's model (``Collection``; ``enricher.collection.ScrapeResult`` is one):
 the attribution, the allocations, the power split and each device's memory from the upstream's
@@ -22,9 +24,16 @@ from typing import Protocol
 
 from . import __version__
 from .attribution import Attribution
-from .collection import MIB, PowerView
+from .collection import PowerView
 from .config import Config
 from .labels import DeviceKey
+from .memory import (
+    MIB,
+    REASON_DRIVER_RESERVED,
+    REASON_NOT_IN_PROCESS_LIST,
+    DeviceMemory,
+    memory_parts,
+)
 from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
 from .power import REASON_IDLE
 
@@ -68,7 +77,7 @@ class Collection(Protocol):
     def finished_at(self) -> float: ...
     @property
     def power(self) -> PowerView | None: ...
-    def device_memory(self) -> Mapping[DeviceKey, tuple[float, float]]: ...
+    def device_memory(self) -> Mapping[DeviceKey, DeviceMemory]: ...
 
 
 def allocation_label(al: Allocation) -> str:
@@ -87,7 +96,7 @@ class OwnerRow:
     pod: str
     container: str
     workload: str
-    memory_bytes: int | None  # None when NVML could not tell for any of its processes
+    memory_bytes: float | None  # None when NVML could not tell for any of its processes
     util_ratio: float | None  # None where NVML has no per-process data (MIG)
     processes: tuple[tuple[int, str], ...]  # (pid, command)
     reason: str = ""  # non-empty: no pod, and why
@@ -106,7 +115,7 @@ class DeviceView:
     power_watts: float | None = None  # the whole GPU's draw (a MIG instance: its GPU's)
 
     @property
-    def unattributed_bytes(self) -> int:
+    def unattributed_bytes(self) -> float:
         return sum(o.memory_bytes or 0 for o in self.owners if o.reason)
 
 
@@ -118,7 +127,7 @@ class PageView:
     pods: frozenset[tuple[str, str]] = field(default_factory=frozenset)
 
     @property
-    def unattributed_bytes(self) -> int:
+    def unattributed_bytes(self) -> float:
         return sum(d.unattributed_bytes for d in self.devices)
 
     @property
@@ -199,6 +208,19 @@ def _with_power(
     return tuple(rows)
 
 
+def _with_memory_parts(
+    key: DeviceKey, owners: tuple[OwnerRow, ...], parts: Mapping[tuple[DeviceKey, str], float]
+) -> tuple[OwnerRow, ...]:
+    """The rows of the device's memory no listed process holds, after the processes' (as
+    gpu_unattributed_memory_used_bytes writes them: ``memory.memory_parts``)."""
+    extra = [
+        OwnerRow("", "", "", "", value, None, (), reason)
+        for (k, reason), value in sorted(parts.items())
+        if k == key and value > 0
+    ]
+    return owners + tuple(extra)
+
+
 def _device_list(snapshot: GpuSnapshot) -> list[tuple[DeviceKey, str, str]]:
     out: list[tuple[DeviceKey, str, str]] = []
     for dev in sorted(snapshot.devices, key=lambda d: d.index):
@@ -231,26 +253,33 @@ def build_view(last: Collection | None) -> PageView:
     for al in allocations:
         allocated[al.key].append(al)
     memory = last.device_memory()
+    # The same parts /metrics writes, by the same function over the same model.
+    parts = memory_parts(memory, last.attributions)
     power = last.power
     devices = []
     listed: set[DeviceKey] = set()
     for key, title, model in _device_list(last.snapshot):
         listed.add(key)
-        used, total = memory.get(key, (None, None))
+        used, total = _used_total(memory.get(key))
         owners = _owner_rows(by_device[key], allocated[key])
         device_watts = None
         if power is not None:
             owners = _with_power(key, owners, power)
             device_watts = power.device_watts.get(key[0])
+        owners = _with_memory_parts(key, owners, parts)
         devices.append(DeviceView(key, title, model, used, total, owners, device_watts))
     # Devices NVML did not list on this scrape: never hide who is on them.
     for key in sorted((set(by_device) | set(allocated)) - listed):
-        used, total = memory.get(key, (None, None))
+        used, total = _used_total(memory.get(key))
         title = f"{key[0]}" + (f" (GI {key[1]})" if key[1] else "")
-        owners = _owner_rows(by_device[key], allocated[key])
+        owners = _with_memory_parts(key, _owner_rows(by_device[key], allocated[key]), parts)
         devices.append(DeviceView(key, title, "", used, total, owners))
     pods = frozenset((o.namespace, o.pod) for d in devices for o in d.owners if o.pod)
     return PageView(tuple(devices), tuple(last.statuses), last.finished_at, pods)
+
+
+def _used_total(mem: DeviceMemory | None) -> tuple[float | None, float | None]:
+    return (None, None) if mem is None else (mem.in_use, mem.total)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -334,10 +363,9 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
                 f"<td>{_e(o.container)}</td><td>{_wrappable(o.workload)}</td>"
                 f"<td>{_wrappable(o.allocated) or not_allocated}</td>"
             )
-        procs = _processes(o) or (
-            "<span class='un'>no process, no allocation</span>"
-            if o.reason == REASON_IDLE
-            else "<span class='un'>no process: allocated, idle</span>"
+        procs = (
+            _processes(o)
+            or f"<span class='un'>{_e(_NO_PROCESS.get(o.reason, _IDLE_ALLOCATION))}</span>"
         )
         cells = (
             f"<td class='mem'>{mem}</td><td class='num'>{_e(util)}</td>"
@@ -346,6 +374,15 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
         )
         rows.append(f"<tr>{head if i == 0 else ''}{cells}</tr>")
     return "<tbody>" + "".join(rows) + "</tbody>"
+
+
+_IDLE_ALLOCATION = "no process: allocated, idle"
+# What the processes column says for a row that no process makes up.
+_NO_PROCESS = {
+    REASON_IDLE: "no process, no allocation",
+    REASON_DRIVER_RESERVED: "the driver's reservation (FB_RESERVED)",
+    REASON_NOT_IN_PROCESS_LIST: "held by no process NVML lists",
+}
 
 
 def _sources(statuses: Sequence[SourceStatus]) -> str:

@@ -14,7 +14,6 @@ from typing import cast
 
 from .cgroupmem import CGROUPFS, read_limit
 from .collection import (
-    MEMORY_NAMES,
     CollectionTail,
     ContainerFamilies,
     DeviceLabels,
@@ -27,7 +26,8 @@ from .collection import (
 from .compress import GzipHead
 from .config import Config
 from .families import RenderOptions, render_families
-from .labels import RewritePlan
+from .labels import DeviceKey, RewritePlan
+from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
 from .model import SourceStatus
 from .node import NodeSide, NodeView, PodSource
 from .power import (
@@ -307,7 +307,11 @@ class Scraper:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
             self._remember(rewritten.identities)
         identities = {**node.fallback, **self._upstream_device_labels}
-        families = self._families(node, identities, self._options)
+        # Each device's memory and the parts of it no listed process holds (enricher.memory).
+        memory = parse_device_memory(rewritten.watched) if rewritten is not None else {}
+        families = self._families(
+            node, identities, self._options, memory_parts(memory, node.attributions)
+        )
         # The power split of this collection (its energy accounted once) and its families.
         power_body, power = self._power(
             text, rewritten.watched if rewritten is not None else (), node, identities
@@ -322,6 +326,7 @@ class Scraper:
             # Read again (every scrape without following), but the same bytes: keep the
             # encoded body and its gzip.
             head.text, head.node, head.identities, head.power = text, node, identities, power
+            head.memory = memory
             return head
         encoded = b""
         if out is not None:
@@ -342,6 +347,7 @@ class Scraper:
             power_body,
             power,
             rewritten.watched if rewritten is not None else (),
+            memory=memory,
         )
         self._newest_head = head
         return head
@@ -449,11 +455,18 @@ class Scraper:
         self._power_written = PowerWritten(draws, identities, body, view)
         return body, view
 
-    def _families(self, node: NodeView, identities: DeviceLabels, options: RenderOptions) -> str:
+    def _families(
+        self,
+        node: NodeView,
+        identities: DeviceLabels,
+        options: RenderOptions,
+        memory: dict[tuple[DeviceKey, str], float],
+    ) -> str:
         last = self._container_families
         if (
             last is not None
             and last.identities == identities
+            and last.memory == memory
             and (
                 last.node is node
                 # A new read that found the same processes, owners and memory (a MIG node
@@ -466,12 +479,18 @@ class Scraper:
                 )
             )
         ):
-            self._container_families = ContainerFamilies(node, identities, last.text)
+            self._container_families = ContainerFamilies(node, identities, memory, last.text)
             return last.text
         text = render_families(
-            node.attributions, identities, options, node.allocated, self._label_sets, node.taints
+            node.attributions,
+            identities,
+            options,
+            node.allocated,
+            self._label_sets,
+            node.taints,
+            memory,
         )
-        self._container_families = ContainerFamilies(node, identities, text)
+        self._container_families = ContainerFamilies(node, identities, memory, text)
         return text
 
     async def _scrape_once(self) -> ScrapeResult:

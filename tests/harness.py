@@ -53,6 +53,7 @@ from enricher.app import make_app
 from enricher.config import Config
 from enricher.docker import DockerSource
 from enricher.kube import KubernetesSource
+from enricher.memory import MIB, REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
 from enricher.pipeline import Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode.kubelet import SimulatedKubelet
@@ -159,6 +160,62 @@ def series(text: str, name: str) -> list[dict[str, str]]:
                 if s.name == name
             ]
     return []
+
+
+# The reasons of memory no listed process holds (enricher.memory).
+MEMORY_REASONS = (REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST)
+
+
+def process_reasons(text: str) -> list[dict[str, str]]:
+    """gpu_unattributed_memory_used_bytes of processes: without the reasons of memory no
+    listed process holds (``MEMORY_REASONS``)."""
+    return [
+        s
+        for s in series(text, "gpu_unattributed_memory_used_bytes")
+        if s["reason"] not in MEMORY_REASONS
+    ]
+
+
+def memory_gaps(text: str) -> dict[tuple[str, str], float]:
+    """Per device (UUID, GPU_I_ID) whose upstream writes FB_USED: FB_USED + FB_RESERVED (in
+    bytes) less its containers' memory and every unattributed reason's, as written; 0.0 on
+    every device where the memory adds up. A MIG GPU's own reading is left out where its
+    instances have theirs."""
+
+    def by_device(name: str, scale: float = 1.0) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for s in series(text, name):
+            key = (s["UUID"], s.get("GPU_I_ID", ""))
+            out[key] = out.get(key, 0.0) + float(s["__value__"]) * scale
+        return out
+
+    used = by_device("DCGM_FI_DEV_FB_USED", MIB)
+    reserved = by_device("DCGM_FI_DEV_FB_RESERVED", MIB)
+    held = by_device("gpu_container_memory_used_bytes")
+    for key, value in by_device("gpu_unattributed_memory_used_bytes").items():
+        held[key] = held.get(key, 0.0) + value
+    split = {uuid for uuid, gi in used if gi}
+    return {
+        key: value + reserved.get(key, 0.0) - held.get(key, 0.0)
+        for key, value in used.items()
+        if key[1] or key[0] not in split
+    }
+
+
+def assert_memory_adds_up(text: str) -> None:
+    """On every device with FB_USED, the parts written are never less than the device's
+    memory, and exactly it wherever some memory is held by no listed process (the processes
+    list less than FB_USED; where they list more, ``not_in_process_list`` is 0)."""
+    rest = {
+        (s["UUID"], s.get("GPU_I_ID", "")): float(s["__value__"])
+        for s in series(text, "gpu_unattributed_memory_used_bytes")
+        if s["reason"] == "not_in_process_list"
+    }
+    gaps = memory_gaps(text)
+    assert set(gaps) <= set(rest), "a device with FB_USED has no not_in_process_list"
+    assert all(gap <= 0.0 for gap in gaps.values()), gaps
+    assert all(gaps[key] == 0.0 for key, value in rest.items() if value > 0), gaps
+    assert all(value >= 0.0 for value in rest.values()), rest
 
 
 def ps_rows(text: str) -> dict[str, dict[str, str]]:

@@ -36,7 +36,15 @@ from enricher.simnode.kubelet import list_response
 from enricher.simnode.node import SimPod
 
 from .conftest import GOLDEN, assert_valid_exposition
-from .harness import MakeStack, Stack, cid, normalise, series
+from .harness import (
+    MakeStack,
+    Stack,
+    assert_memory_adds_up,
+    cid,
+    normalise,
+    process_reasons,
+    series,
+)
 from .nvmlfake import FakeNvmlState
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "allocation.prom"
@@ -332,11 +340,9 @@ async def test_allocation_and_usage_families(node_factory: Any) -> None:
     }
     assert util[(U[2], "embed-a-0")] == pytest.approx(0.25)
     assert util[(U[5], "finetune-done-0")] == 0.0
-    unattr = {
-        (r["UUID"], r["reason"]): float(r["__value__"])
-        for r in series(text, "gpu_unattributed_memory_used_bytes")
-    }
+    unattr = {(r["UUID"], r["reason"]): float(r["__value__"]) for r in process_reasons(text)}
     assert unattr == {(U[2], "mps_server"): GIB / 2}
+    assert_memory_adds_up(text)
     info = {r["pod"]: r for r in series(text, "gpu_pod_info")}
     assert MPS_DAEMON.name not in info
     assert info["jupyter-bob"]["gpu_requested"] == "false"

@@ -719,6 +719,26 @@ def test_power_split_adds_up_on_every_gpu_the_demo_simulates(stack: Stack) -> No
     assert stack.poll("honor_labels", "gpu_container_energy_joules_total")
 
 
+def test_memory_adds_up_on_every_device_the_demo_simulates(stack: Stack) -> None:
+    """In the real Prometheus scraping the demo: on each GPU and MIG instance, the containers'
+    memory plus every unattributed reason (the driver's reservation and what no listed
+    process holds among them) is the device's FB_USED + FB_RESERVED of the same scrape."""
+    devices = stack.poll("honor_labels", "count by (UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED)")
+    assert len(devices) >= 10  # 7 whole GPUs and GPU 2's MIG instances
+    parts = '{__name__=~"gpu_container_memory_used_bytes|gpu_unattributed_memory_used_bytes"}'
+    gap = stack.query(
+        "honor_labels",
+        "abs(max by (UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_RESERVED) * 1048576"
+        f" - sum by (UUID, GPU_I_ID) ({parts}))",
+    )
+    assert len(gap) == len(devices)
+    assert all(float(s["value"][1]) < 1 for s in gap), gap
+    reserved = stack.query(
+        "honor_labels", 'gpu_unattributed_memory_used_bytes{reason="driver_reserved"} > 0'
+    )
+    assert len(reserved) == 7  # each whole GPU; none inside a MIG instance
+
+
 def test_dra_allocation_joins_the_upstreams_series(stack: Stack) -> None:
     """The demo's DRA pod in a real Prometheus: its gpu_container_allocated carries the driver
     as `resource` and dcgm-exporter's five dra_* labels, and joins the upstream's series of

@@ -1,11 +1,12 @@
 """The demo tells the truth about its own simulated node.
 
 The demo is the first thing a newcomer sees, so its numbers must add up as a real node's do:
-a device's used memory (DCGM_FI_DEV_FB_USED) is the memory of its processes (the story
-declares no other), a GPU nobody computes on shows zero utilization, the node page shows the
-figures /metrics serves, and `ps` and `resolve` work against a running demo as
-docs/commands.md shows. Everything below the enricher is SIMULATED (there is no GPU or cluster
-here): the GPUs, the dcgm-exporter, the kubelet, /proc and the pods of enricher.demo.
+a device's used memory (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_RESERVED) is the memory of its
+processes, the driver's reservation and what the story declares no listed process holds, a
+GPU nobody computes on shows zero utilization, the node page shows the figures /metrics
+serves, and `ps` and `resolve` work against a running demo as docs/commands.md shows.
+Everything below the enricher is SIMULATED (there is no GPU or cluster here): the GPUs, the
+dcgm-exporter, the kubelet, /proc and the pods of enricher.demo.
 """
 
 from __future__ import annotations
@@ -60,15 +61,25 @@ def by_device(text: str, name: str) -> dict[DeviceKey, float]:
 @pytest.mark.parametrize("t", [T0, T0 + 37.5, T0 + 600, T0 + 3 * 3600 + 11])
 def test_device_memory_is_its_processes_memory(t: float) -> None:
     """FB_USED of every GPU and MIG instance is what the SIMULATED NVML lists for its
-    processes at the same moment, each counted once (the defect: twice on a GPU without MIG)."""
+    processes at the same moment, each counted once (the defect: twice on a GPU without MIG),
+    in whole MiB rounded up, plus what the story says no listed process holds; FB_RESERVED is
+    the driver's on each whole GPU, and the three fields make the board's total."""
     nvml = demo.demo_gpus(lambda: t).fetch()
     listed: dict[DeviceKey, float] = defaultdict(float)
     for p in nvml.processes:
         listed[(p.gpu_uuid, "" if p.gi_id is None else str(p.gi_id))] += p.used_memory_bytes or 0
     served = demo.render_upstream(demo.demo_gpus(lambda: t), collected(t))
     used = by_device(served, "DCGM_FI_DEV_FB_USED")
+    reserved = by_device(served, "DCGM_FI_DEV_FB_RESERVED")
+    free = by_device(served, "DCGM_FI_DEV_FB_FREE")
+    index = {g.uuid: g.index for g in demo.GPUS}
     for key, mib in used.items():
-        assert mib == round(listed.get(key, 0) / MIB), key
+        gi = int(key[1]) if key[1] else None
+        unlisted = demo.UNLISTED_MIB.get((index[key[0]], gi), 0)
+        assert mib == -(-listed.get(key, 0) // MIB) + unlisted, key
+        assert reserved[key] == (0 if key[1] else demo.DRIVER_RESERVED_MIB), key
+        if not key[1]:
+            assert mib + reserved[key] + free[key] == 81_920, key
     # Every device with a process reports its memory: none is left out of the comparison.
     assert set(listed) <= set(used)
 
@@ -105,19 +116,27 @@ async def frozen_demo(tmp_path: Path) -> Any:
 
 async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> None:
     """Through the real enricher: on every device, its containers' memory plus its
-    unattributed memory is FB_USED; the node page shows FB_USED and each container's memory
-    as /metrics has them; the finished job's container is at zero utilization."""
+    unattributed memory (the driver's reservation and what no listed process holds included)
+    is FB_USED + FB_RESERVED to the byte; the node page shows that and each container's
+    memory as /metrics has them; the finished job's container is at zero utilization."""
     async with aiohttp.ClientSession() as session:
         async with session.get(frozen_demo + "/metrics") as r:
             text = await r.text()
         async with session.get(frozen_demo + "/") as r:
             page = await r.text()
     fb_used = by_device(text, "DCGM_FI_DEV_FB_USED")
+    fb_reserved = by_device(text, "DCGM_FI_DEV_FB_RESERVED")
     held = by_device(text, "gpu_container_memory_used_bytes")
     unattributed = by_device(text, "gpu_unattributed_memory_used_bytes")
     for key, mib in fb_used.items():
         accounted = held.get(key, 0.0) + unattributed.get(key, 0.0)
-        assert mib == round(accounted / MIB), (key, mib, accounted / MIB)
+        assert (mib + fb_reserved[key]) * MIB == accounted, (key, mib, accounted / MIB)
+    reasons = {
+        labels["reason"]: value
+        for labels, value in samples(text, "gpu_unattributed_memory_used_bytes")
+        if labels["gpu"] == "5"
+    }
+    assert reasons == {"driver_reserved": 512 * MIB, "not_in_process_list": 1536 * MIB}
     idle = [
         value
         for labels, value in samples(text, "gpu_container_utilization_ratio")
@@ -131,8 +150,12 @@ async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> 
 
     fb_free = by_device(text, "DCGM_FI_DEV_FB_FREE")
     for key, mib in fb_used.items():
-        line = f"{shown(mib * MIB)} of {shown((mib + fb_free[key]) * MIB)} used"
+        in_use = mib + fb_reserved[key]
+        line = f"{shown(in_use * MIB)} of {shown((in_use + fb_free[key]) * MIB)} used"
         assert line in page, (key, line)
+    # The parts no process makes up, as rows of their own.
+    assert "<code>driver_reserved</code>" in page
+    assert "<code>not_in_process_list</code>" in page
     # One table row per container on a device: its memory cell, then its pod cell.
     row_re = re.compile(
         r"<td class='mem'>.*?<span class='num'>([^<]*)</span>.*<td class='pod'>([^<]*)<"

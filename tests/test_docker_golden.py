@@ -45,9 +45,11 @@ from .dockerapi import DockerAPI, compose_labels, container_id
 from .harness import (
     MakeStack,
     Stack,
+    assert_memory_adds_up,
     check_golden,
     docker_engine,
     nvml_state_of,
+    process_reasons,
     ps_rows,
     series,
 )
@@ -266,8 +268,9 @@ async def test_container_families(host_factory: Any) -> None:
     assert util == pytest.approx({TRAIN.name: 0.85, NOTEBOOK.name: 0.30, ROOTLESS.name: 0.25})
     unattr = {
         (s["UUID"], s.get("GPU_I_ID", ""), s["reason"]): float(s["__value__"])
-        for s in series(text, "gpu_unattributed_memory_used_bytes")
+        for s in process_reasons(text)
     }
+    assert_memory_adds_up(text)
     assert unattr == {
         (U[2], "2", "host_process"): 9.0 * GIB,
         (U[2], "3", "container_not_found"): 2.0 * GIB,
@@ -388,7 +391,7 @@ async def test_container_not_in_pod_without_docker_mode(
     finally:
         await scraper.close()
     text = result.body.decode()
-    reasons = {s["reason"] for s in series(text, "gpu_unattributed_memory_used_bytes")}
+    reasons = {s["reason"] for s in process_reasons(text)}
     assert reasons == {"container_not_in_pod", "host_process", "mps_server"}
     assert series(text, "gpu_container_memory_used_bytes") == []
     assert "gpu_container_info" not in text

@@ -27,7 +27,16 @@ from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode, SimPod, SimProc
 
 from .conftest import as_prometheus_client_writes, assert_valid_exposition
-from .harness import MakeStack, Stack, check_golden, cid, nvml_state_of, series
+from .harness import (
+    MakeStack,
+    Stack,
+    assert_memory_adds_up,
+    check_golden,
+    cid,
+    nvml_state_of,
+    process_reasons,
+    series,
+)
 from .nvmlfake import default_mig_uuid
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
@@ -326,13 +335,24 @@ async def test_node_attribution(node_factory: Any) -> None:
     assert all(u != U[2] for u, _ in utils)  # MIG: NVML has no per-process data
     unattr = {
         (s["UUID"], s.get("GPU_I_ID", ""), s["reason"]): float(s["__value__"])
-        for s in series(text, "gpu_unattributed_memory_used_bytes")
+        for s in process_reasons(text)
     }
     assert unattr == {
         (U[1], "", "pod_not_found"): 2 * gib,
         (U[1], "", "process_exited"): 3 * gib,
         (U[2], "2", "host_process"): 9 * gib,
     }
+    # The memory no listed process holds makes each device's memory add up (this fixture's
+    # FB_USED is below its processes' memory on most devices: not_in_process_list is 0
+    # there); on the probe's instance, whose process NVML gives no figure for, it is all.
+    assert_memory_adds_up(text)
+    rest = {
+        (s["UUID"], s.get("GPU_I_ID", "")): float(s["__value__"])
+        for s in series(text, "gpu_unattributed_memory_used_bytes")
+        if s["reason"] == "not_in_process_list"
+    }
+    probe = float(fb[f"{U[2]}/3"]["__value__"]) * (1 << 20)
+    assert rest[(U[2], "3")] == probe > 0
     info = {s["pod"]: s for s in series(text, "gpu_pod_info")}
     assert set(info) == {
         "jupyter-alice",

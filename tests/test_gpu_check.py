@@ -96,6 +96,10 @@ def test_check_on_the_fake_nvml(
     assert power[gpu0]["labels"]["reason"] == "host_process"
     assert (power[gpu1]["labels"]["reason"], power[gpu1]["value"]) == ("idle", 88.0)
     assert "NVML 301.5 W, enricher's parts 301.5 W" in report["checks"]["power_split"]["detail"]
+    # The memory split: the fake has no v2 memory info, so no reservation; each GPU's parts
+    # are its FB_USED (the sleeper's 256 MiB and what no listed process holds).
+    split = report["checks"]["memory_split"]["detail"]
+    assert "(NVML v1" in split and "not_in_process_list" in split, split
     assert report["runtime_s"] < 60
     assert "result: ok" in output
 

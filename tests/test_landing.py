@@ -20,10 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.attribution import AllocatedDevice, Attribution
-from enricher.collection import MEMORY_NAMES, MIB, PowerView, ScrapeResult, device_memory
+from enricher.collection import PowerView, ScrapeResult
 from enricher.config import Config
 from enricher.labels import RewritePlan
 from enricher.landing import build_view, render_landing
+from enricher.memory import MEMORY_NAMES, MIB, DeviceMemory, parse_device_memory
 from enricher.model import (
     GpuDevice,
     GpuProcess,
@@ -53,21 +54,37 @@ G2 = "GPU-22222222-2222-4222-8222-222222222222"
         pytest.param(
             f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{G0}"}} 1000\n'
             f'DCGM_FI_DEV_FB_FREE{{gpu="0",UUID="{G0}"}} 3000\n',
-            {(G0, ""): (1000 * MIB, 4000 * MIB)},
+            {(G0, ""): DeviceMemory(1000 * MIB, 3000 * MIB)},
             id="whole-gpu",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{G0}"}} 1000\n'
+            f'DCGM_FI_DEV_FB_FREE{{gpu="0",UUID="{G0}"}} 2500\n'
+            f'DCGM_FI_DEV_FB_RESERVED{{gpu="0",UUID="{G0}"}} 500\n',
+            {(G0, ""): DeviceMemory(1000 * MIB, 2500 * MIB, 500 * MIB)},
+            id="reserved",
         ),
         pytest.param(
             f'DCGM_FI_DEV_FB_FREE{{UUID="{G1}",GPU_I_ID="5"}} 10\n'
             f'DCGM_FI_DEV_FB_USED{{UUID="{G1}",GPU_I_ID="5"}} 30\n',
-            {(G1, "5"): (30 * MIB, 40 * MIB)},
+            {(G1, "5"): DeviceMemory(30 * MIB, 10 * MIB)},
             id="mig-instance",
         ),
         pytest.param(
             f'DCGM_FI_DEV_FB_USED{{uuid="{G0}"}} 1\nDCGM_FI_DEV_FB_FREE{{uuid="{G0}"}} 1\n',
-            {(G0, ""): (MIB, 2 * MIB)},
+            {(G0, ""): DeviceMemory(MIB, MIB)},
             id="old-scheme-uuid",
         ),
-        pytest.param(f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} 1000\n', {}, id="free-missing-no-total"),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} 1000\n',
+            {(G0, ""): DeviceMemory(1000 * MIB)},
+            id="free-missing-no-total",
+        ),
+        pytest.param(
+            f'DCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 1000\nDCGM_FI_DEV_FB_RESERVED{{UUID="{G0}"}} 1\n',
+            {},
+            id="used-missing-no-device",
+        ),
         pytest.param(
             f'DCGM_FI_DEV_FB_USED{{UUID="{G0}"}} lots\nDCGM_FI_DEV_FB_FREE{{UUID="{G0}"}} 1\n',
             {},
@@ -89,7 +106,7 @@ G2 = "GPU-22222222-2222-4222-8222-222222222222"
         pytest.param(
             'DCGM_FI_DEV_FB_USED{UUID="GPU-\\"q\\"\\\\"} 2\n'
             'DCGM_FI_DEV_FB_FREE{UUID="GPU-\\"q\\"\\\\"} 2\n',
-            {('GPU-"q"\\', ""): (2 * MIB, 4 * MIB)},
+            {('GPU-"q"\\', ""): DeviceMemory(2 * MIB, 2 * MIB)},
             id="escaped-uuid",
         ),
         pytest.param(
@@ -103,10 +120,10 @@ G2 = "GPU-22222222-2222-4222-8222-222222222222"
 )
 def test_device_memory(body: str, expected: dict[Any, Any]) -> None:
     """From the lines the rewrite hands over (RewriteResult.watched), as the upstream wrote
-    them: the same figures the served FB_USED and FB_FREE series carry."""
-    assert device_memory(watched_lines(body, MEMORY_NAMES)) == expected
+    them: the same figures the served FB_USED, FB_FREE and FB_RESERVED series carry."""
+    assert parse_device_memory(watched_lines(body, MEMORY_NAMES)) == expected
     rewritten = Rewriter(watch=MEMORY_NAMES).rewrite(body, RewritePlan())
-    assert device_memory(rewritten.watched) == expected
+    assert parse_device_memory(rewritten.watched) == expected
 
 
 # --------------------------------------------------------------------------- the view
@@ -166,7 +183,7 @@ STATUSES = [SourceStatus("upstream", True, 0.01, 0), SourceStatus("nvml", False,
 def result(**kw: Any) -> ScrapeResult:
     fields = {
         "body": FB,
-        "memory": device_memory(watched_lines(FB.decode(), MEMORY_NAMES)),
+        "memory": parse_device_memory(watched_lines(FB.decode(), MEMORY_NAMES)),
         "attributions": ATTRIBUTIONS,
         "snapshot": SNAPSHOT,
         "statuses": STATUSES,
@@ -184,29 +201,54 @@ def test_view_lists_every_device_and_who_is_on_it() -> None:
     gpu0 = view.devices[0]
     assert (gpu0.used_bytes, gpu0.total_bytes) == (6000 * MIB, 81920 * MIB)
     rows = [(o.namespace, o.pod, o.container, o.reason) for o in gpu0.owners]
-    # Biggest first, the unattributed processes last.
+    # Biggest first, the unattributed processes last, then the memory no process lists
+    # (FB_USED 6000 MiB, the processes 5800 MiB).
     assert rows == [
         ("inference", "vllm-abc", "vllm", ""),
         ("ml", "train-0", "main", ""),
         ("", "", "", "host_process"),
+        ("", "", "", "not_in_process_list"),
     ]
+    assert gpu0.owners[-1].memory_bytes == 200 * MIB
+    assert sum(o.memory_bytes or 0 for o in gpu0.owners) == gpu0.used_bytes
     train = gpu0.owners[1]
     assert train.memory_bytes == 1500 * MIB
     assert train.util_ratio == pytest.approx(0.75)
     assert train.processes == ((11, "python"), (12, "pt_data_worker"))
     assert train.workload == "Job/train"
-    assert gpu0.unattributed_bytes == 300 * MIB
+    assert gpu0.unattributed_bytes == 500 * MIB
     mig = view.devices[1]
     assert mig.owners[0].util_ratio is None  # NVML has no per-process data on MIG
     assert view.devices[2].owners == () and view.devices[3].owners == ()
     assert view.pods == {("ml", "train-0"), ("inference", "vllm-abc"), ("research", "bert-0")}
-    assert view.unattributed_bytes == 300 * MIB
+    assert view.unattributed_bytes == 600 * MIB  # GI 1: 2100 MiB used, 2000 MiB listed
+
+
+def test_view_shows_the_reservation_and_the_remainder_as_metrics_writes_them() -> None:
+    """A device's rows are its containers, each unattributed reason, the driver's
+    reservation and the rest: they add up to FB_USED + FB_RESERVED, the page's "used"."""
+    memory = {(G0, ""): DeviceMemory(6000 * MIB, 70000 * MIB, 500 * MIB)}
+    view = build_view(result(memory=memory))
+    gpu0 = view.devices[0]
+    parts = {o.reason: o.memory_bytes for o in gpu0.owners if o.reason}
+    assert parts == {
+        "host_process": 300 * MIB,
+        "driver_reserved": 500 * MIB,
+        "not_in_process_list": 200 * MIB,
+    }
+    assert sum(o.memory_bytes or 0 for o in gpu0.owners) == gpu0.used_bytes == 6500 * MIB
+    assert gpu0.total_bytes == 76500 * MIB
+    page = render_landing(result(memory=memory), Config())
+    assert "<code>driver_reserved</code>" in page
+    assert "the driver&#x27;s reservation (FB_RESERVED)" in page
+    assert "<code>not_in_process_list</code>" in page
+    assert "held by no process NVML lists" in page
 
 
 class _Model:
     """A collection's model as the page reads it, with no served body at all."""
 
-    def __init__(self, memory: dict[Any, tuple[float, float]]) -> None:
+    def __init__(self, memory: dict[Any, DeviceMemory]) -> None:
         self.attributions = ATTRIBUTIONS
         self.allocations: list[AllocatedDevice] = []
         self.snapshot = SNAPSHOT
@@ -215,7 +257,7 @@ class _Model:
         self.power = None
         self._memory = memory
 
-    def device_memory(self) -> dict[Any, tuple[float, float]]:
+    def device_memory(self) -> dict[Any, DeviceMemory]:
         return self._memory
 
 
@@ -223,10 +265,11 @@ def test_device_memory_comes_from_the_model_never_the_body() -> None:
     """The page reads the collection's model (the framebuffer gauges as the rewrite handed
     them over), not the bytes /metrics served: a model without a body builds the page, and
     where a body says otherwise, the model wins."""
-    view = build_view(_Model({(G0, ""): (1 * MIB, 2 * MIB)}))
+    view = build_view(_Model({(G0, ""): DeviceMemory(1 * MIB, 1 * MIB)}))
     assert (view.devices[0].used_bytes, view.devices[0].total_bytes) == (MIB, 2 * MIB)
-    assert "1 MiB of 2 MiB used" in render_landing(_Model({(G0, ""): (MIB, 2 * MIB)}), Config())
-    served = result(memory={(G2, ""): (3 * MIB, 4 * MIB)})
+    page = render_landing(_Model({(G0, ""): DeviceMemory(MIB, MIB)}), Config())
+    assert "1 MiB of 2 MiB used" in page
+    served = result(memory={(G2, ""): DeviceMemory(3 * MIB, MIB)})
     devices = {d.key: d for d in build_view(served).devices}
     assert devices[(G0, "")].used_bytes is None  # in the body, not in the model
     assert devices[(G2, "")].used_bytes == 3 * MIB

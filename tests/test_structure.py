@@ -31,6 +31,7 @@ PURE_MODULES = (
     "enricher.rewrite",
     "enricher.model",
     "enricher.power",
+    "enricher.memory",
     "enricher.selfmetrics",
     "enricher.podparse",
     "enricher.nvmlparse",

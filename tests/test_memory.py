@@ -1,0 +1,209 @@
+"""Tests for enricher.memory: each device's framebuffer split into its processes' memory and
+what no listed process holds, so that it adds up.
+
+Table-driven for the rules; the invariant (containers' memory plus every unattributed reason
+is FB_USED + FB_RESERVED on every GPU and MIG instance, never negative, never less than the
+device) as a Hypothesis property over random nodes, read back from the written families by
+prometheus_client's parser, as tests/test_power.py holds the power split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, Attribution
+from enricher.families import MEM, UNATTR, RenderOptions, render_families
+from enricher.memory import (
+    MEMORY_NAMES,
+    MIB,
+    REASON_DRIVER_RESERVED,
+    REASON_NOT_IN_PROCESS_LIST,
+    DeviceMemory,
+    memory_parts,
+    parse_device_memory,
+)
+from enricher.model import GpuProcess, PodInfo
+from enricher.textformat import watched_lines
+
+U0 = "GPU-00000000-0000-4000-8000-000000000000"
+U1 = "GPU-11111111-1111-4111-8111-111111111111"
+GIB = 1 << 30
+A = PodInfo(uid="uid-a", namespace="team", name="a")
+B = PodInfo(uid="uid-b", namespace="team", name="b")
+
+
+def att(
+    pid: int, owner: PodInfo | None, mem: int | None, *, uuid: str = U0, gi: int | None = None
+) -> Attribution:
+    proc = GpuProcess(uuid, 0, gi, pid, mem, None)
+    if owner is None:
+        return Attribution(proc, None, None, "", REASON_HOST)
+    return Attribution(proc, None, owner, "main", "")
+
+
+@pytest.mark.parametrize(
+    ("memory", "attributions", "expected"),
+    [
+        pytest.param(
+            {(U0, ""): DeviceMemory(10 * GIB, 60 * GIB, GIB // 2)},
+            [att(1, A, 6 * GIB), att(2, None, GIB)],
+            {
+                ((U0, ""), REASON_DRIVER_RESERVED): GIB // 2,
+                ((U0, ""), REASON_NOT_IN_PROCESS_LIST): 3 * GIB,
+            },
+            id="reserved-and-the-rest",
+        ),
+        pytest.param(
+            {(U0, ""): DeviceMemory(4 * GIB)},
+            [att(1, A, 3 * GIB), att(2, B, None)],
+            {((U0, ""), REASON_NOT_IN_PROCESS_LIST): GIB},
+            id="no-reserved-field-no-reserved-series",
+        ),
+        pytest.param(
+            {(U0, ""): DeviceMemory(2 * GIB, None, 0.0)},
+            [att(1, A, 3 * GIB)],
+            {
+                ((U0, ""), REASON_DRIVER_RESERVED): 0.0,
+                ((U0, ""), REASON_NOT_IN_PROCESS_LIST): 0.0,
+            },
+            id="processes-list-more-clamped-to-zero",
+        ),
+        pytest.param(
+            {
+                (U1, ""): DeviceMemory(9 * GIB, None, GIB),
+                (U1, "1"): DeviceMemory(5 * GIB, None, 0.0),
+                (U1, "2"): DeviceMemory(2 * GIB),
+            },
+            [att(1, A, 4 * GIB, uuid=U1, gi=1)],
+            {
+                ((U1, "1"), REASON_DRIVER_RESERVED): 0.0,
+                ((U1, "1"), REASON_NOT_IN_PROCESS_LIST): GIB,
+                ((U1, "2"), REASON_NOT_IN_PROCESS_LIST): 2 * GIB,
+            },
+            id="mig-instances-not-the-gpu-too",
+        ),
+        pytest.param(
+            {(U1, ""): DeviceMemory(9 * GIB)},
+            [att(1, A, 4 * GIB, uuid=U1, gi=1), att(2, B, 2 * GIB, uuid=U1, gi=2)],
+            {((U1, ""), REASON_NOT_IN_PROCESS_LIST): 3 * GIB},
+            id="mig-gpu-read-whole-holds-its-instances-processes",
+        ),
+        pytest.param({}, [att(1, A, GIB)], {}, id="no-fb-used-no-remainder"),
+    ],
+)
+def test_memory_parts(
+    memory: dict[Any, DeviceMemory], attributions: list[Attribution], expected: dict[Any, float]
+) -> None:
+    assert memory_parts(memory, attributions) == expected
+
+
+def test_reserved_is_outside_fb_used() -> None:
+    """DCGM 3.x: FB_TOTAL is FB_USED + FB_FREE + FB_RESERVED; the device holds FB_USED and
+    FB_RESERVED."""
+    text = (
+        f'DCGM_FI_DEV_FB_USED{{UUID="{U0}"}} 1000\n'
+        f'DCGM_FI_DEV_FB_FREE{{UUID="{U0}"}} 80408\n'
+        f'DCGM_FI_DEV_FB_RESERVED{{UUID="{U0}"}} 512\n'
+    )
+    (mem,) = parse_device_memory(watched_lines(text, MEMORY_NAMES)).values()
+    assert (mem.in_use, mem.total) == (1512 * MIB, 81920 * MIB)
+
+
+# --------------------------------------------------------------------------- the invariant
+
+PODS = (A, B, PodInfo(uid="uid-c", namespace="infer", name="c"))
+REASONS = (REASON_HOST, "pod_not_found", "process_exited", REASON_MPS_SERVER)
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> tuple[str, list[Attribution]]:
+    """A random node: GPUs (some in MIG mode with random instances, whose upstream may also
+    write the GPU's own reading), processes owned by random containers or unattributed (some
+    with no memory figure), and the upstream's framebuffer lines in whole MiB as DCGM writes
+    them: FB_USED at least the processes' memory, or anything (readings of two moments),
+    FB_RESERVED on some devices, some devices without FB_USED at all."""
+    keys: list[tuple[str, int | None]] = []
+    for i in range(draw(st.integers(1, 4))):
+        uuid = f"GPU-{i:08d}-0000-4000-8000-000000000000"
+        if draw(st.booleans()):
+            keys += [(uuid, gi) for gi in draw(st.sets(st.integers(0, 14), min_size=1, max_size=4))]
+            if draw(st.booleans()):
+                keys.append((uuid, None))  # the GPU's own reading beside its instances'
+        else:
+            keys.append((uuid, None))
+    mig_gpus = {uuid for uuid, gi in keys if gi is not None}
+    atts: list[Attribution] = []
+    held: dict[tuple[str, int | None], int] = defaultdict(int)
+    on = [k for k in keys if k[1] is not None or k[0] not in mig_gpus]
+    for pid in range(draw(st.integers(0, 10))):
+        uuid, gi = draw(st.sampled_from(on))
+        mem = draw(st.none() | st.integers(0, 80 * GIB))
+        held[(uuid, gi)] += mem or 0
+        proc = GpuProcess(uuid, 0, gi, pid + 1, mem, None)
+        owner = draw(st.none() | st.sampled_from(PODS))
+        if owner is None:
+            atts.append(Attribution(proc, None, None, "", draw(st.sampled_from(REASONS))))
+        else:
+            container = draw(st.sampled_from(("main", "side")))
+            atts.append(Attribution(proc, None, owner, container, ""))
+    lines = []
+    for uuid, gi in keys:
+        labels = f'UUID="{uuid}"' + ("" if gi is None else f',GPU_I_ID="{gi}"')
+        if draw(st.integers(0, 5)) == 0:
+            continue  # no FB_USED: no remainder
+        if draw(st.booleans()):
+            used = math.ceil(held[(uuid, gi)] / MIB) + draw(st.integers(0, 4096))
+        else:
+            used = draw(st.integers(0, 81920))
+        lines.append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {used}")
+        if draw(st.booleans()):
+            lines.append(f"DCGM_FI_DEV_FB_RESERVED{{{labels}}} {draw(st.integers(0, 1024))}")
+    return "\n".join(lines) + "\n", atts
+
+
+def by_device(text: str, names: tuple[str, ...]) -> tuple[dict[Any, float], list[float]]:
+    total: dict[Any, float] = defaultdict(float)
+    values: list[float] = []
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in names:
+            continue
+        for s in fam.samples:
+            total[(s.labels["UUID"], s.labels.get("GPU_I_ID", ""))] += s.value
+            values.append(s.value)
+    return dict(total), values
+
+
+@settings(deadline=None)
+@given(nodes())
+def test_invariant_parts_add_up_to_the_device_memory(node: Any) -> None:
+    """On every device with FB_USED: the written containers' memory plus every unattributed
+    reason is FB_USED + FB_RESERVED whenever the processes list no more than FB_USED, and
+    otherwise exceeds it by exactly their excess (not_in_process_list 0); no value is negative
+    or non-finite. A MIG GPU's own reading is left out where its instances have theirs, and
+    holds all its instances' processes where they have none."""
+    upstream, atts = node
+    memory = parse_device_memory(watched_lines(upstream, MEMORY_NAMES))
+    text = render_families(atts, {}, RenderOptions(), memory=memory_parts(memory, atts))
+    written, values = by_device(text, (MEM, UNATTR))
+    assert all(v >= 0.0 and math.isfinite(v) for v in values)
+    listed: dict[Any, float] = defaultdict(float)
+    for a in atts:
+        listed[a.device_key] += a.process.used_memory_bytes or 0
+    split = {uuid for uuid, gi in memory if gi}
+    for key, mem in memory.items():
+        if key[0] not in split:  # the GPU's reading holds every process on it
+            on = [k for k in set(written) | set(listed) if k[0] == key[0]]
+            got = sum(written.get(k, 0.0) for k in on)
+            excess = max(0.0, sum(listed[k] for k in on) - mem.used)
+        elif key[1]:
+            got, excess = written.get(key, 0.0), max(0.0, listed[key] - mem.used)
+        else:
+            continue  # a MIG GPU's own reading beside its instances'
+        assert got == mem.in_use + excess, key
