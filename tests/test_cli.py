@@ -128,8 +128,9 @@ def test_demo_serves_enriched_metrics(tmp_path: Path) -> None:
         mem = {s.labels["pod"] for s in fams["gpu_container_memory_used_bytes"].samples}
         assert {"vllm-7d9f8c6b5-k2x4p", "triton-5c6d7f8b9-p8m2n", "bert-finetune-0"} <= mem
         reasons = {s.labels["reason"] for s in fams["gpu_unattributed_memory_used_bytes"].samples}
-        # The host process on a MIG instance, and the MPS server (not a workload).
-        assert reasons == {"host_process", "mps_server"}
+        # The host process on a MIG instance, the MPS server (not a workload), the driver's
+        # reservation and the memory no listed process holds.
+        assert reasons == {"host_process", "mps_server", "driver_reserved", "not_in_process_list"}
         # Allocations come from the simulated kubelet over gRPC on a unix socket.
         up = {s.labels["source"]: s.value for s in fams["dcgm_enricher_source_up"].samples}
         assert up["podresources"] == 1
