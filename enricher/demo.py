@@ -69,7 +69,10 @@ MIGS = (
     MigDevice(GPUS[2].uuid, 2, 1, 0, "MIG-4b5c6d7e-8f90-5a1b-b2c3-d4e5f607182a", "3g.40gb"),
     MigDevice(GPUS[2].uuid, 2, 5, 0, "MIG-5c6d7e8f-905a-6b1c-c3d4-e5f607182a3b", "2g.20gb"),
     MigDevice(GPUS[2].uuid, 2, 13, 0, "MIG-6d7e8f90-5a6b-7c1d-d4e5-f607182a3b4c", "1g.10gb"),
+    MigDevice(GPUS[2].uuid, 2, 14, 0, "MIG-7e8f905a-6b7c-8d1e-e5f6-07182a3b4c5d", "1g.10gb"),
 )
+# Where each instance sits on GPU 2 (placement starts, in memory slices): the four fill it.
+MIG_PLACEMENTS = ((MIGS[0].uuid, 4), (MIGS[1].uuid, 0), (MIGS[2].uuid, 2), (MIGS[3].uuid, 3))
 TRAIN = SimPod(
     "ml-team",
     "train-llama-4kq9z",
@@ -207,6 +210,20 @@ DRA_TRAIN = SimPod(
     labels=(("team", "llm"),),
     claims=(DraDevice("dra-train-0-gpu-x7k2p", "ml-team", DRA_DRIVER, NODE, "gpu-7"),),
 )
+DRA_WHISPER = SimPod(
+    "research",
+    "dra-whisper-0",
+    "6a7b8c9d-0e1f-4a2b-9c3d-4e5f6a7b8c9d",
+    "whisper",
+    _cid(0x7D),
+    ("StatefulSet", "dra-whisper"),
+    None,
+    labels=(("team", "speech"),),
+    # A MIG device NVIDIA's DRA driver publishes: gpu-<minor>-mig-<profile ID>-<start>-<size>.
+    claims=(
+        DraDevice("dra-whisper-0-mig-4fj2q", "research", DRA_DRIVER, NODE, "gpu-2-mig-19-3-1"),
+    ),
+)
 PODS = (
     TRAIN,
     VLLM,
@@ -220,6 +237,7 @@ PODS = (
     FINETUNE,
     LLAMA_EVAL,
     DRA_TRAIN,
+    DRA_WHISPER,
 )
 
 PROCS = (
@@ -241,6 +259,8 @@ PROCS = (
     SimProc(4201, "python", 6, None, 18_000, 0.0, LLAMA_EVAL),
     # GPU 7: given to dra-train-0 through a DRA ResourceClaim (NVIDIA's DRA driver).
     SimProc(4301, "python", 7, None, 22_000, 0.64, DRA_TRAIN),
+    # GPU 2's fourth MIG instance: given to dra-whisper-0 through a DRA ResourceClaim.
+    SimProc(6301, "python", 2, 14, 5_000, 0.0, DRA_WHISPER),
 )
 # What dcgm-exporter's own PodResources mapping says: it sees only pods that requested a GPU,
 # and on the time-sliced GPU it names just one of the two pods.
@@ -249,8 +269,9 @@ UPSTREAM_PODS: dict[tuple[int, int | None], SimPod] = {
     (1, None): VLLM,
     (2, 1): BERT,
     (7, None): DRA_TRAIN,  # with the dra_* labels of its claim, as dcgm-exporter writes them
+    (2, 14): DRA_WHISPER,  # and a MIG device's dra_mig_profile and dra_mig_device_uuid
 }
-DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS)
+DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS, mig_placements=MIG_PLACEMENTS)
 # The SIMULATED DRA driver's health report: it lost track of GPU 7's health events, which
 # dra-train-0 runs on (gpu_device_taint, GpuDeviceTainted).
 TAINTS = {GPUS[7].uuid: (DeviceTaint("gpu.nvidia.com/unmonitored", "", "NoSchedule"),)}
@@ -364,6 +385,11 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                             ("dra_pool_name", c.pool),
                             ("dra_device_name", c.device),
                         ]
+                        if mig is not None:
+                            labels += [
+                                ("dra_mig_profile", mig.profile),
+                                ("dra_mig_device_uuid", mig.uuid),
+                            ]
                 total = (
                     40_960
                     if mig and mig.profile == "3g.40gb"
@@ -530,13 +556,13 @@ async def run_demo(config: Config) -> int:
         url = f"http://{'localhost' + host_port if host_port.startswith(':') else host_port}"
         print(
             "dcgm-enricher demo: a SIMULATED GPU node (8 A100s: one training job, one GPU\n"
-            "time-sliced between two inference pods, one in MIG mode with pods on two\n"
-            "instances and a host process, one used by a Jupyter pod that never requested a\n"
-            "GPU, one shared through MPS by two pods, one allocated to a pod that leaves it\n"
-            "idle, one held by a finished job that keeps its memory at zero utilization, one\n"
-            "given to a pod through a DRA ResourceClaim). The GPUs, the dcgm-exporter, the\n"
-            "kubelet's PodResources API, the ResourceSlices, /proc and the pods are simulated;\n"
-            "the enricher is the real one.\n"
+            "time-sliced between two inference pods, one in MIG mode with pods on three\n"
+            "instances (one given through a DRA ResourceClaim) and a host process, one used\n"
+            "by a Jupyter pod that never requested a GPU, one shared through MPS by two pods,\n"
+            "one allocated to a pod that leaves it idle, one held by a finished job that keeps\n"
+            "its memory at zero utilization, one given to a pod through a DRA ResourceClaim).\n"
+            "The GPUs, the dcgm-exporter, the kubelet's PodResources API, the ResourceSlices,\n"
+            "/proc and the pods are simulated; the enricher is the real one.\n"
             f"\n  enriched metrics:  {url}/metrics\n"
             f"  who is on the GPUs: {url}/\n"
             f"\n  try: curl -s {url}/metrics | grep -E '^gpu_(container|pod|unattr)'\n"

@@ -141,8 +141,9 @@ def test_demo_serves_enriched_metrics(tmp_path: Path) -> None:
         assert {
             ("1", "", "vllm-7d9f8c6b5-k2x4p"),  # time-sliced: both replicas' holders
             ("1", "", "triton-5c6d7f8b9-p8m2n"),
-            ("2", "1", "bert-finetune-0"),  # MIG: pods on two instances
+            ("2", "1", "bert-finetune-0"),  # MIG: pods on three instances
             ("2", "13", "eval-harness-0"),
+            ("2", "14", "dra-whisper-0"),  # a MIG device given through a DRA claim
             ("4", "", "embedder-6f7d8c9b4-q7w2e"),  # MPS
             ("5", "", "finetune-mistral-0"),  # allocated, no process
             ("6", "", "llama-eval-7xq2m"),  # allocated, memory held at zero utilization
@@ -157,6 +158,25 @@ def test_demo_serves_enriched_metrics(tmp_path: Path) -> None:
             "gpu-7",
         )
         assert dra["dra_claim_name"] == "dra-train-0-gpu-x7k2p"
+        assert not any(name.startswith("dra_mig_") for name in dra)
+        (dra_mig,) = [
+            s.labels
+            for s in fams["gpu_container_allocated"].samples
+            if s.labels.get("GPU_I_ID") == "14"
+        ]
+        assert (dra_mig["resource"], dra_mig["dra_device_name"]) == (
+            "gpu.nvidia.com",
+            "gpu-2-mig-19-3-1",  # NVIDIA's name: profile 19 (1g.10gb) at memory slice 3, size 1
+        )
+        assert dra_mig["dra_mig_profile"] == "1g.10gb"
+        assert dra_mig["dra_mig_device_uuid"] == "MIG-7e8f905a-6b7c-8d1e-e5f6-07182a3b4c5d"
+        # The MIG instance's own series name the claim's pod.
+        mig_fb = [
+            lbl
+            for lbl in (s.labels for s in fams["DCGM_FI_DEV_FB_USED"].samples)
+            if lbl.get("GPU_I_ID") == "14"
+        ]
+        assert [lbl["pod"] for lbl in mig_fb] == ["dra-whisper-0"]
         assert not any(gpu == "3" for gpu, _, _ in allocated)  # Jupyter never requested one
         # The idle allocated GPU's series name its pod, which dcgm-exporter alone did not.
         assert any(lbl["gpu"] == "5" and lbl["pod"] == "finetune-mistral-0" for lbl in util)

@@ -740,16 +740,26 @@ def test_memory_adds_up_on_every_device_the_demo_simulates(stack: Stack) -> None
 
 
 def test_dra_allocation_joins_the_upstreams_series(stack: Stack) -> None:
-    """The demo's DRA pod in a real Prometheus: its gpu_container_allocated carries the driver
-    as `resource` and dcgm-exporter's five dra_* labels, and joins the upstream's series of
-    the same claim on them; the GPU's device series name the pod the claim gave it to."""
-    (alloc,) = stack.poll("honor_labels", 'gpu_container_allocated{resource="gpu.nvidia.com"}')
-    labels = alloc["metric"]
-    assert (labels["namespace"], labels["pod"]) == ("ml-team", "dra-train-0")
-    assert labels["dra_driver_name"] == "gpu.nvidia.com"
-    assert labels["dra_claim_namespace"] == "ml-team"
-    for name in ("dra_claim_name", "dra_pool_name", "dra_device_name"):
-        assert labels[name], name
+    """The demo's DRA pods in a real Prometheus: each gpu_container_allocated carries the driver
+    as `resource` and dcgm-exporter's five dra_* labels (and, for the MIG device dra-whisper-0's
+    claim gives it, dra_mig_profile and dra_mig_device_uuid), and joins the upstream's series of
+    the same claim on them; the GPU's, and the MIG instance's, device series name the pod the
+    claim gave it to."""
+    given = stack.poll("honor_labels", 'gpu_container_allocated{resource="gpu.nvidia.com"}')
+    by_pod = {s["metric"]["pod"]: s["metric"] for s in given}
+    assert sorted(by_pod) == ["dra-train-0", "dra-whisper-0"]
+    gpu, mig = by_pod["dra-train-0"], by_pod["dra-whisper-0"]
+    assert (gpu["namespace"], gpu["gpu"], gpu.get("GPU_I_ID")) == ("ml-team", "7", None)
+    assert (mig["namespace"], mig["gpu"], mig["GPU_I_ID"]) == ("research", "2", "14")
+    for labels in (gpu, mig):
+        assert labels["dra_driver_name"] == "gpu.nvidia.com"
+        assert labels["dra_claim_namespace"] == labels["namespace"]
+        for name in ("dra_claim_name", "dra_pool_name", "dra_device_name"):
+            assert labels[name], name
+    assert not any(name.startswith("dra_mig_") for name in gpu)
+    assert mig["dra_device_name"] == "gpu-2-mig-19-3-1"
+    assert mig["dra_mig_profile"] == mig["GPU_I_PROFILE"] == "1g.10gb"
+    assert mig["dra_mig_device_uuid"].startswith("MIG-")
     on = (
         "UUID, dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name, dra_device_name"
     )
@@ -759,6 +769,19 @@ def test_dra_allocation_joins_the_upstreams_series(stack: Stack) -> None:
         'gpu_container_allocated{resource="gpu.nvidia.com"}',
     )
     assert [s["metric"]["pod"] for s in joined] == ["dra-train-0"]
+    # A MIG device's claim joins its instance's series (GPU_I_ID), with its dra_mig_* labels.
+    joined = stack.query(
+        "honor_labels",
+        f"DCGM_FI_DEV_FB_USED * on ({on}, GPU_I_ID, dra_mig_profile, dra_mig_device_uuid) "
+        'group_left () gpu_container_allocated{resource="gpu.nvidia.com", GPU_I_ID!=""}',
+    )
+    assert [(s["metric"]["pod"], s["metric"]["GPU_I_ID"]) for s in joined] == [
+        ("dra-whisper-0", "14")
+    ]
+    # The instance's own series name the pod its claim gave it to, and only that instance's.
+    named = stack.query("honor_labels", 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod="dra-whisper-0"}')
+    assert [(s["metric"]["gpu"], s["metric"]["GPU_I_ID"]) for s in named] == [("2", "14")]
+    assert named[0]["metric"]["dra_mig_device_uuid"] == mig["dra_mig_device_uuid"]
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -632,19 +632,25 @@ def test_dra_devices_over_the_socket(
     assert [u.pod for u in unmapped] == ["lost-0"]
 
 
-def test_demo_node_maps_its_dra_pod() -> None:
-    """The demo's DRA pod, through the demo's kubelet answer and simulated slices."""
-    from enricher.demo import DEMO, DRA_TRAIN, PODS
+def test_demo_node_maps_its_dra_pods() -> None:
+    """The demo's DRA pods, through the demo's kubelet answer and simulated slices: a full GPU,
+    and a MIG device (its instance, with the slice's MIG attributes)."""
+    from enricher.demo import DEMO, DRA_TRAIN, DRA_WHISPER, PODS
 
     response = list_response(allocations(PODS))
     listed, skipped = parse_list_response(response.SerializeToString())
     src = ResourceSlicesSource(static_slice_lister(resource_slices(DEMO)), DEMO.name)
     index = src.read(dra_slice_keys(listed)).value
     snapshot = GpuSnapshot(devices=DEMO.gpus, migs=DEMO.migs)
-    mapped, unmapped = resolve_allocations(listed, snapshot, index.uuids)
+    mapped, unmapped = resolve_allocations(listed, snapshot, index.uuids, index.mig)
     assert skipped == 0 and unmapped == []
-    (dra_alloc,) = [m for m in mapped if m.dra is not None]
-    assert (dra_alloc.pod, dra_alloc.key) == (DRA_TRAIN.name, (DEMO.gpus[7].uuid, ""))
+    by_pod = {m.pod: m for m in mapped if m.dra is not None}
+    assert sorted(by_pod) == sorted([DRA_TRAIN.name, DRA_WHISPER.name])
+    assert by_pod[DRA_TRAIN.name].key == (DEMO.gpus[7].uuid, "")
+    assert by_pod[DRA_TRAIN.name].dra_mig is None
+    (mig,) = [m for m in DEMO.migs if m.gi_id == 14]
+    assert by_pod[DRA_WHISPER.name].key == (mig.gpu_uuid, "14")
+    assert by_pod[DRA_WHISPER.name].dra_mig == MigInfo(mig.uuid, mig.gpu_uuid, mig.profile)
 
 
 def test_simulated_mig_devices_are_named_as_nvidias_driver_names_them() -> None:
