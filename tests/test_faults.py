@@ -32,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.kube import KubernetesSource
+from enricher.memory import REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
 from enricher.model import GpuDevice, MigDevice
 from enricher.nvml import NvmlSource
 from enricher.pipeline import Scraper
@@ -43,7 +44,7 @@ from enricher.simnode.node import SimPod, SimProc
 from enricher.textformat import FamilyWriter
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, Stack, Upstream, nvml_state_of, who
+from .harness import MakeStack, Stack, Upstream, assert_memory_adds_up, nvml_state_of, who
 from .kubeapi import KubeApiStandIn
 from .nvmlfake import (
     ERROR_DRIVER_NOT_LOADED,
@@ -267,10 +268,15 @@ def named(text: str, name: str) -> dict[Key, set[Who]]:
 
 
 def reasons(text: str) -> dict[tuple[Key, str], float]:
+    """The memory of unattributed processes by device and reason; the device-level parts
+    (the driver's reservation, what no listed process holds) are held apart, by
+    ``assert_memory_adds_up`` on the same text."""
+    assert_memory_adds_up(text)
     return {
         ((lab["UUID"], lab.get("GPU_I_ID", "")), lab["reason"]): v
         for n, lab, v in samples(text)
         if n == "gpu_unattributed_memory_used_bytes"
+        and lab["reason"] not in (REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST)
     }
 
 
