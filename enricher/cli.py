@@ -195,6 +195,15 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             help="also export gpu_process_memory_used_bytes per PID (off: PIDs churn)",
         )
         g.add_argument(
+            "--idle.threshold",
+            metavar="RATIO",
+            dest="idle_threshold",
+            type=float,
+            default=_env("--idle.threshold", _D.idle_threshold),
+            help="SM utilization (0 to 1) above which a container counts as active on a GPU, "
+            "for gpu_container_last_active_timestamp_seconds (default %(default)s)",
+        )
+        g.add_argument(
             "--scrape.timeout",
             metavar="SECONDS",
             dest="scrape_timeout",
@@ -381,6 +390,10 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
                 values[key] = float(values[key])
                 if not 0 <= values[key] < float("inf"):
                     raise ValueError(f"{flag} must be 0 or positive")
+        if "idle_threshold" in values:
+            values["idle_threshold"] = float(values["idle_threshold"])
+            if not 0 <= values["idle_threshold"] < 1:
+                raise ValueError("--idle.threshold must be a ratio from 0 up to (not) 1")
         if "upstream_max_bytes" in values:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:

@@ -47,6 +47,9 @@ class Config:
     docker_host: str = "unix:///var/run/docker.sock"
     docker_timeout: float = 2.0
     collector_process: bool = False
+    # SM utilization (a ratio) above which a container counts as active on a device
+    # (gpu_container_last_active_timestamp_seconds).
+    idle_threshold: float = 0.01
     scrape_timeout: float = 10.0
     # > 0: NVML, procfs and the kubelet are read in the background every that many seconds;
     # 0: right after each upstream collection when following it, else on every scrape.

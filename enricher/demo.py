@@ -248,7 +248,9 @@ PROCS = (
     SimProc(6101, "python", 2, 1, 30_000, 0.0, BERT),  # MIG: NVML has no per-process SM data
     SimProc(6201, "python", 2, 13, 4_000, 0.0, EVAL),
     SimProc(7001, "python3", 2, 5, 9_000, 0.0, None),  # a host process (systemd service)
-    SimProc(8101, "python", 3, None, 6_000, 0.15, JUPYTER, ProcessKind.COMPUTE),
+    # Alice ran cells for the demo's first two minutes, then left her notebook open, holding
+    # its memory: gpu_container_last_active_timestamp_seconds stops, GpuHeldIdle follows.
+    SimProc(8101, "python", 3, None, 6_000, 0.15, JUPYTER, ProcessKind.COMPUTE, busy_for=120.0),
     # MPS: the server holds memory for its clients; the clients come from NVML's MPS list.
     SimProc(9001, "nvidia-cuda-mps-server", 4, None, 500, 0.0, MPS_DAEMON),
     SimProc(9101, "python", 4, None, 7_000, 0.25, EMBED_A, ProcessKind.MPS),

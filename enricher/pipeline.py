@@ -26,6 +26,7 @@ from .collection import (
 from .compress import GzipHead
 from .config import Config
 from .families import RenderOptions, render_families
+from .idle import IdleLedger, render_last_active
 from .labels import DeviceKey, RewritePlan
 from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
 from .model import SourceStatus
@@ -184,6 +185,8 @@ class Scraper:
         # Energy per container, from each GPU's energy counter: advanced on every upstream
         # collection (when following) and every scrape; a repeated reading adds nothing.
         self._energy = EnergyLedger()
+        # When each container last used each device it holds, advanced with the energy.
+        self._idle = IdleLedger(config.idle_threshold)
         # The label blocks of our own families (a set formatted once while it is in use, one
         # turn per collection) and the devices of the upstream's power lines (each head
         # parsed once): this Scraper's, so that another in the same process (tests, the
@@ -423,6 +426,9 @@ class Scraper:
         draws = choose_readings(upstream, node.snapshot)
         parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
         self._energy.advance(draws, parts)
+        self._idle.advance(
+            node.snapshot.taken_at, node.attributions, node.allocated, upstream.activity
+        )
         self._power_accounted = PowerAccounted(text, node, draws, parts)
         return draws, parts
 
@@ -447,6 +453,9 @@ class Scraper:
             families=(container_watts, unattributed_watts),
             label_sets=self._label_sets,
         ).encode("utf-8")
+        body += render_last_active(self._idle.last_active, identities, self._label_sets).encode(
+            "utf-8"
+        )
         view = PowerView(
             {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
             container_watts,

@@ -132,6 +132,19 @@ NOT_REQUESTED = (
     + with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER), 'gpu_requested="false"')
     + f") unless on (%(clusterLabel)s, {NS}, {POD}) {sel('gpu_container_allocated')}"
 )
+# When each container last used any GPU it holds (ms, for Grafana's time units), with its
+# workload and user; a container with no GPU process (an allocation alone) has no owner
+# series, and keeps its row without them.
+_LAST_ACTIVE = (
+    f"max by (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}) "
+    f"({sel('gpu_container_last_active_timestamp_seconds', *POD_FILTER)}) * 1000"
+)
+IDLE_SINCE = (
+    f"({_LAST_ACTIVE} * on (%(clusterLabel)s, {NS}, {POD}) "
+    f"group_left (workload_kind, workload_name, {USER}) {owners()}) "
+    f"or on (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}) "
+    f"({_LAST_ACTIVE} unless on (%(clusterLabel)s, {NS}, {POD}) {sel('gpu_pod_info')})"
+)
 PODS_PER_DEVICE = f"count by ({DEVICE}) (count by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}))"
 MIG_FB_USED = sel("DCGM_FI_DEV_FB_USED", *DEV_FILTER, 'GPU_I_ID!=""')
 # MIG GPUs report memory per instance: count those, and the whole GPUs without instances.
@@ -571,6 +584,21 @@ def rows() -> list[Row]:
                     "memory",
                     {"memory": "bytes"},
                     width=8,
+                ),
+                _table(
+                    "Idle since",
+                    "When each container last used a GPU it holds (memory or an allocation): "
+                    "over --idle.threshold SM utilization on any of its GPUs, by NVML or, on "
+                    "MIG, its instance's activity. Never earlier than the enricher's start or "
+                    "the container's newest process (docs/metrics.md#idle-since); oldest "
+                    "first. GpuHeldIdle fires past the mixin's heldIdleSeconds; "
+                    "docs/culling.md stops them.",
+                    [Target(IDLE_SINCE, table=True)],
+                    {"Value": "last active", "Hostname": "node"},
+                    "last active",
+                    {"last active": "dateTimeFromNow"},
+                    ascending=True,
+                    width=24,
                 ),
                 _series(
                     "Allocated and in use, by namespace",

@@ -20,6 +20,10 @@
     idleUtilizationThreshold: 0.01,
     // GpuMemoryHeldWhileIdle: memory a container holds on an idle GPU, in bytes.
     idleMemoryBytes: 1073741824,
+    // GpuHeldIdle: seconds a container holds GPUs without using any of them (the enricher's
+    // --idle.threshold says what counts as use) before it fires; 3600 is JupyterHub's
+    // idle-culler default timeout.
+    heldIdleSeconds: 3600,
     // GpuMemoryNearlyFull: the share of a GPU's (or MIG instance's) memory in use.
     memoryNearlyFullRatio: 0.95,
     // GpuPodMemoryGrowing: how far above its day's mean a container must be, in bytes.

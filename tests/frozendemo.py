@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ T0 = 1_800_000_000.0  # the stopped clock: the start of one of the simulated col
 
 
 class FrozenDemo:
-    """``FrozenDemo(tmp)`` serves on 127.0.0.1:``port`` until ``close()``."""
+    """``FrozenDemo(tmp)`` serves on 127.0.0.1:``port`` until ``close()``; ``clock``: the
+    simulated node's time instead of the stopped T0 (a test that moves it)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, clock: Callable[[], float] = lambda: T0) -> None:
+        self.clock = clock
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -33,7 +36,7 @@ class FrozenDemo:
         socket_path = self.tmp / "pod-resources" / "kubelet.sock"
         socket_path.parent.mkdir(parents=True)
         _scraper, self.runners, self.kubelet = await demo.start_demo(
-            Config(listen_address="127.0.0.1:0"), self.tmp / "proc", socket_path, clock=lambda: T0
+            Config(listen_address="127.0.0.1:0"), self.tmp / "proc", socket_path, clock=self.clock
         )
         return int(self.runners[0].addresses[0][1])
 

@@ -266,6 +266,8 @@ def who(pod: SimPod) -> tuple[str, str, str]:
 _VOLATILE = re.compile(
     r"^((?:dcgm_enricher_source_duration_seconds|dcgm_enricher_scrape_duration_seconds|"
     r"dcgm_enricher_kubernetes_last_sync_timestamp_seconds|"
+    # NVML's wall clock of the collection (tests/test_idle.py holds its values).
+    r"gpu_container_last_active_timestamp_seconds|"
     # The bytes of the bodies before: they carry the timings.
     r"dcgm_enricher_response_bytes_total)(?:\{[^}]*\})?) \S+$",
     re.MULTILINE,

@@ -211,7 +211,7 @@ REQUIRED_PANELS = {
     "Utilization": {"SM utilization by pod"},
     "Top pods": {"Top pods by GPU memory"},
     "Shared GPUs": {"Pods per shared device"},
-    "Waste": {"Allocated but idle", "Memory held while idle", "Used without request"},
+    "Waste": {"Allocated but idle", "Memory held while idle", "Used without request", "Idle since"},
     "Power and energy": {"Watts by pod on shared GPUs", "kWh per namespace per day"},
     "Device health": {
         "Temperature",

@@ -47,6 +47,7 @@ class SimulatedGpus:
         continuously with 0. Power and energy always follow ``clock``."""
         self.node = node
         self.clock = clock
+        self.started = clock()  # SimProc.busy_for counts from here
         self.step = step
         self.errors_total = 0
 
@@ -58,6 +59,8 @@ class SimulatedGpus:
     def proc_util(self, proc: SimProc, t: float) -> float | None:
         if proc.gi is not None:
             return None
+        if proc.busy_for is not None and t - self.started >= proc.busy_for:
+            return 0.0
         return round(min(1.0, proc.util * (0.7 + 0.6 * wave(t, 45, proc.pid))), 3)
 
     def _mean_load(self, gpu: int) -> float:

@@ -57,6 +57,9 @@ class SimProc:
     host_cgroup: str = "/system.slice/gpu-benchmark.service"  # a host process's cgroup
     cgroup: str | None = None  # the cgroup file as written, where it is not its pod's
     start_ticks: int | None = None  # when it started; None: after the process before it
+    # Seconds after the simulation starts that it stops computing and only holds its memory
+    # (a notebook left open); None: it computes all along.
+    busy_for: float | None = None
 
 
 @dataclass(frozen=True)

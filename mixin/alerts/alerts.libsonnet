@@ -67,6 +67,40 @@ local oneLine = utils.oneLine;
             },
           },
           {
+            // namespace_pod_container:gpu_container_idle_seconds:min, from the series
+            // themselves: a rule of another group would be read as of its last evaluation.
+            // The container's least idle device, so a container busy on one of its GPUs is
+            // not culled for another; the Jupyter user where the pod has one.
+            alert: 'GpuHeldIdle',
+            expr: |||
+              (
+                min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                  time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
+                ) > %(heldIdleSeconds)d
+              )
+              * on (%(clusterLabel)s, namespace, pod) group_left (user)
+              max by (%(clusterLabel)s, namespace, pod, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+              or on (%(clusterLabel)s, Hostname, namespace, pod, container)
+              min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
+              ) > %(heldIdleSeconds)d
+            ||| % $._config,
+            'for': '10m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'A container holds GPUs it has not used for a long time.',
+              description: oneLine(|||
+                Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }}
+                {{- with $labels.user }} (user {{ . }}){{ end }} on {{ $labels.Hostname }} holds GPU
+                memory or an allocation and has not used any of its GPUs for
+                {{ $value | humanizeDuration }} (over %(heldIdleSeconds)d s). Stop it, or let the
+                culler do it (docs/culling.md). Runbook: docs/runbook.md#gpuheldidle.
+              ||| % $._config),
+            },
+          },
+          {
             alert: 'GpuUsedWithoutRequest',
             expr: |||
               sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (

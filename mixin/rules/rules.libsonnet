@@ -68,6 +68,26 @@ local oneLine = utils.oneLine;
             ||| % $._config,
           },
           {
+            // Seconds since each container last used a GPU it holds (memory or an allocation),
+            // from its least idle device (gpu_container_last_active_timestamp_seconds,
+            // docs/metrics.md#idle-since), with its workload and JupyterHub user where it has a
+            // GPU process: what GpuHeldIdle and the culling recipes (docs/culling.md) read.
+            record: 'namespace_pod_container:gpu_container_idle_seconds:min',
+            expr: |||
+              (
+                min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                  time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
+                )
+                * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name, user)
+                namespace_pod:gpu_pod_info:max
+              )
+              or on (%(clusterLabel)s, Hostname, namespace, pod, container)
+              min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
+              )
+            ||| % $._config,
+          },
+          {
             // Devices (GPUs, MIG instances, shared-GPU replicas) the kubelet allocated, by resource
             // name (nvidia.com/gpu, nvidia.com/mig-1g.10gb, nvidia.com/gpu.shared, ...).
             record: 'namespace:gpu_container_allocated:sum',
