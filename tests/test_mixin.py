@@ -46,6 +46,7 @@ OVERRIDE = {
     "memoryGrowthMinBytes": 3221225472,
     "temperatureCelsius": 90,
     "enricherMemoryLimitRatio": 0.8,
+    "heldIdleSeconds": 7200,
     "runbookURLPattern": "https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md#%s",
     "dashboardUid": "gpu-workloads",
     "dashboardTitle": "GPU workloads (prod)",
@@ -59,6 +60,7 @@ DEFAULTS = {
     "memoryGrowthMinBytes": "1073741824",
     "temperatureCelsius": "85",
     "enricherMemoryLimitRatio": "0.9",
+    "heldIdleSeconds": "3600",
 }
 # Where each threshold is compared: (alert or dashboard, the comparison with the value).
 THRESHOLD_USES = {
@@ -71,6 +73,7 @@ THRESHOLD_USES = {
     "memoryGrowthMinBytes": [("GpuPodMemoryGrowing", "> {v}")],
     "temperatureCelsius": [("GpuTemperatureHigh", ") > {v}")],
     "enricherMemoryLimitRatio": [("GpuEnricherMemoryNearLimit", "> {v}")],
+    "heldIdleSeconds": [("GpuHeldIdle", ") > {v}")],
 }
 # The series the rules and the dashboard read: dcgm-exporter's, the enricher's own.
 METRIC = re.compile(r"(?<![\w:$])(DCGM_FI_\w+|gpu_\w+|dcgm_enricher_\w+|process_\w+|up)\b(?!\s*\()")
@@ -107,6 +110,11 @@ def default_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def overridden() -> dict[str, str]:
     return dict(build.build(OVERRIDE_JSONNET))
+
+
+@pytest.fixture(scope="module")
+def defaults() -> dict[str, str]:
+    return dict(build.build())
 
 
 def groups_of(text: str) -> list[dict[str, Any]]:
@@ -207,10 +215,10 @@ def test_the_shipped_dashboard_is_the_build(default_build: Path) -> None:
     assert (CHART_FILES / DASHBOARD.name).resolve() == DASHBOARD
 
 
-def test_the_default_build_reads_as_plain_promql(default_build: Path) -> None:
+def test_the_default_build_reads_as_plain_promql(defaults: dict[str, str]) -> None:
     """An empty dcgmSelector leaves no ``{}`` or ``{, `` behind, and no _config reference is
     left unfilled."""
-    texts = [r["expr"] for r in rules_of(build.build())]
+    texts = [r["expr"] for r in rules_of(defaults)]
     texts += dashboard_queries(json.loads(DASHBOARD.read_text()))
     for text in texts:
         assert "{}" not in text and "{, " not in text and "%(" not in text, text
@@ -219,8 +227,10 @@ def test_the_default_build_reads_as_plain_promql(default_build: Path) -> None:
 # --------------------------------------------------------------------------- _config
 
 
-def test_override_reaches_every_rule_expression(overridden: dict[str, str]) -> None:
-    default_rules = rules_of(build.build())
+def test_override_reaches_every_rule_expression(
+    overridden: dict[str, str], defaults: dict[str, str]
+) -> None:
+    default_rules = rules_of(defaults)
     rules = rules_of(overridden)
     assert [r.get("alert", r.get("record")) for r in rules] == [
         r.get("alert", r.get("record")) for r in default_rules
@@ -240,8 +250,10 @@ def test_override_reaches_every_rule_expression(overridden: dict[str, str]) -> N
 
 
 @pytest.mark.parametrize("key", sorted(THRESHOLD_USES))
-def test_override_moves_every_threshold(overridden: dict[str, str], key: str) -> None:
-    default_rules = {r.get("alert"): r for r in rules_of(build.build())}
+def test_override_moves_every_threshold(
+    overridden: dict[str, str], defaults: dict[str, str], key: str
+) -> None:
+    default_rules = {r.get("alert"): r for r in rules_of(defaults)}
     rules = {r.get("alert"): r for r in rules_of(overridden)}
     for alert, pattern in THRESHOLD_USES[key]:
         sel = OVERRIDE["dcgmSelector"]
@@ -251,7 +263,9 @@ def test_override_moves_every_threshold(overridden: dict[str, str], key: str) ->
         assert new in rules[alert]["expr"], (alert, new, rules[alert]["expr"])
 
 
-def test_override_reaches_the_annotations(overridden: dict[str, str]) -> None:
+def test_override_reaches_the_annotations(
+    overridden: dict[str, str], defaults: dict[str, str]
+) -> None:
     alerts = {r["alert"]: r for r in rules_of(overridden) if "alert" in r}
     assert "over 90% used" in alerts["GpuMemoryNearlyFull"]["annotations"]["summary"]
     for name in ("GpuAllocatedIdle", "GpuMemoryHeldWhileIdle"):
@@ -264,7 +278,7 @@ def test_override_reaches_the_annotations(overridden: dict[str, str]) -> None:
         )
     # Without a pattern (the default) no alert has one: the chart and the kustomize component
     # add them from one install value (docs/alerts.md).
-    assert not [r for r in rules_of(build.build()) if "runbook_url" in r.get("annotations", {})]
+    assert not [r for r in rules_of(defaults) if "runbook_url" in r.get("annotations", {})]
 
 
 def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> None:
@@ -290,6 +304,16 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
     idle = [q for q in queries if "> 0.05 or" in q]
     held = [q for q in queries if "> 2147483648 and" in q and "< 0.05" in q]
     assert idle and held
+
+
+def test_the_fast_yaml_is_jsonnets_own() -> None:
+    """build.yaml_doc (jsonnet's quoted keys, unquoted) writes jsonnet's own
+    ``quote_keys=false`` document byte for byte, defaults and overrides alike."""
+    field = "{ groups: mixin.prometheusRules.groups + mixin.prometheusAlerts.groups }"
+    assert build.yaml_doc(field) == build.yaml_doc_by_jsonnet(field)
+    assert build.yaml_doc(field, OVERRIDE_JSONNET) == build.yaml_doc_by_jsonnet(
+        field, OVERRIDE_JSONNET
+    )
 
 
 def test_promtool_checks_the_overridden_rules(
