@@ -106,6 +106,8 @@ def with_owner(series: str, *extra: str) -> str:
 MEM = with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER))
 UTIL = with_owner(sel("gpu_container_utilization_ratio", *POD_FILTER))
 MEM_DEV = sel("gpu_container_memory_used_bytes", *DEV_FILTER)
+# The unattributed memory of processes only: the device-level parts are on every device.
+DEVICE_PARTS_OUT = 'reason!~"driver_reserved|not_in_process_list"'
 UTIL_DEV = sel("gpu_container_utilization_ratio", *DEV_FILTER)
 CONTAINER_DEVICE = f"{DEVICE}, UUID, {NS}, {POD}, {CTR}"
 
@@ -355,7 +357,7 @@ def rows() -> list[Row]:
                     "GPUs in use",
                     "Physical GPUs with at least one process on them, in a pod or not.",
                     f"count by ({CL}) (count by ({CL}, Hostname, gpu) ({MEM_DEV} or "
-                    f"{sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)}))",
+                    f"{sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER, DEVICE_PARTS_OUT)}))",
                 ),
                 _stat(
                     "Pods on GPUs",
@@ -374,10 +376,15 @@ def rows() -> list[Row]:
                     "Memory unattributed",
                     "GPU memory held by processes that belong to no known pod (host processes, "
                     "containers outside Kubernetes, pods the watch has not seen; the MPS "
-                    "server's own memory left out). Runbook: "
+                    "server's own memory, the driver's reservation and memory no listed "
+                    "process holds left out). Runbook: "
                     "docs/runbook.md#gpumemoryunattributed.",
                     "sum by (%(clusterLabel)s) ("
-                    + sel("gpu_unattributed_memory_used_bytes", *DEV_FILTER, 'reason!="mps_server"')
+                    + sel(
+                        "gpu_unattributed_memory_used_bytes",
+                        *DEV_FILTER,
+                        'reason!~"mps_server|driver_reserved|not_in_process_list"',
+                    )
                     + ")",
                     unit="bytes",
                 ).color_scheme(THRESHOLD_COLORS),
@@ -439,8 +446,11 @@ def rows() -> list[Row]:
                 ),
                 _series(
                     "Unattributed GPU memory by reason",
-                    "Memory of GPU processes without a pod, per device and reason "
-                    "(host_process, pod_not_found, ...).",
+                    "GPU memory no container holds, per device and reason: processes "
+                    "without a pod (host_process, pod_not_found, ...), the driver's "
+                    "reservation (driver_reserved) and memory no listed process holds "
+                    "(not_in_process_list); with the containers' memory it adds up to the "
+                    "device's (docs/metrics.md#unattributed-memory-reason).",
                     Target(
                         "sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, reason) "
                         f"({sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)})",

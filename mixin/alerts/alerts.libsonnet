@@ -490,11 +490,13 @@ local oneLine = utils.oneLine;
             },
           },
           {
-            // The MPS server's own memory (reason mps_server) is infrastructure, not misuse.
+            // Processes only: the MPS server's own memory (reason mps_server) is infrastructure,
+            // not misuse, and the device-level parts (driver_reserved, not_in_process_list) are
+            // no process's.
             alert: 'GpuMemoryUnattributed',
             expr: |||
               sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, reason) (
-                gpu_unattributed_memory_used_bytes{%(dcgmSelector)s, reason!="mps_server"}
+                gpu_unattributed_memory_used_bytes{%(dcgmSelector)s, reason!~"mps_server|driver_reserved|not_in_process_list"}
               ) > 0
             ||| % $._config,
             'for': '15m',
