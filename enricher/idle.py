@@ -17,7 +17,8 @@ The rule (docs/metrics.md#idle-since), which never overstates idleness:
   newest process's start on that device, and (for an allocation with no process, or a
   process whose start is unknown) the collection that first saw it. A process that starts
   later moves it on too: starting is doing something.
-- A container that is on the device no more leaves the ledger; its return starts afresh.
+- A container that is on the device no more leaves the ledger; its return starts afresh. A
+  collection without NVML's answer empties it, and the next answer counts as a restart.
 """
 
 from __future__ import annotations
@@ -101,10 +102,15 @@ class IdleLedger:
         allocated: Sequence[AllocatedDevice],
         activity: Mapping[DeviceKey, float],
     ) -> None:
-        """Account one collection made at ``taken_at`` (NVML's wall clock; 0: NVML gave no
-        snapshot, and nothing is accounted). ``activity``: the upstream's activity per device
-        key (``power.UpstreamPower.activity``)."""
+        """Account one collection made at ``taken_at`` (NVML's wall clock). ``activity``: the
+        upstream's activity per device key (``power.UpstreamPower.activity``).
+
+        ``taken_at`` 0: NVML gave no snapshot, so nothing is known of the time since the last
+        one: the ledger forgets everything, and counts again from the next answer as from a
+        restart (what it did meanwhile is never taken for idleness)."""
         if taken_at <= 0:
+            self.last_active = {}
+            self.started = None
             return
         if self.started is None:
             self.started = taken_at

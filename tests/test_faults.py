@@ -486,6 +486,8 @@ async def test_nvml_library_missing_then_installed(
     assert by_source(text, "dcgm_enricher_source_errors_total")["nvml"] >= 1
     assert value(text, "dcgm_enricher_gpu_processes", state="attributed") == 0
     assert "gpu_container_memory_used_bytes{" not in text
+    # Without NVML's answer nothing is known of anyone's use: no idle-since at all.
+    assert "gpu_container_last_active_timestamp_seconds{" not in text
     # Without NVML the device series keep dcgm-exporter's own labels.
     assert named(text, "DCGM_FI_DEV_GPU_UTIL")[(UUIDS[1], "")] == {who(INFER)}
 
@@ -494,6 +496,9 @@ async def test_nvml_library_missing_then_installed(
     after = await env.scrape()
     _healthy(after)
     assert named(after, "gpu_container_memory_used_bytes")[(UUIDS[0], "")] == {who(TRAIN)}
+    assert named(after, "gpu_container_last_active_timestamp_seconds")[(UUIDS[0], "")] == {
+        who(TRAIN)
+    }
 
 
 async def test_nvml_init_failing_waits_for_the_retry_interval(

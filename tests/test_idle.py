@@ -166,6 +166,16 @@ def run(
             {key(GPU, A): T},
             id="no-snapshot-accounts-nothing",
         ),
+        pytest.param(
+            [
+                (T, [att(1, A, sm=0.5)], [], {}),
+                (T + 60, [att(1, A, sm=0.0)], [], {}),
+                (0.0, [], [], {}),  # NVML down: whatever A did meanwhile is unknown
+                (T + 3600, [att(1, A, sm=0.0)], [], {}),
+            ],
+            {key(GPU, A): T + 3600},
+            id="nvml-outage-counts-again-from-its-end",
+        ),
     ],
 )
 def test_ledger_rule(
