@@ -30,11 +30,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.cli import build_parser, env_name, parse_config
+from enricher.memory import REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
 from enricher.simnode import fakeproc
 
 from .conftest import ROOT
 from .dockerengine import upstream_body
-from .harness import TextServer, free_port, stop_process
+from .harness import TextServer, assert_memory_adds_up, free_port, stop_process
 from .nvmlfake import FakeNvml, FakeNvmlState
 from .test_manifests import memory_bytes
 from .tools import require_tool
@@ -428,6 +429,7 @@ def test_unit_limits_are_the_manifests() -> None:
 # --------------------------------------------------------------------------- the service runs
 
 CID = "c0ffee" * 10 + "abcd"
+DEVICE_PARTS = (REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST)
 PODMAN_CID = "beef" * 16
 
 
@@ -507,7 +509,11 @@ def test_service_command_serves_without_kubernetes(
         CID[:12]: 3 << 30,
         PODMAN_CID[:12]: 2 << 30,
     }
-    assert values("gpu_unattributed_memory_used_bytes", "reason") == {"host_process": 1 << 30}
+    reasons = values("gpu_unattributed_memory_used_bytes", "reason")
+    # The device-level parts (what no listed process holds, the driver's reservation) are held
+    # by assert_memory_adds_up; the processes' reason is the Slurm step's.
+    assert {r: v for r, v in reasons.items() if r not in DEVICE_PARTS} == {"host_process": 1 << 30}
+    assert_memory_adds_up(text)
     assert values("gpu_process_memory_used_bytes", "process_name") == {
         "python3": 3 << 30,
         "train": 1 << 30,
