@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .attribution import Attribution
 from .labels import DeviceKey
-from .power import watched_sample
+from .power import HeadDevices, watched_samples
 from .textformat import WatchedLine
 
 MIB = 2**20
@@ -58,20 +58,17 @@ class DeviceMemory:
         return None if self.free is None else self.in_use + self.free
 
 
-def parse_device_memory(lines: Iterable[WatchedLine]) -> dict[DeviceKey, DeviceMemory]:
+def parse_device_memory(
+    lines: Iterable[WatchedLine], heads_memo: HeadDevices | None = None
+) -> dict[DeviceKey, DeviceMemory]:
     """Each device's memory from the upstream's ``MEMORY_NAMES`` sample lines
     (``RewriteResult.watched``; other watched names are skipped). A device needs FB_USED;
     lines that are not valid exposition, name no GPU or carry a non-finite or negative value
-    are skipped; a device whose series repeat (vGPU copies) keeps the last value seen."""
+    are skipped; a device whose series repeat (vGPU copies) keeps the last value seen.
+    ``heads_memo``: the caller's memo of line heads (``power.watched_samples``)."""
     seen: dict[DeviceKey, dict[str, float]] = {}
-    for line in lines:
-        if line[0] not in MEMORY_NAMES:
-            continue
-        sample = watched_sample(line)
-        if sample is None:
-            continue
-        key, value = sample
-        seen.setdefault(key, {})[line[0]] = value * MIB
+    for name, key, value in watched_samples(lines, MEMORY_NAMES, heads_memo):
+        seen.setdefault(key, {})[name] = value * MIB
     return {
         key: DeviceMemory(vals[FB_USED], vals.get(FB_FREE), vals.get(FB_RESERVED))
         for key, vals in seen.items()

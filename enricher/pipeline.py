@@ -193,6 +193,7 @@ class Scraper:
         # bench) neither turns nor fills them.
         self._label_sets = LabelSets()
         self._power_line_devices = HeadDevices()
+        self._memory_line_devices = HeadDevices()  # the same, for the framebuffer lines
         # The last collection accounted and the last power families written: a scrape of the
         # same collection (the same upstream text and node view) reuses them.
         self._power_accounted: PowerAccounted | None = None
@@ -311,7 +312,11 @@ class Scraper:
             self._remember(rewritten.identities)
         identities = {**node.fallback, **self._upstream_device_labels}
         # Each device's memory and the parts of it no listed process holds (enricher.memory).
-        memory = parse_device_memory(rewritten.watched) if rewritten is not None else {}
+        memory = (
+            parse_device_memory(rewritten.watched, self._memory_line_devices)
+            if rewritten is not None
+            else {}
+        )
         families = self._families(
             node, identities, self._options, memory_parts(memory, node.attributions)
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .attribution import REASON_MPS_SERVER, AllocatedDevice, Attribution, attributed_to
@@ -181,11 +181,30 @@ def _head_device(name: str, head: str) -> DeviceKey | None:
 _PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
 
 
-def watched_sample(line: WatchedLine) -> tuple[DeviceKey, float] | None:
-    """The device and value of one watched sample line (None: not valid exposition, no GPU,
-    or a non-finite or negative value), as ``upstream_power`` reads its own."""
-    name, head, tail = line
-    return _parse_sample(_head_device(name, head), tail)
+def watched_samples(
+    lines: Iterable[WatchedLine], names: Collection[str], heads_memo: HeadDevices | None = None
+) -> Iterator[tuple[str, DeviceKey, float]]:
+    """The name, device and value of each sample line of ``names`` among ``lines``, as
+    ``upstream_power`` reads its own: a line that is not valid exposition, names no GPU, or
+    has a non-finite or negative value is skipped. ``heads_memo``: the heads' devices from the
+    previous call (each head parsed once while it stays), updated to this call's."""
+    known = heads_memo.last if heads_memo is not None else {}
+    heads: dict[tuple[str, str], DeviceKey | None] = {}
+    for name, head, tail in lines:
+        if name not in names:
+            continue
+        line_head = (name, head)
+        if line_head in heads:
+            key = heads[line_head]
+        else:
+            key = known[line_head] if line_head in known else _head_device(name, head)
+            if len(heads) < 2 * MAX_UPSTREAM_DEVICES:
+                heads[line_head] = key
+        parsed = _parse_sample(key, tail)
+        if parsed is not None:
+            yield name, parsed[0], parsed[1]
+    if heads_memo is not None:
+        heads_memo.last = heads
 
 
 def _parse_sample(key: DeviceKey | None, tail: str) -> tuple[DeviceKey, float] | None:
