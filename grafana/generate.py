@@ -105,6 +105,23 @@ def with_owner(series: str, *extra: str) -> str:
 
 MEM = with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER))
 UTIL = with_owner(sel("gpu_container_utilization_ratio", *POD_FILTER))
+
+
+def recorded(record: str, *extra: str) -> str:
+    """A record of the mixin's rules, filtered by every variable: each pod's series on each
+    device with its workload and ``user`` (the owners joined once per rule evaluation, not at
+    every step of the panel). The records keep ``exported_namespace`` and ``exported_pod`` where
+    Prometheus scrapes with honor_labels: false, so ${label_prefix} names the pod in either mode;
+    no dcgmSelector: a record has no job label."""
+    return record + "{" + ", ".join((*POD_FILTER, WORKLOAD_FILTER, 'user=~"$user"', *extra)) + "}"
+
+
+# Each pod's memory and SM use per device, with its owners (recorded: mixin/rules): the panels
+# that sum them by pod, namespace, workload or user read these instead of joining MEM and UTIL
+# to gpu_pod_info at every step (22 to 43x sum(DCGM_FI_DEV_GPU_UTIL) on 100 to 300 simulated
+# nodes: docs/performance.md#a-fleet-on-one-prometheus).
+MEM_REC = recorded("namespace_pod_device:gpu_container_memory_used_bytes:sum")
+UTIL_REC = recorded("namespace_pod_device:gpu_container_utilization_ratio:sum")
 MEM_DEV = sel("gpu_container_memory_used_bytes", *DEV_FILTER)
 # The unattributed memory of processes only: the device-level parts are on every device.
 DEVICE_PARTS_OUT = 'reason!~"driver_reserved|not_in_process_list"'
@@ -321,24 +338,11 @@ def _table(
 DEV_LEGEND = "{{Hostname}} GPU {{gpu}}"
 POD_LEGEND = "{{" + NS + "}}/{{" + POD + "}}"
 POD_DEVICE = f"%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
-# The peak over the range: the subquery sums each pod's memory on each device at every step
-# and only its result meets the owners (the pods' workload and user over the same range). A
-# pod's owner does not change while it lives, so this is the peak of the sum joined at every
-# step, without the join at every step: 106x sum(DCGM_FI_DEV_GPU_UTIL) on 100 simulated nodes
-# when the join was inside (bench/fleet.py, docs/performance.md#a-fleet-on-one-prometheus).
-PEAK_MEMORY_BY_POD_DEVICE = (
-    f"max_over_time((sum by (%(clusterLabel)s, {NS}, {POD}, Hostname, gpu, GPU_I_ID) "
-    f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}))[$__range:]) "
-    f"* on (%(clusterLabel)s, {NS}, {POD}) group_left (workload_kind, workload_name) "
-    f"max by (%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name) (max_over_time("
-    + sel(
-        "gpu_pod_info",
-        '%(clusterLabel)s=~"$cluster"',
-        'workload_name=~"$workload"',
-        f'{USER}=~"$user"',
-    )
-    + "[$__range]))"
-)
+# The peak over the range: the record is already one series per pod and device with its
+# owners, so the peak of each is the peak of the sum, without a subquery (106x
+# sum(DCGM_FI_DEV_GPU_UTIL) on 100 simulated nodes with the join inside a subquery, 44x on 300
+# with the join outside: bench/fleet.py, docs/performance.md#a-fleet-on-one-prometheus).
+PEAK_MEMORY_BY_POD_DEVICE = f"sum by ({POD_DEVICE}) (max_over_time({MEM_REC}[$__range]))"
 
 
 def rows() -> list[Row]:
@@ -403,7 +407,7 @@ def rows() -> list[Row]:
                     "GPU memory by pod",
                     "Which pods hold GPU memory (NVML's per-process memory, summed per pod "
                     "over its devices).",
-                    Target(f"sum by (%(clusterLabel)s, {NS}, {POD}) ({MEM})", POD_LEGEND),
+                    Target(f"sum by (%(clusterLabel)s, {NS}, {POD}) ({MEM_REC})", POD_LEGEND),
                     unit="bytes",
                     stacked=True,
                     width=12,
@@ -411,7 +415,7 @@ def rows() -> list[Row]:
                 _series(
                     "GPU memory by namespace",
                     "Which namespaces (teams) hold GPU memory.",
-                    Target(f"sum by (%(clusterLabel)s, {NS}) ({MEM})", "{{" + NS + "}}"),
+                    Target(f"sum by (%(clusterLabel)s, {NS}) ({MEM_REC})", "{{" + NS + "}}"),
                     unit="bytes",
                     stacked=True,
                     width=12,
@@ -421,7 +425,7 @@ def rows() -> list[Row]:
                     "GPU memory per Deployment, Job, StatefulSet, ... (from gpu_pod_info): "
                     "all replicas of a workload together.",
                     Target(
-                        f"sum by (%(clusterLabel)s, {NS}, workload_kind, workload_name) ({MEM})",
+                        f"sum by ({CL}, {NS}, workload_kind, workload_name) ({MEM_REC})",
                         "{{" + NS + "}}/{{workload_kind}}/{{workload_name}}",
                     ),
                     unit="bytes",
@@ -433,12 +437,12 @@ def rows() -> list[Row]:
                     "GPU memory per JupyterHub user (the hub.jupyter.org/username annotation "
                     "on gpu_pod_info; pods without it are left out).",
                     Target(
-                        f"sum by (%(clusterLabel)s, {USER}) ("
-                        + with_owner(
-                            sel("gpu_container_memory_used_bytes", *POD_FILTER), f'{USER}!=""'
+                        "sum by (%(clusterLabel)s, user) ("
+                        + recorded(
+                            "namespace_pod_device:gpu_container_memory_used_bytes:sum", 'user!=""'
                         )
                         + ")",
-                        "{{" + USER + "}}",
+                        "{{user}}",
                     ),
                     unit="bytes",
                     stacked=True,
@@ -470,7 +474,7 @@ def rows() -> list[Row]:
                     "Share of SM time each pod used, in GPUs: 100% is one GPU kept busy, a pod "
                     "on two busy GPUs shows 200%. NVML has no per-process figure on MIG "
                     "instances, so MIG pods are missing here.",
-                    Target(f"sum by (%(clusterLabel)s, {NS}, {POD}) ({UTIL})", POD_LEGEND),
+                    Target(f"sum by (%(clusterLabel)s, {NS}, {POD}) ({UTIL_REC})", POD_LEGEND),
                     unit="percentunit",
                     stacked=True,
                     width=12,
@@ -478,7 +482,7 @@ def rows() -> list[Row]:
                 _series(
                     "SM utilization by namespace",
                     "GPUs' worth of SM time used per namespace.",
-                    Target(f"sum by (%(clusterLabel)s, {NS}) ({UTIL})", "{{" + NS + "}}"),
+                    Target(f"sum by (%(clusterLabel)s, {NS}) ({UTIL_REC})", "{{" + NS + "}}"),
                     unit="percentunit",
                     stacked=True,
                     width=12,
@@ -494,9 +498,9 @@ def rows() -> list[Row]:
                     "over the dashboard's time range and their SM utilization. A peak well "
                     "under 10, 20 or 40 GiB says a MIG slice of that size would do.",
                     [
-                        Target(f"sum by ({POD_DEVICE}) ({MEM})", table=True),
+                        Target(f"sum by ({POD_DEVICE}) ({MEM_REC})", table=True),
                         Target(PEAK_MEMORY_BY_POD_DEVICE, table=True),
-                        Target(f"sum by ({POD_DEVICE}) ({UTIL})", table=True),
+                        Target(f"sum by ({POD_DEVICE}) ({UTIL_REC})", table=True),
                     ],
                     {
                         "Value #A": "memory",

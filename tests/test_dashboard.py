@@ -4,7 +4,8 @@ Static checks read grafana/dcgm-enricher.json. The end-to-end checks start the d
 (`dcgm-enricher demo`: the real enricher over a simulated GPU node, since there is no GPU here)
 and two real Prometheus servers scraping it every second, once per release (Debian 12's 2.42,
 the 3.5 LTS: tests/promreleases.py): one with honor_labels: true, the rules loaded and target
-labels added the way the Prometheus Operator adds them, one with honor_labels: false. Every
+labels added the way the Prometheus Operator adds them, one with honor_labels: false (the rules
+loaded too, for the panels that read the dashboard's records). Every
 panel query, with the variables set to match-all, runs through Prometheus's HTTP API in both
 label modes and must return series; every recording rule must produce data; the alerts that the
 demo's situations call for must be pending or firing, and no other.
@@ -368,9 +369,12 @@ def _prometheus_config(target: str, honor: bool, itself: str) -> dict[str, Any]:
             {"job_name": "prometheus", "static_configs": [{"targets": [itself]}]},
         ],
     }
+    # The rules in both modes: the panels that read the dashboard's records
+    # (namespace_pod_device:*) must show data with honor_labels: false too. The alerts and
+    # the other records are checked on the honor_labels server only.
+    config["rule_files"] = [str(RULES)]
     if honor:
         relabel.append({"target_label": "cluster", "replacement": "e2e"})
-        config["rule_files"] = [str(RULES)]
     return config
 
 

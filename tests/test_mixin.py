@@ -70,7 +70,7 @@ THRESHOLD_USES = {
     ],
     "idleMemoryBytes": [("GpuMemoryHeldWhileIdle", ") > {v}")],
     "memoryNearlyFullRatio": [("GpuMemoryNearlyFull", ") > {v}")],
-    "memoryGrowthMinBytes": [("GpuPodMemoryGrowing", "> {v}")],
+    "memoryGrowthMinBytes": [("GpuPodMemoryGrowing", "[1d]), {v})")],
     "temperatureCelsius": [("GpuTemperatureHigh", ") > {v}")],
     "enricherMemoryLimitRatio": [("GpuEnricherMemoryNearLimit", "> {v}")],
     "heldIdleSeconds": [("GpuHeldIdle", ") > {v}")],

@@ -68,6 +68,37 @@ local oneLine = utils.oneLine;
             ||| % $._config,
           },
           {
+            // What the dashboard's memory and utilization panels read (grafana/generate.py): each
+            // pod's memory and SM use on each device, joined to its workload and JupyterHub user
+            // once per evaluation instead of at every step of every panel. They keep every label
+            // a dashboard variable filters on; exported_namespace and exported_pod too, so that
+            // the panels' ${label_prefix} finds the pod where Prometheus scrapes with
+            // honor_labels: false (absent labels vanish from a `by`). They join gpu_pod_info
+            // itself, not a record, so `promtool tsdb create-blocks-from rules` can backfill them.
+            record: 'namespace_pod_device:gpu_container_memory_used_bytes:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+                gpu_container_memory_used_bytes{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
+              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'namespace_pod_device:gpu_container_utilization_ratio:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+                gpu_container_utilization_ratio{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
+              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+            ||| % $._config,
+          },
+          {
             // Seconds since each container last used a GPU it holds (memory or an allocation),
             // from its least idle device (gpu_container_last_active_timestamp_seconds,
             // docs/metrics.md#idle-since), with its workload and JupyterHub user where it has a
