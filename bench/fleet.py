@@ -25,9 +25,12 @@ Each series carries what Prometheus would add scraping it with ``honor_labels``:
 ``instance``, ``cluster`` (two clusters, alternating nodes), and ``node`` where the body has none.
 
 **Data.** One hour at a 30 s interval before the run (``promtool tsdb
-create-blocks-from openmetrics`` of Prometheus 3.5, into the data folder), then Prometheus 3.5
-starts on that folder with the shipped rules (evaluation every 30 s) and scrapes the same nodes,
-served by this process at their current generation, every 30 s for a few scrapes: history
+create-blocks-from openmetrics`` of Prometheus 3.5, into the data folder), the shipped
+recording rules evaluated over that hour (``promtool tsdb create-blocks-from rules`` against a
+Prometheus on those blocks, into the same folder: the panels that read records have the hour
+the raw series have), then Prometheus 3.5 starts on that folder with the shipped rules
+(evaluation every 30 s) and scrapes the same nodes, served by this process at their current
+generation, every 30 s for a few scrapes: history
 from blocks (an hour of it in minutes), ingest, the head and the rule evaluations from a live
 Prometheus. Why not only live scraping: an hour of data would take an hour; why not only
 blocks: a Prometheus that scrapes nothing has no ingest and an empty head.
@@ -41,7 +44,9 @@ interval) as Grafana asks (range queries for time series, instant ones for stats
 the whole dashboard's load (every query at once, six at a time, as a browser's connections to
 Grafana allow), and each alert expression as an instant query. Each figure is also a ratio to
 the baseline ``sum(DCGM_FI_DEV_GPU_UTIL)`` over the same range (instant for instant queries)
-measured in the same run, interleaved with the queries.
+measured in the same run, interleaved with the queries. The panel queries and alerts a fix
+replaced are measured beside the shipped ones in the same run (``BEFORE``, ``ALERTS_BEFORE``)
+and checked to answer the same.
 """
 
 from __future__ import annotations
@@ -496,6 +501,37 @@ def run_prometheus(config: dict[str, Any], data: Path) -> Iterator[Prom]:
         log.close()
 
 
+def backfill_records(data: Path, start: int, end: int) -> int:
+    """The shipped recording rules evaluated over the history (``promtool tsdb
+    create-blocks-from rules`` against a Prometheus 3.5 on the blocks, which scrapes and
+    evaluates nothing), their blocks moved into ``data``: the records the panels read have the
+    hour the raw series have. A record that reads another record gets nothing (promtool
+    evaluates every rule against the blocks as they were), as in any backfill; the dashboard's
+    records read raw series only. The blocks written."""
+    out = data.parent / "backfill"
+    with run_prometheus({"global": {"scrape_interval": f"{INTERVAL}s"}}, data) as prom:
+        subprocess.run(
+            [
+                prometheus_bin("promtool"),
+                "tsdb",
+                "create-blocks-from",
+                "rules",
+                f"--start={start}",
+                f"--end={end}",
+                f"--url={prom.url}",
+                f"--eval-interval={INTERVAL}s",
+                f"--output-dir={out}",
+                str(RULES),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    blocks = [b for b in out.iterdir() if (b / "meta.json").is_file()]
+    for block in blocks:
+        block.rename(data / block.name)
+    return len(blocks)
+
+
 # --------------------------------------------------------------------------- what is asked
 
 
@@ -506,29 +542,81 @@ class Query:
     instant: bool
 
 
-# Panel queries as they were before a fix this benchmark led to, measured in the same run as
-# the shipped ones (rows "<id> (before)"), and checked to answer the same.
+# Panel queries as they were before the fixes this benchmark led to (grafana/generate.py
+# before the dashboard's records namespace_pod_device:*), measured in the same run as the
+# shipped ones (rows "<id> (before)") and checked to answer the same.
+_POD_FILTER = (
+    'cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu", '
+    '${label_prefix}namespace=~"$namespace", ${label_prefix}pod=~"$pod"'
+)
+_OWNERS = (
+    "max by (cluster, ${label_prefix}namespace, ${label_prefix}pod, workload_kind, "
+    "workload_name, annotation_hub_jupyter_org_username) (gpu_pod_info{"
+    'cluster=~"$cluster", workload_name=~"$workload", '
+    'annotation_hub_jupyter_org_username=~"$user"%s})'
+)
+
+
+def _joined(metric: str, extra: str = "") -> str:
+    """``metric`` per container joined to its pod's owners at every step (the old MEM, UTIL)."""
+    return (
+        f"{metric}{{{_POD_FILTER}}} * on (cluster, ${{label_prefix}}namespace, "
+        "${label_prefix}pod) group_left (workload_kind, workload_name, "
+        f"annotation_hub_jupyter_org_username) {_OWNERS % extra}"
+    )
+
+
+_MEM = _joined("gpu_container_memory_used_bytes")
+_UTIL = _joined("gpu_container_utilization_ratio")
+_BY_POD = "cluster, ${label_prefix}namespace, ${label_prefix}pod"
+_POD_DEVICE = f"{_BY_POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
 BEFORE = {
+    "Memory/GPU memory by pod/A": f"sum by ({_BY_POD}) ({_MEM})",
+    "Memory/GPU memory by namespace/A": f"sum by (cluster, ${{label_prefix}}namespace) ({_MEM})",
+    "Memory/GPU memory by workload/A": (
+        f"sum by (cluster, ${{label_prefix}}namespace, workload_kind, workload_name) ({_MEM})"
+    ),
+    "Memory/GPU memory by user/A": "sum by (cluster, annotation_hub_jupyter_org_username) ("
+    + _joined("gpu_container_memory_used_bytes", ', annotation_hub_jupyter_org_username!=""')
+    + ")",
+    "Utilization/SM utilization by pod/A": f"sum by ({_BY_POD}) ({_UTIL})",
+    "Utilization/SM utilization by namespace/A": (
+        f"sum by (cluster, ${{label_prefix}}namespace) ({_UTIL})"
+    ),
+    "Top pods/Top pods by GPU memory/A": f"sum by ({_POD_DEVICE}) ({_MEM})",
+    # The peak of each pod's memory per device over the range, its owners met once.
     "Top pods/Top pods by GPU memory/B": (
-        "max_over_time((sum by (cluster, ${label_prefix}namespace, ${label_prefix}pod, "
-        "workload_kind, workload_name, Hostname, gpu, GPU_I_ID) (gpu_container_memory_used_bytes"
-        '{cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu", '
-        '${label_prefix}namespace=~"$namespace", ${label_prefix}pod=~"$pod"} * on (cluster, '
-        "${label_prefix}namespace, ${label_prefix}pod) group_left (workload_kind, workload_name, "
-        "annotation_hub_jupyter_org_username) max by (cluster, ${label_prefix}namespace, "
-        "${label_prefix}pod, workload_kind, workload_name, annotation_hub_jupyter_org_username) "
-        '(gpu_pod_info{cluster=~"$cluster", workload_name=~"$workload", '
-        'annotation_hub_jupyter_org_username=~"$user"})))[$__range:])'
+        f"max_over_time((sum by ({_BY_POD}, Hostname, gpu, GPU_I_ID) "
+        f"(gpu_container_memory_used_bytes{{{_POD_FILTER}}}))[$__range:]) "
+        f"* on ({_BY_POD}) group_left (workload_kind, workload_name) "
+        "max by (cluster, ${label_prefix}namespace, ${label_prefix}pod, workload_kind, "
+        'workload_name) (max_over_time(gpu_pod_info{cluster=~"$cluster", '
+        'workload_name=~"$workload", annotation_hub_jupyter_org_username=~"$user"}[$__range]))'
+    ),
+    "Top pods/Top pods by GPU memory/C": f"sum by ({_POD_DEVICE}) ({_UTIL})",
+}
+# A panel whose legend names another label now (the records' `user`): compared by value.
+_RENAMED = {"annotation_hub_jupyter_org_username": "user"}
+# Alert expressions as they were (the mixin's defaults), measured beside the shipped ones.
+_DAY = "gpu_container_memory_used_bytes[1d]"
+ALERTS_BEFORE = {
+    # The day of every container's memory read three times; now twice (one clamp_min).
+    "GpuPodMemoryGrowing": (
+        f"(gpu_container_memory_used_bytes > avg_over_time({_DAY}) + 3 * "
+        f"stddev_over_time({_DAY})) and (gpu_container_memory_used_bytes - "
+        f"avg_over_time({_DAY}) > 1073741824)"
     ),
 }
 
 
-def _interpolator() -> Any:
+def _interpolator(**chosen: str) -> Any:
+    """Grafana's substitution: every variable on All but those ``chosen``."""
     board = json.loads(DASHBOARD.read_text())
     values = {**BUILTINS, "label_prefix": ""}
     for var in board["templating"]["list"]:
         if var["type"] == "query":
             values[var["name"]] = var["allValue"]
+    values.update(chosen)
 
     def sub(m: re.Match[str]) -> str:
         return values[m.group(1) or m.group(2)]
@@ -536,9 +624,9 @@ def _interpolator() -> Any:
     return lambda text: _VAR_RE.sub(sub, text)
 
 
-def before_queries() -> list[Query]:
+def before_queries(**chosen: str) -> list[Query]:
     """The queries of BEFORE, as the shipped ones of the same ids are asked."""
-    interpolate = _interpolator()
+    interpolate = _interpolator(**chosen)
     shipped = {q.id: q for q in dashboard_queries()}
     return [
         Query(f"{id_} (before)", interpolate(expr), shipped[id_].instant)
@@ -546,10 +634,11 @@ def before_queries() -> list[Query]:
     ]
 
 
-def dashboard_queries() -> list[Query]:
-    """Every panel query of the shipped dashboard, variables on All, as Grafana asks it."""
+def dashboard_queries(**chosen: str) -> list[Query]:
+    """Every panel query of the shipped dashboard, variables on All (but those ``chosen``), as
+    Grafana asks it."""
     board = json.loads(DASHBOARD.read_text())
-    interpolate = _interpolator()
+    interpolate = _interpolator(**chosen)
     out, row = [], ""
     for panel in board["panels"]:
         if panel["type"] == "row":
@@ -574,6 +663,10 @@ def alert_queries() -> list[Query]:
         for r in g["rules"]
         if "alert" in r
     ]
+
+
+def alerts_before() -> list[Query]:
+    return [Query(f"{name} (before)", expr, True) for name, expr in ALERTS_BEFORE.items()]
 
 
 def _p(values: list[float], q: float) -> float:
@@ -623,10 +716,24 @@ def measure_queries(
     return rows, baseline
 
 
-def _answer(prom: Prom, q: Query, end: float) -> list[tuple[tuple[tuple[str, str], ...], str]]:
-    """What ``q`` answers at ``end`` (an instant query): each series' labels and value."""
-    result = prom.get("query", query=q.expr, time=str(end))["result"]
-    return sorted((tuple(sorted(s["metric"].items())), s["value"][1]) for s in result)
+def _answer(prom: Prom, q: Query, at: float) -> list[tuple[tuple[tuple[str, str], ...], str]]:
+    """What ``q`` answers at ``at`` (an instant query): each series' labels (a renamed one by
+    its new name) and value."""
+    result = prom.get("query", query=q.expr, time=str(at))["result"]
+    return sorted(
+        (tuple(sorted((_RENAMED.get(k, k), v) for k, v in s["metric"].items())), s["value"][1])
+        for s in result
+    )
+
+
+def evaluation_before(prom: Prom, t: float) -> float:
+    """When the dashboard's records were last evaluated at ``t`` (backfilled or live)."""
+    result = prom.get(
+        "query",
+        query="max(timestamp(namespace_pod_device:gpu_container_memory_used_bytes:sum))",
+        time=str(t),
+    )["result"]
+    return float(result[0]["value"][1]) if result else t
 
 
 def _same(a: list[tuple[Any, str]], b: list[tuple[Any, str]]) -> bool:
@@ -694,6 +801,9 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
     )
     timings["blocks_s"] = time.perf_counter() - t0
     om.unlink()
+    t0 = time.perf_counter()
+    record_blocks = backfill_records(data, start, end)
+    timings["records_backfill_s"] = time.perf_counter() - t0
 
     targets = _Targets(fleet, start)
     out: dict[str, Any] = {
@@ -705,6 +815,7 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
         "history_s": end - start,
         "history_samples": samples,
         "openmetrics_mib": round(om_bytes / (1 << 20), 1),
+        "record_blocks": record_blocks,
     }
     try:
         with run_prometheus(prometheus_config(mode.nodes, targets.port), data) as prom:
@@ -753,13 +864,34 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
             out["baseline"] = baseline
             out["panels"] = [r for r in rows if not r["id"].endswith(" (before)")]
             out["before"] = [r for r in rows if r["id"].endswith(" (before)")]
-            shipped = {q.id: q for q in dashboard_queries()}
-            for r, q in zip(out["before"], before, strict=True):
+            # Compared inside the history, at an evaluation of the records' group (a group
+            # evaluates at an offset into each interval, backfilled as live: a record holds
+            # what the join gave then, and lags the raw series in between), on the nodes
+            # whose pods did not change in the quarter hour before (the $node variable): the
+            # history has no stale markers, so an ended pod's series lingers for a lookback
+            # (5 min) and its record for one more.
+            at = evaluation_before(prom, end - 10 * INTERVAL)
+            quiet = [
+                node_name(i)
+                for i in range(mode.nodes)
+                if fleet.generation(i, at) == fleet.generation(i, at - 900)
+            ]
+            out["same_answer_nodes"] = len(quiet)
+            node = "|".join(quiet)
+            shipped = {q.id: q for q in dashboard_queries(node=node)}
+            for r, q in zip(out["before"], before_queries(node=node), strict=True):
                 after = shipped[q.id.removesuffix(" (before)")]
-                r["same_answer"] = _same(_answer(prom, q, now), _answer(prom, after, now))
+                r["same_answer"] = _same(_answer(prom, q, at), _answer(prom, after, at))
             out["dashboard_load"] = dashboard_load(prom, dashboard_queries(), now, mode.reps)
-            alerts, alert_base = measure_queries(prom, alert_queries(), mode.reps, now)
-            out["alerts"] = alerts
+            alerts, alert_base = measure_queries(
+                prom, alert_queries() + alerts_before(), mode.reps, now
+            )
+            out["alerts"] = [r for r in alerts if not r["id"].endswith(" (before)")]
+            out["alerts_before"] = [r for r in alerts if r["id"].endswith(" (before)")]
+            shipped_alerts = {q.id: q for q in alert_queries()}
+            for r, q in zip(out["alerts_before"], alerts_before(), strict=True):
+                after = shipped_alerts[q.id.removesuffix(" (before)")]
+                r["same_answer"] = _same(_answer(prom, q, now), _answer(prom, after, now))
             out["alert_baseline"] = alert_base
             out["rss_mib_end"], out["rss_mib_peak"] = prom.rss_mib()
     finally:
@@ -804,10 +936,17 @@ def render_fleet(fleet: dict[str, Any]) -> list[str]:
             f"{r['id'][:64]:64} {r['kind']:>7} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
             f"{r['ratio'] or 0:>7.2f} {r['series']:>7}"
         )
+    after = {r["id"]: r for r in fleet["panels"]}
+    lines.append(
+        f"{'the same panels before the records (p50 ms, x base)':64} {'before':>17} "
+        f"{'after':>17} {'same answer':>12} (on {fleet.get('same_answer_nodes')} quiet nodes)"
+    )
     for r in fleet.get("before", []):
+        a = after[r["id"].removesuffix(" (before)")]
         lines.append(
-            f"{r['id'][:64]:64} {r['kind']:>7} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-            f"{r['ratio'] or 0:>7.2f} {r['series']:>7}  same answer: {r['same_answer']}"
+            f"{r['id'].removesuffix(' (before)')[:64]:64} {r['p50_ms']:>8.1f} "
+            f"{r['ratio'] or 0:>7.2f}x {a['p50_ms']:>8.1f} {a['ratio'] or 0:>7.2f}x "
+            f"{r['same_answer']!s:>12}"
         )
     d = fleet["dashboard_load"]
     lines.append(
@@ -821,6 +960,12 @@ def render_fleet(fleet: dict[str, Any]) -> list[str]:
         lines.append(
             f"{r['id'][:40]:40} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
             f"{r['ratio'] or 0:>7.2f} {r['series']:>7}"
+        )
+    for r in fleet.get("alerts_before", []):
+        a = {x["id"]: x for x in fleet["alerts"]}[r["id"].removesuffix(" (before)")]
+        lines.append(
+            f"{r['id'][:40]:40} {r['p50_ms']:>8.1f} {r['ratio'] or 0:>7.2f}x, now "
+            f"{a['p50_ms']:.1f} ms {a['ratio'] or 0:.2f}x, same answer: {r['same_answer']}"
         )
     t = fleet["targets"]
     lines.append(
