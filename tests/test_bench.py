@@ -24,6 +24,7 @@ from enricher.procfs import ProcfsSource
 from enricher.promclient import RUNTIME_PREFIXES
 from enricher.simnode.api import StaticPods
 
+from .harness import normalise
 from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
 from .tools import require_tool
@@ -223,12 +224,15 @@ def test_quick_benchmark_runs_every_part(tmp_path: Path) -> None:
 
 def _without_self_metrics(body: bytes) -> str:
     # Our own health series differ in durations and request counts by design, and the
-    # process's own figures (process_*, python_*) from one moment to the next.
+    # process's own figures (process_*, python_*) from one moment to the next; the idle-since
+    # timestamps are each NVML read's own time (normalise marks them).
     lines = body.decode().split("\n")
-    return "\n".join(
-        line
-        for line in lines
-        if "dcgm_enricher_" not in line and not line.startswith(RUNTIME_PREFIXES)
+    return normalise(
+        "\n".join(
+            line
+            for line in lines
+            if "dcgm_enricher_" not in line and not line.startswith(RUNTIME_PREFIXES)
+        )
     )
 
 

@@ -308,7 +308,9 @@ def _sample(action: argparse.Action) -> tuple[Any, Any]:
     if action.type is int:
         return 33554433, 33554433
     if action.type is float:
-        return 2.5, 2.5
+        # Valid for every float flag: the timeouts and intervals (positive) and the ratios
+        # (--idle.threshold, under 1), and none's default.
+        return 0.5, 0.5
     value = f"sample-{action.dest}"
     return value, value
 
