@@ -132,22 +132,8 @@ def upstream_power(
     activity: dict[DeviceKey, float] = {}
     copies: dict[str, dict[str, float]] = {UPSTREAM_POWER: {}, UPSTREAM_ENERGY: {}}
     device_level = {UPSTREAM_POWER: power, UPSTREAM_ENERGY: energy}
-    known = heads_memo.last if heads_memo is not None else {}
-    heads: dict[tuple[str, str], DeviceKey | None] = {}
-    for name, head, tail in lines:
-        if name not in copies and name != UPSTREAM_GR_ACTIVE:
-            continue  # a family the rewrite watches for another reader (device memory)
-        line_head = (name, head)
-        if line_head in heads:
-            key = heads[line_head]
-        else:
-            key = known[line_head] if line_head in known else _head_device(name, head)
-            if len(heads) < 2 * MAX_UPSTREAM_DEVICES:
-                heads[line_head] = key
-        parsed = _parse_sample(key, tail)
-        if parsed is None:
-            continue
-        (uuid, gi), value = parsed
+    # Other watched families (device memory) are another reader's.
+    for name, (uuid, gi), value in watched_samples(lines, UPSTREAM_NAMES, heads_memo):
         if name == UPSTREAM_GR_ACTIVE:
             if len(activity) < MAX_UPSTREAM_DEVICES:
                 activity[(uuid, gi)] = min(1.0, value)
@@ -159,8 +145,6 @@ def upstream_power(
         for uuid, value in copies[name].items():
             if uuid not in level and len(level) < MAX_UPSTREAM_DEVICES:
                 level[uuid] = value
-    if heads_memo is not None:
-        heads_memo.last = heads
     return UpstreamPower(power, energy, activity)
 
 
