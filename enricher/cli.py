@@ -391,9 +391,15 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
                 if not 0 <= values[key] < float("inf"):
                     raise ValueError(f"{flag} must be 0 or positive")
         if "idle_threshold" in values:
-            values["idle_threshold"] = float(values["idle_threshold"])
+            raw = values["idle_threshold"]
+            try:
+                values["idle_threshold"] = float(raw)
+            except ValueError:
+                raise ValueError(f"--idle.threshold: {raw!r} is not a number") from None
             if not 0 <= values["idle_threshold"] < 1:
-                raise ValueError("--idle.threshold must be a ratio from 0 up to (not) 1")
+                raise ValueError(
+                    f"--idle.threshold: {raw!r} is not an SM utilization ratio from 0 up to 1"
+                )
         if "upstream_max_bytes" in values:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.attribution import REASON_HOST, AllocatedDevice, Attribution
+from enricher.cli import parse_config
 from enricher.idle import LAST_ACTIVE, IdleLedger, render_last_active
 from enricher.labels import DeviceKey
 from enricher.model import GpuProcess, PodInfo, ProcInfo
@@ -411,3 +412,32 @@ def test_culling_recipes_find_what_to_stop(idle_stack: IdleStack) -> None:
     idle_job = keda.replace('"Deployment"', '"Job"').replace('"inference"', '"ml-team"')
     (none,) = idle_stack.query(idle_job.replace('"vllm"', '"llama-eval"'))
     assert float(none["value"][1]) == 0.0  # the finished job: scale to zero
+
+
+# --------------------------------------------------------------------------- the flag
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        pytest.param([], {}, 0.01, id="default"),
+        pytest.param(["--idle.threshold", "0.05"], {}, 0.05, id="flag"),
+        pytest.param([], {"ENRICHER_IDLE_THRESHOLD": "0"}, 0.0, id="env-zero"),
+    ],
+)
+def test_idle_threshold_flag(
+    argv: list[str], env: dict[str, str], expected: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    _, config, _ = parse_config(argv)
+    assert config.idle_threshold == expected
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "nan", "inf", "soon", ""])
+def test_idle_threshold_must_be_a_ratio(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_config([f"--idle.threshold={value}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--idle.threshold" in err, err
