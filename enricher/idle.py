@@ -23,7 +23,6 @@ The rule (docs/metrics.md#idle-since), which never overstates idleness:
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -63,11 +62,9 @@ def containers_on_devices(
 ) -> dict[IdleKey, _Seen]:
     """Each container with a process or an allocation on a device, and what this collection
     says of its use there."""
-    util: dict[IdleKey, float] = defaultdict(float)
-    measured: set[IdleKey] = set()
+    util: dict[IdleKey, float] = {}  # only where NVML gave some process's utilization
     starts: dict[IdleKey, float] = {}
     with_process: set[IdleKey] = set()
-    keys: set[IdleKey] = set()
     for a in attributions:
         who = attributed_to(a)
         if who is None:
@@ -75,16 +72,11 @@ def containers_on_devices(
         key: IdleKey = (a.device_key, *_cut(*who))
         with_process.add(key)
         if a.process.sm_util_ratio is not None:
-            util[key] += a.process.sm_util_ratio
-            measured.add(key)
+            util[key] = util.get(key, 0.0) + a.process.sm_util_ratio
         if a.info is not None:
             starts[key] = max(starts.get(key, a.info.start_time), a.info.start_time)
-    for d in allocated:
-        keys.add((d.key, *_cut(d.namespace, d.pod, d.container)))
-    keys |= with_process
-    return {
-        k: _Seen(k in with_process, util[k] if k in measured else None, starts.get(k)) for k in keys
-    }
+    keys = with_process | {(d.key, *_cut(d.namespace, d.pod, d.container)) for d in allocated}
+    return {k: _Seen(k in with_process, util.get(k), starts.get(k)) for k in keys}
 
 
 class IdleLedger:
@@ -119,17 +111,18 @@ class IdleLedger:
         for key, now in seen.items():
             if self._active(now, activity.get(key[0])):
                 last[key] = taken_at
+                continue
+            previous = self.last_active.get(key)
+            if previous is None and now.newest_start is None:
+                since = taken_at  # nothing says when it came: the collection that saw it
             else:
-                # Never before the first collection, nor before its newest process there
-                # started (a process that starts does something); kept while it stays idle.
+                # Never before the first collection (every kept value is after it), nor
+                # before its newest process there started (starting is doing something).
                 since = max(
-                    self.last_active.get(key, self.started),
-                    self.started,
-                    now.newest_start if now.newest_start is not None else self.started,
+                    self.started if previous is None else previous,
+                    self.started if now.newest_start is None else now.newest_start,
                 )
-                if key not in self.last_active and now.newest_start is None:
-                    since = taken_at  # nothing says when it came: the collection that saw it
-                last[key] = min(since, taken_at)
+            last[key] = min(since, taken_at)
         self.last_active = last
 
     def _active(self, seen: _Seen, device_activity: float | None) -> bool:
