@@ -116,6 +116,12 @@ def recorded(record: str, *extra: str) -> str:
     return record + "{" + ", ".join((*POD_FILTER, WORKLOAD_FILTER, 'user=~"$user"', *extra)) + "}"
 
 
+def device_record(record: str) -> str:
+    """A per-device record of the mixin's rules (the dcgm-enricher.dashboard group), filtered
+    by the device variables; no dcgmSelector: a record has no job label."""
+    return record + "{" + ", ".join(DEV_FILTER) + "}"
+
+
 # Each pod's memory and SM use per device, with its owners (recorded: mixin/rules): the panels
 # that sum them by pod, namespace, workload or user read these instead of joining MEM and UTIL
 # to gpu_pod_info at every step (22 to 43x sum(DCGM_FI_DEV_GPU_UTIL) on 100 to 300 simulated
@@ -164,7 +170,9 @@ IDLE_SINCE = (
     f"or on (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}) "
     f"({_LAST_ACTIVE} unless on (%(clusterLabel)s, {NS}, {POD}) {sel('gpu_pod_info')})"
 )
-PODS_PER_DEVICE = f"count by ({DEVICE}) (count by ({DEVICE}, {NS}, {POD}) ({MEM_DEV}))"
+# Pods, and containers, with a GPU process on each device (recorded: mixin/rules).
+PODS_PER_DEVICE = device_record("device:gpu_pods:count")
+CONTAINERS_PER_DEVICE = device_record("device:gpu_containers:count")
 MIG_FB_USED = sel("DCGM_FI_DEV_FB_USED", *DEV_FILTER, 'GPU_I_ID!=""')
 # MIG GPUs report memory per instance: count those, and the whole GPUs without instances.
 FB_USED_DEVICES = (
@@ -173,18 +181,15 @@ FB_USED_DEVICES = (
 )
 IN_USE_SHARE = (
     f"count by ({DEVICE}, {NS}) ({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
-    f"/ on ({DEVICE}) group_left () count by ({DEVICE}) ({MEM_DEV})"
+    f"/ on ({DEVICE}) group_left () {CONTAINERS_PER_DEVICE}"
 )
 
 
 POWER = sel("gpu_container_power_watts", *POD_FILTER)
 ENERGY = sel("gpu_container_energy_joules_total", *POD_FILTER)
 UNATTR_POWER = sel("gpu_unattributed_power_watts", *DEV_FILTER)
-# Pods drawing on each GPU (its MIG instances together: they share its power).
-PODS_PER_GPU_POWER = (
-    "count by (%(clusterLabel)s, Hostname, gpu) (count by (%(clusterLabel)s, Hostname, gpu, "
-    f"{NS}, {POD}) ({sel('gpu_container_power_watts', *DEV_FILTER)}))"
-)
+# Pods drawing on each GPU (its MIG instances together: they share its power; recorded).
+PODS_PER_GPU_POWER = device_record("gpu:gpu_container_power_watts:count_pods")
 
 
 def device(metric: str, agg: str = "max") -> str:
@@ -709,10 +714,7 @@ def rows() -> list[Row]:
                     "Share of each GPU's (or MIG instance's) memory in use; "
                     "GpuMemoryNearlyFull fires above 95%.",
                     Target(
-                        "max by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) ("
-                        f"{sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} / "
-                        f"({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} + "
-                        f"{sel('DCGM_FI_DEV_FB_FREE', *DEV_FILTER)}))",
+                        f"max by ({DEVICE}) ({device_record('device:gpu_memory_used:ratio')})",
                         DEV_LEGEND + " {{GPU_I_ID}}",
                     ),
                     unit="percentunit",

@@ -68,37 +68,6 @@ local oneLine = utils.oneLine;
             ||| % $._config,
           },
           {
-            // What the dashboard's memory and utilization panels read (grafana/generate.py): each
-            // pod's memory and SM use on each device, joined to its workload and JupyterHub user
-            // once per evaluation instead of at every step of every panel. They keep every label
-            // a dashboard variable filters on; exported_namespace and exported_pod too, so that
-            // the panels' ${label_prefix} finds the pod where Prometheus scrapes with
-            // honor_labels: false (absent labels vanish from a `by`). They join gpu_pod_info
-            // itself, not a record, so `promtool tsdb create-blocks-from rules` can backfill them.
-            record: 'namespace_pod_device:gpu_container_memory_used_bytes:sum',
-            expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
-                gpu_container_memory_used_bytes{%(dcgmSelector)s}
-              )
-              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
-              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
-              )
-            ||| % $._config,
-          },
-          {
-            record: 'namespace_pod_device:gpu_container_utilization_ratio:sum',
-            expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
-                gpu_container_utilization_ratio{%(dcgmSelector)s}
-              )
-              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
-              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
-              )
-            ||| % $._config,
-          },
-          {
             // Seconds since each container last used a GPU it holds (memory or an allocation),
             // from its least idle device (gpu_container_last_active_timestamp_seconds,
             // docs/metrics.md#idle-since), with its workload and JupyterHub user where it has a
@@ -193,6 +162,87 @@ local oneLine = utils.oneLine;
                 max by (%(clusterLabel)s, namespace, pod, user) (
                   max_over_time(namespace_pod:gpu_pod_info:max{user!=""}[1h])
                 )
+              )
+            ||| % $._config,
+          },
+        ],
+      },
+      {
+        // What the dashboard's panels read where reading the raw series at every step of a panel
+        // costs tens of times a plain sum on a large fleet (docs/performance.md#a-fleet-on-one-prometheus):
+        // a group of its own, so that these joins run beside the other groups, not after them.
+        // Every one reads raw series only, so `promtool tsdb create-blocks-from rules` can
+        // backfill them; none is read by another rule.
+        name: 'dcgm-enricher.dashboard',
+        rules: [
+          {
+            // What the dashboard's memory and utilization panels read (grafana/generate.py): each
+            // pod's memory and SM use on each device, joined to its workload and JupyterHub user
+            // once per evaluation instead of at every step of every panel. They keep every label
+            // a dashboard variable filters on; exported_namespace and exported_pod too, so that
+            // the panels' ${label_prefix} finds the pod where Prometheus scrapes with
+            // honor_labels: false (absent labels vanish from a `by`). They join gpu_pod_info
+            // itself, not a record, so `promtool tsdb create-blocks-from rules` can backfill them.
+            record: 'namespace_pod_device:gpu_container_memory_used_bytes:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+                gpu_container_memory_used_bytes{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
+              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+            ||| % $._config,
+          },
+          {
+            record: 'namespace_pod_device:gpu_container_utilization_ratio:sum',
+            expr: |||
+              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+                gpu_container_utilization_ratio{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
+              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+            ||| % $._config,
+          },
+          {
+            // Pods with a GPU process on each device (GPU or MIG instance): the shared-device
+            // panels keep the devices where this is over 1.
+            record: 'device:gpu_pods:count',
+            expr: |||
+              count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) (
+                count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+                  gpu_container_memory_used_bytes{%(dcgmSelector)s}
+                )
+              )
+            ||| % $._config,
+          },
+          {
+            // Containers with a GPU process on each device: a shared device splits between them
+            // in the "Allocated and in use" panel, as namespace:gpu_in_use:sum does.
+            record: 'device:gpu_containers:count',
+            expr: 'count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})' % $._config,
+          },
+          {
+            // Pods drawing a share of each GPU's power (its MIG instances together: they share
+            // its power): "Watts by pod on shared GPUs" keeps the GPUs where this is over 1.
+            record: 'gpu:gpu_container_power_watts:count_pods',
+            expr: |||
+              count by (%(clusterLabel)s, Hostname, gpu) (
+                count by (%(clusterLabel)s, Hostname, gpu, namespace, pod, exported_namespace, exported_pod) (
+                  gpu_container_power_watts{%(dcgmSelector)s}
+                )
+              )
+            ||| % $._config,
+          },
+          {
+            // The share of each GPU's (or MIG instance's) memory in use: "Device memory used".
+            record: 'device:gpu_memory_used:ratio',
+            expr: |||
+              max by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) (
+                DCGM_FI_DEV_FB_USED{%(dcgmSelector)s}
+                / (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} + DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
               )
             ||| % $._config,
           },
