@@ -89,6 +89,7 @@ STEP_S = INTERVAL
 # step + scrape interval).
 BUILTINS = {"__range": "6h", "__rate_interval": "2m", "__interval": "30s"}
 BROWSER_CONNECTIONS = 6
+FLOOR_SLACK = 1.5  # a panel within 1.5x its floor (FLOORS) costs what its answer costs
 _VAR_RE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 
 
@@ -103,10 +104,10 @@ class FleetMode:
 FLEET_QUICK = FleetMode(nodes=8, variants=3, reps=2, live_scrapes=1)
 
 
-def fleet_mode(nodes: int, quick: bool) -> FleetMode:
+def fleet_mode(nodes: int, quick: bool, reps: int = 7) -> FleetMode:
     if quick:
         return FLEET_QUICK
-    return FleetMode(nodes=nodes, variants=4, reps=7, live_scrapes=3)
+    return FleetMode(nodes=nodes, variants=4, reps=reps, live_scrapes=3)
 
 
 # --------------------------------------------------------------------------- the bodies
@@ -542,9 +543,15 @@ class Query:
     instant: bool
 
 
-# Panel queries as they were before the fixes this benchmark led to (grafana/generate.py
-# before the dashboard's records namespace_pod_device:*), measured in the same run as the
-# shipped ones (rows "<id> (before)") and checked to answer the same.
+# Panel queries as they were before the fixes this benchmark led to (grafana/generate.py before
+# the dashboard's records, the rule group dcgm-enricher.dashboard), measured in the same run as
+# the shipped ones (rows "<id> (before)") and checked to answer the same.
+_DEV_FILTER = 'cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu"'
+_DEVICE = "cluster, Hostname, gpu, GPU_I_ID"
+_PODS_PER_DEVICE = (
+    f"count by ({_DEVICE}) (count by ({_DEVICE}, ${{label_prefix}}namespace, "
+    f"${{label_prefix}}pod) (gpu_container_memory_used_bytes{{{_DEV_FILTER}}}))"
+)
 _POD_FILTER = (
     'cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu", '
     '${label_prefix}namespace=~"$namespace", ${label_prefix}pod=~"$pod"'
@@ -594,6 +601,36 @@ BEFORE = {
         'workload_name=~"$workload", annotation_hub_jupyter_org_username=~"$user"}[$__range]))'
     ),
     "Top pods/Top pods by GPU memory/C": f"sum by ({_POD_DEVICE}) ({_UTIL})",
+    # Before the per-device records of the dcgm-enricher.dashboard group: the pods (or
+    # containers) of every device counted at every step, the memory ratio from three reads.
+    "Shared GPUs/Pods per shared device/A": f"{_PODS_PER_DEVICE} > 1",
+    "Shared GPUs/Memory split on shared devices/A": (
+        f"sum by ({_DEVICE}, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
+        f"(gpu_container_memory_used_bytes{{{_DEV_FILTER}}}) and on ({_DEVICE}) "
+        f"({_PODS_PER_DEVICE} > 1)"
+    ),
+    "Shared GPUs/SM split on shared devices/A": (
+        f"sum by ({_DEVICE}, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
+        f"(gpu_container_utilization_ratio{{{_DEV_FILTER}}}) and on ({_DEVICE}) "
+        f"({_PODS_PER_DEVICE} > 1)"
+    ),
+    "Waste/Allocated and in use, by namespace/B": (
+        f"sum by (cluster, ${{label_prefix}}namespace) (count by ({_DEVICE}, "
+        f"${{label_prefix}}namespace) (gpu_container_memory_used_bytes{{{_POD_FILTER}}}) "
+        f"/ on ({_DEVICE}) group_left () count by ({_DEVICE}) "
+        f"(gpu_container_memory_used_bytes{{{_DEV_FILTER}}}))"
+    ),
+    "Power and energy/Watts by pod on shared GPUs/A": (
+        "sum by (cluster, Hostname, gpu, ${label_prefix}namespace, ${label_prefix}pod) "
+        f"(gpu_container_power_watts{{{_POD_FILTER}}}) and on (cluster, Hostname, gpu) "
+        "(count by (cluster, Hostname, gpu) (count by (cluster, Hostname, gpu, "
+        "${label_prefix}namespace, ${label_prefix}pod) "
+        f"(gpu_container_power_watts{{{_DEV_FILTER}}})) > 1)"
+    ),
+    "Device health/Device memory used/A": (
+        f"max by ({_DEVICE}) (DCGM_FI_DEV_FB_USED{{{_DEV_FILTER}}} / "
+        f"(DCGM_FI_DEV_FB_USED{{{_DEV_FILTER}}} + DCGM_FI_DEV_FB_FREE{{{_DEV_FILTER}}}))"
+    ),
 }
 # A panel whose legend names another label now (the records' `user`): compared by value.
 _RENAMED = {"annotation_hub_jupyter_org_username": "user"}
@@ -607,6 +644,40 @@ ALERTS_BEFORE = {
         f"avg_over_time({_DAY}) > 1073741824)"
     ),
 }
+
+
+# What a panel left over 10x the baseline cannot go under: the family it reads, grouped into
+# its answer's series with no filter, join or condition (rows "<id> (floor)"). Where the panel
+# costs about its floor, its cost is its answer (one series per pod, per container, per device
+# and reason), which no record or rewrite removes without losing what the panel shows.
+FLOORS = {
+    "Memory/GPU memory by pod/A": (
+        "sum by (cluster, namespace, pod) "
+        "(namespace_pod_device:gpu_container_memory_used_bytes:sum)"
+    ),
+    "Utilization/SM utilization by pod/A": (
+        "sum by (cluster, namespace, pod) "
+        "(namespace_pod_device:gpu_container_utilization_ratio:sum)"
+    ),
+    "Power and energy/Watts by pod on shared GPUs/A": (
+        "sum by (cluster, Hostname, gpu, namespace, pod) (gpu_container_power_watts)"
+    ),
+    "Memory/Unattributed GPU memory by reason/A": (
+        "sum by (cluster, Hostname, gpu, GPU_I_ID, reason) (gpu_unattributed_memory_used_bytes)"
+    ),
+    "Waste/Idle since/A": (
+        "max by (cluster, Hostname, namespace, pod, container) "
+        "(gpu_container_last_active_timestamp_seconds)"
+    ),
+    "Power and energy/Energy per workload and user, last day/A": (
+        "sum by (cluster, namespace, pod) (increase(gpu_container_energy_joules_total[1d]))"
+    ),
+}
+
+
+def floor_queries() -> list[Query]:
+    shipped = {q.id: q for q in dashboard_queries()}
+    return [Query(f"{id_} (floor)", expr, shipped[id_].instant) for id_, expr in FLOORS.items()]
 
 
 def _interpolator(**chosen: str) -> Any:
@@ -718,10 +789,17 @@ def measure_queries(
 
 def _answer(prom: Prom, q: Query, at: float) -> list[tuple[tuple[tuple[str, str], ...], str]]:
     """What ``q`` answers at ``at`` (an instant query): each series' labels (a renamed one by
-    its new name) and value."""
+    its new name) and value. Not the metric name: a panel's legend names its series by their
+    labels, and a comparison of a record (``device:gpu_pods:count > 1``) keeps the record's
+    name where the expression it replaced had none."""
     result = prom.get("query", query=q.expr, time=str(at))["result"]
     return sorted(
-        (tuple(sorted((_RENAMED.get(k, k), v) for k, v in s["metric"].items())), s["value"][1])
+        (
+            tuple(
+                sorted((_RENAMED.get(k, k), v) for k, v in s["metric"].items() if k != "__name__")
+            ),
+            s["value"][1],
+        )
         for s in result
     )
 
@@ -767,10 +845,10 @@ def dashboard_load(prom: Prom, queries: list[Query], end: float, reps: int) -> d
 # --------------------------------------------------------------------------- the run
 
 
-def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
+def bench_fleet(quick: bool, work: Path, nodes: int = 100, reps: int = 7) -> dict[str, Any]:
     """Build the fleet's hour of blocks, start Prometheus 3.5 on them, scrape the fleet live
-    for a few intervals, and measure."""
-    mode = fleet_mode(nodes, quick)
+    for a few intervals, and measure (each query ``reps`` times)."""
+    mode = fleet_mode(nodes, quick, reps)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     bodies = render_bodies(work / "bodies", mode.variants)
@@ -808,6 +886,7 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
     targets = _Targets(fleet, start)
     out: dict[str, Any] = {
         "nodes": mode.nodes,
+        "reps": mode.reps,
         "kinds": {
             k: sum(1 for i in range(mode.nodes) if KINDS[i % len(KINDS)] == k) for k in bodies
         },
@@ -860,10 +939,13 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
             ]
             now = time.time()
             before = before_queries()
-            rows, baseline = measure_queries(prom, dashboard_queries() + before, mode.reps, now)
+            rows, baseline = measure_queries(
+                prom, dashboard_queries() + before + floor_queries(), mode.reps, now
+            )
             out["baseline"] = baseline
-            out["panels"] = [r for r in rows if not r["id"].endswith(" (before)")]
+            out["panels"] = [r for r in rows if not r["id"].endswith((" (before)", " (floor)"))]
             out["before"] = [r for r in rows if r["id"].endswith(" (before)")]
+            out["floors"] = [r for r in rows if r["id"].endswith(" (floor)")]
             # Compared inside the history, at an evaluation of the records' group (a group
             # evaluates at an offset into each interval, backfilled as live: a record holds
             # what the join gave then, and lags the raw series in between), on the nodes
@@ -897,8 +979,16 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100) -> dict[str, Any]:
     finally:
         targets.close()
     out["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    floors = {r["id"].removesuffix(" (floor)"): r for r in out["floors"]}
+    over = [r for r in out["panels"] if r["ratio"] and r["ratio"] > 10]
     out["targets"] = {
-        "panels_over_10x": [r["id"] for r in out["panels"] if r["ratio"] and r["ratio"] > 10],
+        "panels_over_10x": [r["id"] for r in over],
+        # Over 10x and over 1.5x its floor (or with none): a cost that is not its answer's.
+        "panels_over_10x_above_floor": [
+            r["id"]
+            for r in over
+            if r["id"] not in floors or r["p50_ms"] > FLOOR_SLACK * floors[r["id"]]["p50_ms"]
+        ],
         "max_panel_ratio": max(r["ratio"] or 0 for r in out["panels"]),
         "max_group_share": max(g["share_of_interval"] for g in out["rule_groups"]),
     }
@@ -948,6 +1038,23 @@ def render_fleet(fleet: dict[str, Any]) -> list[str]:
             f"{r['ratio'] or 0:>7.2f}x {a['p50_ms']:>8.1f} {a['ratio'] or 0:>7.2f}x "
             f"{r['same_answer']!s:>12}"
         )
+    lines.append(
+        f"{'panels over 10x and their floor (p50 ms, x base)':64} {'panel':>17} "
+        f"{'floor':>17} {'/ floor':>8}"
+    )
+    floors = {r["id"].removesuffix(" (floor)"): r for r in fleet.get("floors", [])}
+    for r in sorted(fleet["panels"], key=lambda r: -(r["ratio"] or 0)):
+        if not (r["ratio"] and r["ratio"] > 10):
+            continue
+        f = floors.get(r["id"])
+        lines.append(
+            f"{r['id'][:64]:64} {r['p50_ms']:>8.1f} {r['ratio']:>7.2f}x "
+            + (
+                f"{f['p50_ms']:>8.1f} {f['ratio'] or 0:>7.2f}x {r['p50_ms'] / f['p50_ms']:>8.2f}"
+                if f and f["p50_ms"]
+                else f"{'no floor':>17}"
+            )
+        )
     d = fleet["dashboard_load"]
     lines.append(
         f"whole dashboard ({len(fleet['panels'])} queries, {BROWSER_CONNECTIONS} at a time): "
@@ -970,7 +1077,8 @@ def render_fleet(fleet: dict[str, Any]) -> list[str]:
     t = fleet["targets"]
     lines.append(
         f"targets: panel queries over 10x the baseline: {len(t['panels_over_10x'])} "
-        f"(max {t['max_panel_ratio']}x); largest rule group {t['max_group_share']:.2%} "
-        "of its interval"
+        f"(max {t['max_panel_ratio']}x), of them over {FLOOR_SLACK}x their floor: "
+        f"{len(t['panels_over_10x_above_floor'])}; largest rule group "
+        f"{t['max_group_share']:.2%} of its interval"
     )
     return lines

@@ -1461,6 +1461,12 @@ def main(argv: list[str] | None = None) -> int:
         help="nodes of the simulated fleet (--only fleet; --quick: 8)",
     )
     parser.add_argument(
+        "--fleet-reps",
+        type=int,
+        default=7,
+        help="times each query of the fleet is measured (--only fleet; --quick: 2)",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="run the cost part once more with the enricher counting where its CPU goes",
@@ -1510,7 +1516,9 @@ def main(argv: list[str] | None = None) -> int:
             from .fleet import bench_fleet
 
             print("fleet ...", file=sys.stderr, flush=True)
-            results["fleet"] = bench_fleet(args.quick, work / "fleet", args.fleet_nodes)
+            results["fleet"] = bench_fleet(
+                args.quick, work / "fleet", args.fleet_nodes, args.fleet_reps
+            )
         if parts & {"e2e", "memory", "loop", "cost"}:
             sim = SimNode(work / "node", payloads.SHAPES["mig56"])
             sim.write()
