@@ -574,6 +574,11 @@ def _joined(metric: str, extra: str = "") -> str:
 
 
 _MEM = _joined("gpu_container_memory_used_bytes")
+_LAST_ACTIVE = (
+    "max by (cluster, Hostname, ${label_prefix}namespace, ${label_prefix}pod, "
+    "${label_prefix}container) "
+    f"(gpu_container_last_active_timestamp_seconds{{{_POD_FILTER}}}) * 1000"
+)
 _UTIL = _joined("gpu_container_utilization_ratio")
 _BY_POD = "cluster, ${label_prefix}namespace, ${label_prefix}pod"
 _POD_DEVICE = f"{_BY_POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
@@ -631,6 +636,15 @@ BEFORE = {
         f"max by ({_DEVICE}) (DCGM_FI_DEV_FB_USED{{{_DEV_FILTER}}} / "
         f"(DCGM_FI_DEV_FB_USED{{{_DEV_FILTER}}} + DCGM_FI_DEV_FB_FREE{{{_DEV_FILTER}}}))"
     ),
+    # Before its record: every container's last-active time read twice, joined at each query.
+    "Waste/Idle since/A": (
+        f"({_LAST_ACTIVE} * on (cluster, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
+        "group_left (workload_kind, workload_name, annotation_hub_jupyter_org_username) "
+        f"{_OWNERS % ''}) or on (cluster, Hostname, ${{label_prefix}}namespace, "
+        "${label_prefix}pod, ${label_prefix}container) "
+        f"({_LAST_ACTIVE} unless on (cluster, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
+        "gpu_pod_info)"
+    ),
 }
 # A panel whose legend names another label now (the records' `user`): compared by value.
 _RENAMED = {"annotation_hub_jupyter_org_username": "user"}
@@ -668,6 +682,11 @@ FLOORS = {
     "Waste/Idle since/A": (
         "max by (cluster, Hostname, namespace, pod, container) "
         "(gpu_container_last_active_timestamp_seconds)"
+    ),
+    # Three families read once each, into its answer (a count per cluster).
+    "Overview/Allocated but idle/A": (
+        'count by (cluster) ({__name__=~"gpu_container_allocated|'
+        'gpu_container_utilization_ratio|gpu_container_memory_used_bytes"})'
     ),
     "Power and energy/Energy per workload and user, last day/A": (
         "sum by (cluster, namespace, pod) (increase(gpu_container_energy_joules_total[1d]))"

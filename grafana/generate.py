@@ -158,17 +158,13 @@ NOT_REQUESTED = (
     + f") unless on (%(clusterLabel)s, {NS}, {POD}) {sel('gpu_container_allocated')}"
 )
 # When each container last used any GPU it holds (ms, for Grafana's time units), with its
-# workload and user; a container with no GPU process (an allocation alone) has no owner
-# series, and keeps its row without them.
-_LAST_ACTIVE = (
-    f"max by (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}) "
-    f"({sel('gpu_container_last_active_timestamp_seconds', *POD_FILTER)}) * 1000"
-)
+# workload and user (recorded: mixin/rules, the owners joined once per evaluation; a container
+# with no GPU process, an allocation alone, keeps its row without them).
 IDLE_SINCE = (
-    f"({_LAST_ACTIVE} * on (%(clusterLabel)s, {NS}, {POD}) "
-    f"group_left (workload_kind, workload_name, {USER}) {owners()}) "
-    f"or on (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}) "
-    f"({_LAST_ACTIVE} unless on (%(clusterLabel)s, {NS}, {POD}) {sel('gpu_pod_info')})"
+    f"max by (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}, workload_kind, workload_name, "
+    "user) ("
+    + recorded("namespace_pod_container_device:gpu_container_last_active_timestamp_seconds:max")
+    + ") * 1000"
 )
 # Pods, and containers, with a GPU process on each device (recorded: mixin/rules).
 PODS_PER_DEVICE = device_record("device:gpu_pods:count")

@@ -207,6 +207,25 @@ local oneLine = utils.oneLine;
             ||| % $._config,
           },
           {
+            // When each container last used each GPU it holds, with its workload and JupyterHub
+            // user where it has a GPU process (an allocation alone has no gpu_pod_info: its
+            // series is kept without them): the "Idle since" table.
+            record: 'namespace_pod_container_device:gpu_container_last_active_timestamp_seconds:max',
+            expr: |||
+              max by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
+                gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
+              )
+              * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
+              max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+              )
+              or on (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container)
+              max by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
+                gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
+              )
+            ||| % $._config,
+          },
+          {
             // Pods with a GPU process on each device (GPU or MIG instance): the shared-device
             // panels keep the devices where this is over 1.
             record: 'device:gpu_pods:count',
