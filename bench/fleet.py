@@ -645,6 +645,7 @@ BEFORE = {
         f"({_LAST_ACTIVE} unless on (cluster, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
         "gpu_pod_info)"
     ),
+    "Overview/Pods on GPUs/A": f"count by (cluster) (count by ({_BY_POD}) ({_MEM}))",
 }
 # A panel whose legend names another label now (the records' `user`): compared by value.
 _RENAMED = {"annotation_hub_jupyter_org_username": "user"}
@@ -683,7 +684,26 @@ FLOORS = {
         "max by (cluster, Hostname, namespace, pod, container) "
         "(gpu_container_last_active_timestamp_seconds)"
     ),
-    # Three families read once each, into its answer (a count per cluster).
+    # The peak over the range: the 6 h of every pod's record read once.
+    "Top pods/Top pods by GPU memory/B": (
+        "max_over_time(namespace_pod_device:gpu_container_memory_used_bytes:sum[6h])"
+    ),
+    # The hour of every container's utilization read once (its `max_over_time`).
+    "Waste/Memory held while idle/A": (
+        "max by (cluster, Hostname, gpu, GPU_I_ID, UUID, namespace, pod, container) "
+        "(max_over_time(gpu_container_utilization_ratio[1h]))"
+    ),
+    # The containers per device and namespace, from the one family it reads per step.
+    "Waste/Allocated and in use, by namespace/B": (
+        "count by (cluster, Hostname, gpu, GPU_I_ID, namespace) (gpu_container_memory_used_bytes)"
+    ),
+    # Three families read once each, into its answer (a count per cluster; or a row per
+    # container on a device for the table).
+    "Waste/Allocated but idle/A": (
+        "max by (cluster, Hostname, gpu, GPU_I_ID, UUID, namespace, pod, container) "
+        '({__name__=~"gpu_container_allocated|gpu_container_utilization_ratio|'
+        'gpu_container_memory_used_bytes"})'
+    ),
     "Overview/Allocated but idle/A": (
         'count by (cluster) ({__name__=~"gpu_container_allocated|'
         'gpu_container_utilization_ratio|gpu_container_memory_used_bytes"})'

@@ -103,8 +103,6 @@ def with_owner(series: str, *extra: str) -> str:
     )
 
 
-MEM = with_owner(sel("gpu_container_memory_used_bytes", *POD_FILTER))
-UTIL = with_owner(sel("gpu_container_utilization_ratio", *POD_FILTER))
 
 
 def recorded(record: str, *extra: str) -> str:
@@ -123,9 +121,9 @@ def device_record(record: str) -> str:
 
 
 # Each pod's memory and SM use per device, with its owners (recorded: mixin/rules): the panels
-# that sum them by pod, namespace, workload or user read these instead of joining MEM and UTIL
-# to gpu_pod_info at every step (22 to 43x sum(DCGM_FI_DEV_GPU_UTIL) on 100 to 300 simulated
-# nodes: docs/performance.md#a-fleet-on-one-prometheus).
+# that count pods or sum them by pod, namespace, workload or user read these instead of joining
+# the per-container series to gpu_pod_info at every step (22 to 73x sum(DCGM_FI_DEV_GPU_UTIL)
+# on 100 to 1,000 simulated nodes: docs/performance.md#a-fleet-on-one-prometheus).
 MEM_REC = recorded("namespace_pod_device:gpu_container_memory_used_bytes:sum")
 UTIL_REC = recorded("namespace_pod_device:gpu_container_utilization_ratio:sum")
 MEM_DEV = sel("gpu_container_memory_used_bytes", *DEV_FILTER)
@@ -367,7 +365,7 @@ def rows() -> list[Row]:
                 _stat(
                     "Pods on GPUs",
                     "Pods with a process on a GPU, after every filter.",
-                    f"count by ({CL}) (count by ({CL}, {NS}, {POD}) ({MEM}))",
+                    f"count by ({CL}) (count by ({CL}, {NS}, {POD}) ({MEM_REC}))",
                 ),
                 _stat(
                     "GPU memory used",
