@@ -182,8 +182,10 @@ IN_USE_SHARE = (
 POWER = sel("gpu_container_power_watts", *POD_FILTER)
 ENERGY = sel("gpu_container_energy_joules_total", *POD_FILTER)
 UNATTR_POWER = sel("gpu_unattributed_power_watts", *DEV_FILTER)
-# Pods drawing on each GPU (its MIG instances together: they share its power; recorded).
-PODS_PER_GPU_POWER = device_record("gpu:gpu_container_power_watts:count_pods")
+# Each pod's watts on each GPU that more than one pod draws on (recorded).
+POWER_ON_SHARED = (
+    "namespace_pod_gpu:gpu_container_power_watts:sum_on_shared{" + ", ".join(POD_FILTER) + "}"
+)
 
 
 def device(metric: str, agg: str = "max") -> str:
@@ -639,8 +641,7 @@ def rows() -> list[Row]:
                     "(docs/power.md). On one GPU the pods' watts and the unattributed watts "
                     "add up to the GPU's power.",
                     Target(
-                        f"sum by (%(clusterLabel)s, Hostname, gpu, {NS}, {POD}) ({POWER}) "
-                        f"and on (%(clusterLabel)s, Hostname, gpu) ({PODS_PER_GPU_POWER} > 1)",
+                        f"sum by (%(clusterLabel)s, Hostname, gpu, {NS}, {POD}) ({POWER_ON_SHARED})",
                         DEV_LEGEND + " " + POD_LEGEND,
                     ),
                     unit="watt",

@@ -244,14 +244,20 @@ local oneLine = utils.oneLine;
             expr: 'count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})' % $._config,
           },
           {
-            // Pods drawing a share of each GPU's power (its MIG instances together: they share
-            // its power): "Watts by pod on shared GPUs" keeps the GPUs where this is over 1.
-            record: 'gpu:gpu_container_power_watts:count_pods',
+            // Each pod's watts on each GPU that more than one pod draws on (its MIG instances
+            // together: they share its power): "Watts by pod on shared GPUs".
+            record: 'namespace_pod_gpu:gpu_container_power_watts:sum_on_shared',
             expr: |||
-              count by (%(clusterLabel)s, Hostname, gpu) (
-                count by (%(clusterLabel)s, Hostname, gpu, namespace, pod, exported_namespace, exported_pod) (
-                  gpu_container_power_watts{%(dcgmSelector)s}
-                )
+              sum by (%(clusterLabel)s, Hostname, gpu, namespace, pod, exported_namespace, exported_pod) (
+                gpu_container_power_watts{%(dcgmSelector)s}
+              )
+              and on (%(clusterLabel)s, Hostname, gpu)
+              (
+                count by (%(clusterLabel)s, Hostname, gpu) (
+                  count by (%(clusterLabel)s, Hostname, gpu, namespace, pod, exported_namespace, exported_pod) (
+                    gpu_container_power_watts{%(dcgmSelector)s}
+                  )
+                ) > 1
               )
             ||| % $._config,
           },
