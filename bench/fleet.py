@@ -714,6 +714,11 @@ FLOORS = {
 }
 
 
+def floors_by_panel(floors: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The measured floor rows, by the id of the panel each is the floor of."""
+    return {r["id"].removesuffix(" (floor)"): r for r in floors}
+
+
 def floor_queries() -> list[Query]:
     shipped = {q.id: q for q in dashboard_queries()}
     return [Query(f"{id_} (floor)", expr, shipped[id_].instant) for id_, expr in FLOORS.items()]
@@ -1018,7 +1023,7 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100, reps: int = 7) -> dic
     finally:
         targets.close()
     out["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
-    floors = {r["id"].removesuffix(" (floor)"): r for r in out["floors"]}
+    floors = floors_by_panel(out["floors"])
     over = [r for r in out["panels"] if r["ratio"] and r["ratio"] > 10]
     out["targets"] = {
         "panels_over_10x": [r["id"] for r in over],
@@ -1081,7 +1086,7 @@ def render_fleet(fleet: dict[str, Any]) -> list[str]:
         f"{'panels over 10x and their floor (p50 ms, x base)':64} {'panel':>17} "
         f"{'floor':>17} {'/ floor':>8}"
     )
-    floors = {r["id"].removesuffix(" (floor)"): r for r in fleet.get("floors", [])}
+    floors = floors_by_panel(fleet.get("floors", []))
     for r in sorted(fleet["panels"], key=lambda r: -(r["ratio"] or 0)):
         if not (r["ratio"] and r["ratio"] > 10):
             continue

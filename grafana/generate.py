@@ -103,21 +103,23 @@ def with_owner(series: str, *extra: str) -> str:
     )
 
 
+def record_sel(record: str, *matchers: str) -> str:
+    """A record of the mixin's rules (the dcgm-enricher.dashboard group), filtered by
+    ``matchers``; no dcgmSelector: a record has no job label."""
+    return record + "{" + ", ".join(matchers) + "}"
 
 
 def recorded(record: str, *extra: str) -> str:
-    """A record of the mixin's rules, filtered by every variable: each pod's series on each
-    device with its workload and ``user`` (the owners joined once per rule evaluation, not at
-    every step of the panel). The records keep ``exported_namespace`` and ``exported_pod`` where
-    Prometheus scrapes with honor_labels: false, so ${label_prefix} names the pod in either mode;
-    no dcgmSelector: a record has no job label."""
-    return record + "{" + ", ".join((*POD_FILTER, WORKLOAD_FILTER, 'user=~"$user"', *extra)) + "}"
+    """A record filtered by every variable: each pod's series on each device with its workload
+    and ``user`` (the owners joined once per rule evaluation, not at every step of the panel).
+    The records keep ``exported_namespace`` and ``exported_pod`` where Prometheus scrapes with
+    honor_labels: false, so ${label_prefix} names the pod in either mode."""
+    return record_sel(record, *POD_FILTER, WORKLOAD_FILTER, 'user=~"$user"', *extra)
 
 
 def device_record(record: str) -> str:
-    """A per-device record of the mixin's rules (the dcgm-enricher.dashboard group), filtered
-    by the device variables; no dcgmSelector: a record has no job label."""
-    return record + "{" + ", ".join(DEV_FILTER) + "}"
+    """A per-device record, filtered by the device variables."""
+    return record_sel(record, *DEV_FILTER)
 
 
 # Each pod's memory and SM use per device, with its owners (recorded: mixin/rules): the panels
@@ -183,8 +185,8 @@ POWER = sel("gpu_container_power_watts", *POD_FILTER)
 ENERGY = sel("gpu_container_energy_joules_total", *POD_FILTER)
 UNATTR_POWER = sel("gpu_unattributed_power_watts", *DEV_FILTER)
 # Each pod's watts on each GPU that more than one pod draws on (recorded).
-POWER_ON_SHARED = (
-    "namespace_pod_gpu:gpu_container_power_watts:sum_on_shared{" + ", ".join(POD_FILTER) + "}"
+POWER_ON_SHARED = record_sel(
+    "namespace_pod_gpu:gpu_container_power_watts:sum_on_shared", *POD_FILTER
 )
 
 
@@ -641,7 +643,7 @@ def rows() -> list[Row]:
                     "(docs/power.md). On one GPU the pods' watts and the unattributed watts "
                     "add up to the GPU's power.",
                     Target(
-                        f"sum by (%(clusterLabel)s, Hostname, gpu, {NS}, {POD}) ({POWER_ON_SHARED})",
+                        f"sum by ({CL}, Hostname, gpu, {NS}, {POD}) ({POWER_ON_SHARED})",
                         DEV_LEGEND + " " + POD_LEGEND,
                     ),
                     unit="watt",

@@ -310,8 +310,7 @@ def test_the_receiver_holds_both_clusters(fleet: Fleet) -> None:
 @pytest.mark.one_python
 @pytest.mark.parametrize(
     ("record", "expr"),
-    [(name, expr) for kind, name, expr in rules() if kind == "record"],
-    ids=[name for kind, name, _ in rules() if kind == "record"],
+    [pytest.param(name, expr, id=name) for kind, name, expr in rules() if kind == "record"],
 )
 def test_each_recording_rule_per_cluster_equals_the_clusters_own(
     fleet: Fleet, record: str, expr: str
