@@ -1154,11 +1154,13 @@ def render_template() -> str:
 
 
 def _mixin_build() -> Any:
-    spec = importlib.util.spec_from_file_location("mixin_build", ROOT / "mixin" / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """mixin/build.py, loaded once a process, so that every caller shares its cached builds."""
+    if "mixin_build" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("mixin_build", ROOT / "mixin" / "build.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules["mixin_build"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["mixin_build"])
+    return sys.modules["mixin_build"]
 
 
 def render_dashboard(config: str | None = None) -> str:

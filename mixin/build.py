@@ -14,6 +14,7 @@ the same build with the default ``_config``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -37,7 +38,28 @@ def mixin_code(config: str | None = None) -> str:
 
 
 def evaluate(expr: str, config: str | None = None) -> str:
-    """The string that jsonnet makes of ``expr`` (jsonnet, with ``mixin`` bound to the mixin)."""
+    """The string that jsonnet makes of ``expr`` (jsonnet, with ``mixin`` bound to the mixin).
+
+    One build of the rules takes seconds: an answer is kept for the life of the process while
+    the mixin's sources stay as they were (their sizes and modification times), so that the
+    generators and the tests that ask for the same build share one."""
+    return _evaluate(expr, config, _sources())
+
+
+def _sources() -> tuple[tuple[str, int, int], ...]:
+    """The mixin's source files (jsonnet, and the dashboard template), each with its size and
+    modification time."""
+    found = []
+    for path in sorted(MIXIN.rglob("*")):
+        if path.suffix in (".libsonnet", ".jsonnet", ".json") and DASHBOARDS not in path.parts:
+            st = path.stat()
+            found.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=64)
+def _evaluate(expr: str, config: str | None, sources: tuple[tuple[str, int, int], ...]) -> str:
+    del sources  # the cache's key only
     snippet = f"local mixin = {mixin_code(config)};\n{expr}"
     text: str = _jsonnet.evaluate_snippet(str(MIXIN / "build.jsonnet"), snippet)
     return text

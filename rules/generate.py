@@ -215,13 +215,19 @@ def render_with_runbook_urls(rules_text: str, base_url: str) -> str:
     )
 
 
+def _mixin_build() -> Any:
+    """mixin/build.py, loaded once a process, so that every caller shares its cached builds."""
+    if "mixin_build" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("mixin_build", ROOT / "mixin" / "build.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules["mixin_build"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["mixin_build"])
+    return sys.modules["mixin_build"]
+
+
 def render_rules() -> str:
     """rules/dcgm-enricher.rules.yaml: the mixin's rules and alerts with the default _config."""
-    spec = importlib.util.spec_from_file_location("mixin_build", ROOT / "mixin" / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return RULES_HEADER + str(module.rule_file())
+    return RULES_HEADER + str(_mixin_build().rule_file())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "(URL: where docs/runbook.md is published for your users); nothing else is written",
     )
     args = parser.parse_args(argv)
-    rules_text = render_rules()
+    # The arguments are judged before the build, which takes seconds.
     if args.runbook_url is not None:
         if args.check:
             parser.error("--runbook-url and --check do not go together")
@@ -242,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             base_url = check_runbook_url(args.runbook_url)
         except ValueError as exc:
             parser.error(str(exc))
+    rules_text = render_rules()
+    if args.runbook_url is not None:
         sys.stdout.write(render_with_runbook_urls(rules_text, base_url))
         return 0
     outputs = {

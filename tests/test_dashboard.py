@@ -16,7 +16,6 @@ the demo's own /metrics: they turn into ordinary checks as soon as the demo has 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,7 +28,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Any
 
 import pytest
@@ -41,6 +39,7 @@ from enricher.config import Config
 
 from .harness import free_port, stop_process
 from .promreleases import PromRelease
+from .tools import load_script
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
 # runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
@@ -59,15 +58,6 @@ ENRICHER_CONTAINER = "dcgm-enricher"
 # Label prefix per label mode (the dashboard's label_prefix variable).
 MODES = {"honor_labels": "", "exported": "exported_"}
 GIB = 2**30
-
-
-def load_module(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem + "_dashboard_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def dashboard() -> dict[str, Any]:
@@ -279,7 +269,7 @@ def test_generated_files_are_up_to_date() -> None:
     """The mixin's dashboard is what grafana/generate.py builds; the shipped dashboard and its
     ConfigMap are the mixin's build of it (tests/test_mixin.py builds it apart)."""
     # grafana-foundation-sdk needs Python 3.11: the generator runs in the highest Python only.
-    generate = load_module(ROOT / "grafana" / "generate.py")
+    generate = load_script(ROOT / "grafana" / "generate.py", "grafana_generate")
     assert generate.main(["--check"]) == 0, "run python grafana/generate.py"
     text = generate.render_dashboard()
     assert DASHBOARD.read_text() == text, "run python grafana/generate.py"

@@ -9,14 +9,11 @@ live Prometheus scraping the demo node is in test_dashboard.py.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
@@ -25,6 +22,7 @@ import yaml
 
 from .schemas import PROMETHEUS_RULE_SCHEMA
 from .test_manifests import build
+from .tools import load_script
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
 # runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
@@ -43,17 +41,7 @@ SEVERITIES = {"info", "warning", "critical"}
 KUBECTL = shutil.which("kubectl")
 
 
-def load_module(path: Path) -> ModuleType:
-    """Import one of the repository's generator scripts (they are not a package)."""
-    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = load_module(RULES_DIR / "generate.py")
+generate = load_script(RULES_DIR / "generate.py", "rules_generate")
 
 
 def groups() -> list[dict[str, Any]]:
@@ -250,6 +238,11 @@ def test_prometheus_rule_holds_the_same_groups() -> None:
 
 
 def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -> None:
+    """--check finds a stale or missing output, and a plain run rewrites them all (every output
+    pointed under tmp_path: no test writes into the checkout, tests/hygiene.py)."""
+    rules_copy = tmp_path / RULES.name
+    rules_copy.write_text(RULES.read_text())
+    monkeypatch.setattr(generate, "RULES", rules_copy)
     component = tmp_path / "runbook-url" / "kustomization.yaml"
     monkeypatch.setattr(generate, "RUNBOOK_COMPONENT", component)
     stale = tmp_path / "prometheusrule.yaml"
@@ -261,6 +254,9 @@ def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -
     assert generate.main([]) == 0
     assert generate.main(["--check"]) == 0
     component.write_text(component.read_text().replace("=gpuenricherdown", "=gpuenricherup"))
+    assert generate.main(["--check"]) == 1
+    assert generate.main([]) == 0
+    rules_copy.write_text(rules_copy.read_text().replace('for: "2h"', 'for: "3h"', 1))
     assert generate.main(["--check"]) == 1
 
 

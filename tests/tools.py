@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -17,3 +21,18 @@ def require_tool(name: str, how: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """One of the repository's scripts (they are not a package: mixin/build.py, the generators)
+    as the module ``name``, loaded once a process. rules/generate.py and grafana/generate.py
+    load mixin/build.py as ``mixin_build`` too, so that all of them share its cached builds."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(str(loaded.__file__)).resolve() == path.resolve():
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
