@@ -8,6 +8,8 @@
 - keda-scaledobject.yaml is checked against KEDA's ScaledObject CRD (the cloudcoil models
   generated from it), strictly, and each trigger's query is sent as KEDA's prometheus scaler
   sends it (GET /api/v1/query with query and time) and must be one number.
+- A pod on two GPUs (two gpu_container_* series), which the demo lacks, is held to the sum
+  of both by ``promtool test rules`` on the adapter's and KEDA's queries.
 - hpa.yaml is checked against the Kubernetes API schema and must ask for the metrics the
   adapter serves, for the Deployment the ScaledObject scales.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -445,3 +448,111 @@ def test_keda_gets_one_number_the_sum_of_the_pods(stack: Stack, deployment: Depl
         assert inner, query
         per_pod = values_by_pod(stack.query(inner.group(1)))
         assert per_pod == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- a pod on two GPUs
+
+# The demo gives every pod one gpu_container_* series per metric, where sum and max agree; a
+# pod on two GPUs has two series (gpu and UUID apart), and each recipe must add them up (the
+# adapter's header: "a pod with two busy GPUs reports 2"). Exact binary fractions, so that
+# promtool's comparison is exact. vllm-two-gpus and vllm-one-gpu are the shipped Deployment's
+# (inference/vllm); triton-0, on the same node and namespace, is another Deployment's.
+TWO_GPU_PODS = {
+    # pod: (workload, [(gpu, SM ratio, memory bytes) per GPU])
+    "vllm-two-gpus": ("vllm", [("0", 0.25, 3 << 30), ("1", 0.5, 5 << 30)]),
+    "vllm-one-gpu": ("vllm", [("2", 0.125, 2 << 30)]),
+    "triton-0": ("triton", [("3", 0.5, 7 << 30)]),
+}
+
+
+def _two_gpu_series() -> list[dict[str, str]]:
+    out = []
+    for pod, (workload, gpus) in TWO_GPU_PODS.items():
+        for gpu, util, memory in gpus:
+            labels = (
+                f'Hostname="node-a",UUID="GPU-{gpu}",gpu="{gpu}",'
+                f'namespace="inference",pod="{pod}",container="server"'
+            )
+            out.append({"series": f"{UTIL}{{{labels}}}", "values": f"{util}x10"})
+            out.append({"series": f"{MEMORY}{{{labels}}}", "values": f"{memory}x10"})
+        info = (
+            f'gpu_pod_info{{namespace="inference",pod="{pod}",'
+            f'workload_kind="Deployment",workload_name="{workload}"}}'
+        )
+        out.append({"series": info, "values": "1x10"})
+    return out
+
+
+def _expected(series: str, labels: str, value: float) -> dict[str, Any]:
+    return {"labels": labels, "value": int(value) if series == MEMORY else value}
+
+
+def test_recipes_add_up_a_pod_on_two_gpus(promtool: str, tmp_path: Path) -> None:
+    """The adapter's metricsQuery (for the vllm HPA's two pods) and each KEDA query, outer and
+    per pod, on a pod holding two GPUs: its value is the sum over both (a ``max`` would give
+    the larger GPU's alone), by ``promtool test rules`` with input series (no rule file)."""
+    pods = sorted(p for p, (workload, _) in TWO_GPU_PODS.items() if workload == "vllm")
+    per_pod = {
+        series: {pod: sum(gpu[index] for gpu in TWO_GPU_PODS[pod][1]) for pod in pods}
+        for series, index in ((UTIL, 1), (MEMORY, 2))
+    }
+    assert per_pod[UTIL]["vllm-two-gpus"] == 0.75  # not 0.5, as max by would say
+    cases: list[dict[str, Any]] = []
+    for rule in load(ADAPTER)["rules"]:
+        series = series_of(rule)
+        cases.append(
+            {
+                "expr": adapter_query(rule["metricsQuery"], series, "inference", pods),
+                "eval_time": "5m",
+                "exp_samples": [
+                    _expected(series, f'{{pod="{pod}"}}', per_pod[series][pod]) for pod in pods
+                ],
+            }
+        )
+    for trigger, series in zip(load(KEDA)["spec"]["triggers"], (UTIL, MEMORY), strict=True):
+        query = trigger["metadata"]["query"]
+        inner = re.fullmatch(r"\s*sum\(\s*(.*)\s*\)\s*", query, re.S)
+        assert inner, query
+        cases.append(
+            {
+                "expr": query,
+                "eval_time": "5m",
+                "exp_samples": [_expected(series, "{}", sum(per_pod[series].values()))],
+            }
+        )
+        cases.append(
+            {
+                "expr": inner.group(1),
+                "eval_time": "5m",
+                "exp_samples": [
+                    _expected(
+                        series,
+                        f'{{namespace="inference", pod="{pod}"}}',
+                        per_pod[series][pod],
+                    )
+                    for pod in pods
+                ],
+            }
+        )
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "a pod on two GPUs",
+                "interval": "1m",
+                "input_series": _two_gpu_series(),
+                "promql_expr_test": cases,
+            }
+        ],
+    }
+    (tmp_path / "two-gpus.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
+    proc = subprocess.run(
+        [promtool, "test", "rules", "two-gpus.tests.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -29,6 +29,7 @@ from enricher.idle import LAST_ACTIVE, IdleLedger, render_last_active
 from enricher.labels import DeviceKey
 from enricher.model import GpuProcess, PodInfo, ProcInfo
 
+from .conftest import examples
 from .frozendemo import FrozenDemo
 from .promreleases import PromRelease, Server, serve
 
@@ -90,6 +91,19 @@ def run(
             [(T, [att(1, A, sm=0.01)], [], {})],
             {key(GPU, A): T},  # at the threshold is idle, but never before the first collection
             id="at-threshold-never-seen-active-is-the-first-collection",
+        ),
+        pytest.param(
+            [(T, [att(1, A, sm=0.5)], [], {}), (T + 30, [att(1, A, sm=0.01)], [], {})],
+            {key(GPU, A): T},  # active is ABOVE the threshold (docs/metrics.md): equal is idle
+            id="at-threshold-after-busy-is-idle",
+        ),
+        pytest.param(
+            [
+                (T, [att(1, A, gi=5, sm=None)], [], {MIG: 0.4}),
+                (T + 30, [att(1, A, gi=5, sm=None)], [], {MIG: 0.01}),
+            ],
+            {key(MIG, A): T},
+            id="mig-instance-activity-at-threshold-is-idle",
         ),
         pytest.param(
             [(T, [att(1, A, sm=0.0)], [], {}), (T + 60, [att(1, A, sm=0.0)], [], {})],
@@ -211,7 +225,7 @@ _collection = st.tuples(
 
 # 500 examples cover the ledger's few branches many times over (the CI profile's 2,000 took
 # 19 s of a CI budget that is nearly spent).
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(st.lists(_collection, min_size=1, max_size=8))
 def test_never_overstates_idleness(collections: list) -> None:  # type: ignore[type-arg]
     """For every container on every collection: first collection <= its timestamp <= now,

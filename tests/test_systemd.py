@@ -12,6 +12,7 @@ its processes, which cannot exist here.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -424,6 +425,100 @@ def test_unit_limits_are_the_manifests() -> None:
     millicores = re.fullmatch(r"([0-9]+)m", str(limits["cpu"]))
     assert cpu is not None and millicores is not None
     assert int(cpu[1]) * 10 == int(millicores[1])
+
+
+# The NVIDIA driver's character device groups as /proc/devices lists them, each with the
+# (major, first minor, last minor) it registers, by driver generation. Before 550.40,
+# nvidia-frontend registers all of major 195 (register_chrdev: /dev/nvidia<N> from minor 0,
+# /dev/nvidiactl at 255). From 550.40 (open-gpu-kernel-modules, kernel-open/nvidia/nv.c,
+# nv_register_chrdev), major 195 is two groups: "nvidia" (minors 0-247, /dev/nvidia<N>) and
+# "nvidiactl" (minor 255); nvidia-container-toolkit's internal/info/proc/devices reads the
+# rename the same way. nvidia-caps (MIG capabilities, /dev/nvidia-caps/nvidia-cap<N>),
+# nvidia-caps-imex-channels and nvidia-uvm take dynamic majors (CAPS_MAJOR and the others here
+# are examples).
+NV_MAJOR = 195
+CAPS_MAJOR = 236
+NVIDIA_DEVICE_GROUPS = {
+    "before-550.40": {
+        "nvidia-frontend": (NV_MAJOR, 0, 255),
+        "nvidia-caps": (CAPS_MAJOR, 0, 255),
+        "nvidia-uvm": (237, 0, 1),
+    },
+    "550.40-and-later": {
+        "nvidia": (NV_MAJOR, 0, 247),
+        "nvidiactl": (NV_MAJOR, 255, 255),
+        "nvidia-caps": (CAPS_MAJOR, 0, 255),
+        "nvidia-caps-imex-channels": (235, 0, 2047),
+        "nvidia-uvm": (237, 0, 1),
+    },
+}
+# The nodes NVML opens, (major, minor, access): the control device and each GPU read-write,
+# and on MIG GPUs the monitor capability (nvidia-cap2) read-only.
+NVML_NODES = {
+    "/dev/nvidiactl": (NV_MAJOR, 255, "rw"),
+    "/dev/nvidia0": (NV_MAJOR, 0, "rw"),
+    "/dev/nvidia7": (NV_MAJOR, 7, "rw"),
+    "/dev/nvidia-caps/nvidia-cap2": (CAPS_MAJOR, 2, "r"),
+}
+# Nodes NVML does not open, which the unit must not reach: CUDA's memory manager, IMEX.
+NOT_NVML_GROUPS = ("nvidia-uvm", "nvidia-caps-imex-channels")
+SHIPPED_DEVICE_ALLOW = {
+    ("char-nvidia-frontend", "rw"),
+    ("char-nvidia", "rw"),
+    ("char-nvidiactl", "rw"),
+    ("char-nvidia-caps", "r"),
+}
+
+
+def device_allow(text: str) -> set[tuple[str, str]]:
+    """The unit's DeviceAllow= lines as (specifier, access)."""
+    out = set()
+    for section, key, value in parse_unit(text):
+        if (section, key) == ("Service", "DeviceAllow"):
+            spec, _, access = value.partition(" ")
+            out.add((spec, access.strip()))
+    return out
+
+
+def granted(
+    allow: set[tuple[str, str]], groups: dict[str, tuple[int, int, int]]
+) -> list[tuple[int, int, int, str]]:
+    """(major, first minor, last minor, access) for each grant, as systemd.resource-control(5)
+    documents ``char-NAME``: the devices of each /proc/devices group whose name matches NAME
+    (a glob). (systemd's code grants the matched name's whole major, which is wider; the unit
+    does not lean on that.)"""
+    out = []
+    for spec, access in allow:
+        assert spec.startswith("char-"), f"only device groups, no paths: {spec}"
+        for name, (major, first, last) in groups.items():
+            if fnmatch.fnmatchcase(name, spec.removeprefix("char-")):
+                out.append((major, first, last, access))
+    return out
+
+
+@pytest.mark.parametrize("driver", sorted(NVIDIA_DEVICE_GROUPS))
+def test_unit_allows_exactly_the_devices_nvml_opens(driver: str) -> None:
+    """DevicePolicy=closed with the DeviceAllow= set NVML needs, on either driver generation:
+    /dev/nvidiactl and /dev/nvidia<N> read-write (groups nvidia-frontend before 550.40;
+    nvidia and nvidiactl from 550.40, where the control device is a group of its own), the
+    MIG capability nodes read-only (nvidia-caps), and nothing of nvidia-uvm (CUDA's, not
+    NVML's) or IMEX. A name the running driver lacks in /proc/devices is skipped by systemd,
+    so the unit names both generations'. Without one of these lines NVML cannot open its
+    devices on some driver while systemd-analyze still passes (it scores DeviceAllow= only as
+    set or not)."""
+    text = UNIT.read_text()
+    assert unit_value(text, "Service", "DevicePolicy") == "closed"
+    allow = device_allow(text)
+    groups = NVIDIA_DEVICE_GROUPS[driver]
+    grants = granted(allow, groups)
+    for node, (major, minor, access) in NVML_NODES.items():
+        can = [a for m, first, last, a in grants if m == major and first <= minor <= last]
+        assert any(set(access) <= set(a) for a in can), f"{driver}: NVML cannot open {node}"
+    for name in NOT_NVML_GROUPS:
+        if name in groups:
+            major = groups[name][0]
+            assert not [g for g in grants if g[0] == major], f"{driver}: {name} is reachable"
+    assert allow == SHIPPED_DEVICE_ALLOW
 
 
 # --------------------------------------------------------------------------- the service runs
