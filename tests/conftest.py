@@ -16,23 +16,95 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .promreleases import PromRelease, releases, require
 from .tools import require_tool
 
-pytest_plugins = ["tests.nvmlfake", "tests.harness", "tests.dockerengine", "tests.imagebuild"]
+pytest_plugins = [
+    "tests.nvmlfake",
+    "tests.harness",
+    "tests.dockerengine",
+    "tests.imagebuild",
+    "tests.hygiene",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DCGM = ROOT.parent / "shared" / "fixtures" / "dcgm"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
-# CI (CI=true) runs many examples; a developer's default run stays quick.
-# HYPOTHESIS_PROFILE=ci|dev overrides.
-settings.register_profile(
-    "ci", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+# The long run (`make test-deep`, ENRICHER_TEST_DEEP=1): the deep Hypothesis profile, the tests
+# marked `deep`, and every cross-product the default run samples once (both Helm releases for
+# every chart render; the whole suite on the lowest Python too). Not run by CI.
+DEEP = os.environ.get("ENRICHER_TEST_DEEP") == "1"
+
+# Examples per property, by profile (HYPOTHESIS_PROFILE=dev|ci|deep overrides the choice):
+# - dev: a developer's default run and `make check`;
+# - ci: CI (CI=true, `make test`): every property sized to find what the mutations of
+#   docs/development.md need, in minutes for the whole suite;
+# - deep: `make test-deep`, twice the examples CI ran until 2026-12 (2,000), for a machine with
+#   time. Properties that set their own max_examples scale with the profile (``examples``).
+PROFILE_EXAMPLES = {"dev": 50, "ci": 200, "deep": 4000}
+for _name, _count in PROFILE_EXAMPLES.items():
+    settings.register_profile(
+        _name, max_examples=_count, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or (
+    "deep" if DEEP else "ci" if os.environ.get("CI") else "dev"
 )
-settings.register_profile(
-    "dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+settings.load_profile(PROFILE)
+
+
+# A property that sets its own count (``examples``) gets it in ci, a quarter in dev, four times
+# in deep (more than the ci profile ran until 2026-12, where such counts were fixed).
+PROFILE_SCALE = {"dev": 0.25, "ci": 1.0, "deep": 4.0}
+
+
+def examples(ci_count: int) -> int:
+    """A property's own max_examples, given as its count in the ci profile, scaled to the
+    profile loaded (at least 10)."""
+    return max(10, int(ci_count * PROFILE_SCALE.get(PROFILE, 1.0)))
+
+
+# The test files that run on every Python `make test` tests (the lowest too): what can differ
+# between Pythons. The imports and the CLI's parser, the pure core (parsing, attribution, the
+# rewrite, memory, power, idle), the golden files that pin the bytes served, the asyncio server
+# and its loop, TLS and the web config, ctypes (NVML), gRPC, the kubernetes client, and one real
+# Prometheus scraping the enricher (test_smoke). Everything else runs on the highest
+# Python only: it judges files or real parts that do not depend on the Python running the tests.
+EVERY_PYTHON = frozenset(
+    {
+        "test_imports.py",
+        "test_cli.py",
+        "test_attribution.py",
+        "test_rewrite.py",
+        "test_memory.py",
+        "test_power.py",
+        "test_idle.py",
+        "test_podparse.py",
+        "test_procfs.py",
+        "test_cgroupmem.py",
+        "test_nvmlparse.py",
+        "test_families.py",
+        "test_promclient.py",
+        "test_golden.py",
+        "test_allocation_golden.py",
+        "test_docker_golden.py",
+        "test_loop.py",
+        "test_webconfig.py",
+        "test_nvml.py",
+        "test_podresources.py",
+        "test_kube.py",
+        "test_hygiene.py",
+        "test_smoke.py",
+    }
 )
-settings.load_profile(
-    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
-)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the files of EVERY_PYTHON ``every_python``; skips ``deep`` tests outside the long
+    run."""
+    skip = pytest.mark.skip(reason="the long run's (make test-deep)")
+    for item in items:
+        if item.path.name in EVERY_PYTHON:
+            item.add_marker(pytest.mark.every_python)
+        if not DEEP and item.get_closest_marker("deep"):
+            item.add_marker(skip)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -57,7 +57,7 @@ from enricher.model import (
     Runtime,
     short_id,
 )
-from tests.conftest import assert_valid_exposition
+from tests.conftest import assert_valid_exposition, examples
 from tests.dockerapi import DockerAPI, FakeContainer, compose_labels, container_id, inspect_document
 
 CID = container_id("trainer")
@@ -327,11 +327,12 @@ def _info_samples(text: str) -> list[dict[str, str]]:
     return out
 
 
-def test_render_container_info(promtool: str) -> None:
+def test_render_container_info(promtools: list[str]) -> None:
     hostile = DockerContainer(CID2, 'nb "1"\\\nx', 'img:"q"', "p\\", "s\n")
     plain = DockerContainer(CID, "trainer", "nvcr.io/nvidia/pytorch:24.08-py3", "lab", "train")
     text = render_container_info([hostile, plain, plain, DockerContainer.from_id(CID2)])
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     samples = _info_samples(text)
     # One series per container ID (the last answer wins), sorted by name.
     assert samples == [
@@ -352,10 +353,11 @@ def test_render_container_info(promtool: str) -> None:
     ]
 
 
-def test_render_container_info_escapes(promtool: str) -> None:
+def test_render_container_info_escapes(promtools: list[str]) -> None:
     hostile = DockerContainer(CID2, 'nb "1"\\\nx', 'img:"q"', "p\\", "s\n")
     text = render_container_info([hostile])
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     assert _info_samples(text) == [
         {
             "container": 'nb "1"\\\nx',
@@ -389,7 +391,7 @@ _LABELS = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     name=_HOSTILE_TEXT | _JSON,
     image=_HOSTILE_TEXT | _JSON,
@@ -417,7 +419,7 @@ def test_parse_inspect_hostile_values(
     }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(obj=_JSON)
 def test_parse_inspect_never_raises_anything_but_value_error(obj: Any) -> None:
     with contextlib.suppress(ValueError):
@@ -1052,7 +1054,7 @@ def test_plan_devices_docker(attributions: list[Attribution], expected: Owner) -
     assert plan_devices(attributions).owners[("GPU-0", "")] == expected
 
 
-def test_render_families_docker(promtool: str) -> None:
+def test_render_families_docker(promtools: list[str]) -> None:
     odd = DockerContainer(CID2, 'we"ird\\name\n', 'img"\\\n', "p\n", 's"')
     rows = [
         attribution(0, 1, TRAINER_C),
@@ -1061,7 +1063,8 @@ def test_render_families_docker(promtool: str) -> None:
         attribution(1, 4, None, "container_not_found"),
     ]
     text = render_families(rows, {}, RenderOptions(docker=True, process_series=True))
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     mem = {s.labels["container"]: s for s in fams["gpu_container_memory_used_bytes"].samples}
     assert set(mem) == {"t", odd.name}

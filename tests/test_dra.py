@@ -44,6 +44,7 @@ from enricher.simnode.api import mig_device_names, resource_slices, static_slice
 from enricher.simnode.kubelet import SimulatedKubelet, allocations, list_response
 from enricher.simnode.node import SimNode
 
+from .conftest import examples
 from .harness import short_dir
 from .kubeapi import KubeApiStandIn, make_api_client
 
@@ -209,7 +210,7 @@ def test_huge_claim_lists_are_bounded() -> None:
     assert (len(allocations), skipped) == (100, 4900)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from([DRIVER, "", "x.io"]), st.text(max_size=8), st.text(max_size=8)),
@@ -306,7 +307,7 @@ def test_parse_slice_list_is_bounded() -> None:
     assert (len(index.uuids), index.skipped) == (50, 250)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=10),

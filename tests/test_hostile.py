@@ -87,7 +87,8 @@ ANNOTATION_KEY = "hub.jupyter.org/username"
 
 
 def examples(factor: float) -> int:
-    """This test's example count: the profile's (dev 200, ci 2000) times ``factor``."""
+    """This test's example count: the profile's (tests/conftest.py: dev 50, ci 200, deep 4000)
+    times ``factor``."""
     return max(10, int(settings().max_examples * factor))
 
 

@@ -23,6 +23,8 @@ from enricher.model import CgroupRef, ProcError, ProcInfo, Runtime
 from enricher.procfs import ProcfsSource, parse_btime, parse_stat
 from enricher.simnode import fakeproc
 
+from .conftest import examples
+
 UID = "0b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e8"
 UID_ = UID.replace("-", "_")
 UID2 = "f0e1d2c3-b4a5-4968-8776-655443322110"
@@ -367,7 +369,7 @@ def _check_invariants(text: str, result: CgroupRef | None) -> None:
     assert result.pod_uid is None or _UID_RE.fullmatch(result.pod_uid)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=2000))
 def test_parse_cgroup_never_raises_on_arbitrary_text(text: str) -> None:
     _check_invariants(text, parse_cgroup(text))
@@ -408,7 +410,7 @@ _LINES = st.builds(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(_LINES, max_size=6))
 def test_parse_cgroup_never_raises_on_cgroup_like_text(lines: list[str]) -> None:
     text = "\n".join(lines)
@@ -440,7 +442,7 @@ def test_container_chain(path: str, expected: tuple[str, ...]) -> None:
     assert container_chain(path) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_PIECES, max_size=8))
 def test_container_chain_agrees_with_parse_cgroup(segments: list[str]) -> None:
     path = "/" + "/".join(segments)
@@ -557,7 +559,7 @@ def _stat_like(draw: st.DrawFn) -> str:
     return f"{pid}({comm}){rest}{draw(st.sampled_from(['', chr(10), ' ']))}"
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.one_of(_stat_like(), st.text(max_size=300)))
 def test_parse_stat_matches_reference(text: str) -> None:
     assert _outcome(parse_stat, text) == _outcome(_reference_parse_stat, text)

@@ -29,6 +29,7 @@ from enricher.resourceslices import (
 )
 from enricher.simnode.api import resource_slices
 
+from .conftest import examples
 from .kubeapi import KubeApiStandIn, make_api_client
 
 G0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
@@ -278,7 +279,7 @@ _TEXT = st.sampled_from(
 _VALUE = st.none() | st.integers() | st.booleans() | _TEXT | st.lists(_TEXT, max_size=2)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(
         st.dictionaries(st.sampled_from(["key", "value", "effect", "timeAdded", "x"]), _VALUE)
