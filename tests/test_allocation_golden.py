@@ -268,7 +268,9 @@ def who(row: dict[str, str]) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------- golden
 
 
-async def test_allocation_golden(node_factory: Any, update_golden: bool, promtool: str) -> None:
+async def test_allocation_golden(
+    node_factory: Any, update_golden: bool, promtools: list[str]
+) -> None:
     node = await node_factory()
     text = await scrape(node)
     path = GOLDEN / "allocation.out"
@@ -278,7 +280,8 @@ async def test_allocation_golden(node_factory: Any, update_golden: bool, promtoo
         if not update_golden:
             pytest.fail(f"{path} did not exist; written. Review it and run again.")
     assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
 
 
 async def test_device_series_name_the_allocated_or_working_pod(node_factory: Any) -> None:
@@ -567,14 +570,16 @@ def promtool_waste_test(text: str, tmp_path: Path, promtool: str) -> str:
 
 
 async def test_waste_is_derivable_in_promql(
-    node_factory: Any, tmp_path: Path, promtool: str
+    node_factory: Any, tmp_path: Path, promtools: list[str]
 ) -> None:
     text = await scrape(await node_factory())
-    assert "SUCCESS" in promtool_waste_test(text, tmp_path, promtool)
+    for i, promtool in enumerate(promtools):
+        (tmp := tmp_path / f"prom{i}").mkdir()
+        assert "SUCCESS" in promtool_waste_test(text, tmp, promtool)
 
 
 async def test_waste_queries_fail_on_the_wrong_answer(
-    node_factory: Any, tmp_path: Path, promtool: str
+    node_factory: Any, tmp_path: Path, promtools: list[str]
 ) -> None:
     """The check above can fail: with no allocations known, the expected idle pods vanish."""
 
@@ -582,5 +587,7 @@ async def test_waste_queries_fail_on_the_wrong_answer(
         ctx.abort(grpc.StatusCode.INTERNAL, "down")
 
     text = await scrape(await node_factory(respond))
-    with pytest.raises(AssertionError, match="FAILED"):
-        promtool_waste_test(text, tmp_path, promtool)
+    for i, promtool in enumerate(promtools):
+        (tmp := tmp_path / f"prom{i}").mkdir()
+        with pytest.raises(AssertionError, match="FAILED"):
+            promtool_waste_test(text, tmp, promtool)

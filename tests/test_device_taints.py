@@ -203,14 +203,15 @@ EXPECTED = expected(
 
 
 async def test_device_taint_golden(
-    taint_node: Callable[..., Awaitable[Stack]], update_golden: bool, promtool: str
+    taint_node: Callable[..., Awaitable[Stack]], update_golden: bool, promtools: list[str]
 ) -> None:
     """A tainted GPU a DRA pod uses, a lost GPU no pod uses, a tainted MIG instance: each
     taint one series with the device's upstream labels; the healthy devices have none."""
     node = await taint_node(slice_items(TAINTS))
     text = await node.scrape()
     check_golden("dra-taints", text, update_golden)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     assert ordered(taint_rows(text)) == ordered(EXPECTED)
     # Written as prometheus_client writes it (its parser, then generate_latest).
     taint_text = "".join(line + "\n" for line in text.splitlines() if DEVICE_TAINT in line)

@@ -207,16 +207,22 @@ def device_rows(text: str, name: str) -> dict[str, dict[str, str]]:
 # --------------------------------------------------------------------------- golden
 
 
-async def test_docker_host_golden(host_factory: Any, update_golden: bool, promtool: str) -> None:
+async def test_docker_host_golden(
+    host_factory: Any, update_golden: bool, promtools: list[str]
+) -> None:
     text = await scrape(await host_factory())
     check_golden("docker-host", text, update_golden)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
 
 
-async def test_cgroup_only_golden(host_factory: Any, update_golden: bool, promtool: str) -> None:
+async def test_cgroup_only_golden(
+    host_factory: Any, update_golden: bool, promtools: list[str]
+) -> None:
     text = await scrape(await host_factory(docker_host=""))
     check_golden("docker-host-cgroup-only", text, update_golden)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
 
 
 # --------------------------------------------------------------------------- meaning
@@ -450,7 +456,7 @@ COMPOSE_JOIN = """sum by (compose_project) (
 
 
 async def test_compose_join_works_in_promql(
-    host_factory: Any, tmp_path: Path, promtool: str
+    host_factory: Any, tmp_path: Path, promtools: list[str]
 ) -> None:
     """The join the compose README shows: GPU memory per compose project."""
     text = await scrape(await host_factory())
@@ -459,9 +465,11 @@ async def test_compose_join_works_in_promql(
         {"labels": '{compose_project="ci"}', "value": 30 * GIB},
         {"labels": "{}", "value": 10 * GIB},  # `docker run` containers: no project
     ]
-    assert promtool_eval(text, tmp_path, promtool, COMPOSE_JOIN, want) == "SUCCESS"
     wrong = [{**want[0], "value": 12 * GIB}, *want[1:]]
-    assert "FAILED" in promtool_eval(text, tmp_path, promtool, COMPOSE_JOIN, wrong)
+    for i, promtool in enumerate(promtools):
+        (tmp := tmp_path / f"prom{i}").mkdir()
+        assert promtool_eval(text, tmp, promtool, COMPOSE_JOIN, want) == "SUCCESS"
+        assert "FAILED" in promtool_eval(text, tmp, promtool, COMPOSE_JOIN, wrong)
 
 
 # --------------------------------------------------------------------------- ps and resolve

@@ -43,7 +43,7 @@ def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def test_a_containers_processes_add_up_and_the_rest_is_unattributed_by_reason(
-    promtool: str,
+    promtools: list[str],
 ) -> None:
     rows = [
         att(1, 2 * GIB, 0.25),
@@ -53,7 +53,8 @@ def test_a_containers_processes_add_up_and_the_rest_is_unattributed_by_reason(
         att(5, GIB // 2, 0.0, REASON_MPS_SERVER),
     ]
     text = render_families(rows, {}, RenderOptions())
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     got = samples(text)
     ((labels, memory),) = got[MEM]
     assert (labels["UUID"], labels["namespace"], labels["pod"], labels["container"]) == (

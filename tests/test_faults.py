@@ -5,8 +5,8 @@ the enricher says about it (``dcgm_enricher_source_up``/``errors_total``, unattr
 reasons), clears the fault and checks that the first scrape after it has recovered.
 
 Every scrape goes through :meth:`Env.scrape`, which also checks the invariants that hold in
-every case: /metrics answers 200, promtool accepts the output, and no series names a pod that
-does not run a process on that device (:func:`check_no_wrong_pod`).
+every case: /metrics answers 200, each release's promtool accepts the output, and no series
+names a pod that does not run a process on that device (:func:`check_no_wrong_pod`).
 
 Real parts, on the full stack of tests/harness.py: the aiohttp app and an aiohttp upstream
 over loopback, pynvml against the fake libnvidia-ml built from C (no GPU here), the real
@@ -335,7 +335,7 @@ class Env:
     node: SimNode
     nvml: FakeNvml
     stack: Stack
-    promtool: str
+    promtools: list[str]
 
     @property
     def api(self) -> KubeApiStandIn:
@@ -364,7 +364,8 @@ class Env:
     async def scrape(self, blind: Iterable[Key] = ()) -> str:
         text = await self.stack.scrape()
         assert "dcgm_enricher_build_info" in text
-        assert_valid_exposition(self.promtool, text)
+        for promtool in self.promtools:
+            assert_valid_exposition(promtool, text)
         check_no_wrong_pod(text, self.node, blind)
         return text
 
@@ -387,7 +388,7 @@ MakeEnv = Callable[..., Awaitable[Env]]
 
 
 @pytest.fixture
-def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str) -> MakeEnv:
+def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtools: list[str]) -> MakeEnv:
     async def make(
         *,
         node: SimNode | None = None,
@@ -409,7 +410,7 @@ def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str) -> MakeE
             upstream_timeout=UPSTREAM_TIMEOUT,
             upstream_max_bytes=MAX_BYTES,
         )
-        return Env(node, fake_nvml, stack, promtool)
+        return Env(node, fake_nvml, stack, promtools)
 
     return make
 

@@ -201,11 +201,12 @@ async def scrape(node: Stack) -> str:
     return await resp.text()
 
 
-async def test_node_golden(node_factory: Any, update_golden: bool, promtool: str) -> None:
+async def test_node_golden(node_factory: Any, update_golden: bool, promtools: list[str]) -> None:
     node = await node_factory((FIXTURES / "node.prom").read_text())
     text = await scrape(node)
     check_golden("node", text, update_golden)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
 
 
 async def test_node_golden_in_the_default_following_mode(
@@ -377,11 +378,14 @@ async def test_node_attribution(node_factory: Any) -> None:
     assert procs == {"attributed": "6.0", "unattributed": "3.0"}
 
 
-async def test_old_namespace_golden(node_factory: Any, update_golden: bool, promtool: str) -> None:
+async def test_old_namespace_golden(
+    node_factory: Any, update_golden: bool, promtools: list[str]
+) -> None:
     node = await node_factory((FIXTURES / "node-old-namespace.prom").read_text())
     text = await scrape(node)
     check_golden("node-old-namespace", text, update_golden)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     rows = {s["uuid"]: s for s in series(text, "dcgm_gpu_util")}
     assert rows[U[0]]["pod_name"] == "jupyter-alice"
     assert rows[U[0]]["pod_namespace"] == "jupyterhub"
@@ -392,7 +396,7 @@ async def test_old_namespace_golden(node_factory: Any, update_golden: bool, prom
 
 
 async def test_upstream_down_still_serves(
-    node_factory: Any, update_golden: bool, promtool: str
+    node_factory: Any, update_golden: bool, promtools: list[str]
 ) -> None:
     node = await node_factory(None)
     text = await scrape(node)
@@ -403,7 +407,8 @@ async def test_upstream_down_still_serves(
     # Device labels fall back to NVML's view, in the exporter's current scheme.
     mem = series(text, "gpu_container_memory_used_bytes")
     assert mem and all(m["Hostname"] == NODE and m["UUID"].startswith("GPU-") for m in mem)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
 
 
 async def test_node_page_is_not_counted_as_a_scrape(node_factory: Any) -> None:
@@ -489,14 +494,15 @@ def _with_option(text: str, option: str) -> str:
 
 @pytest.mark.parametrize("option", list(_OPTIONS))
 async def test_pod_identity_golden(
-    node_factory: Any, update_golden: bool, promtool: str, option: str
+    node_factory: Any, update_golden: bool, promtools: list[str], option: str
 ) -> None:
     """Finding 2 of issue 12: every label about a pod follows the enricher's decision."""
     upstream = _with_option((FIXTURES / "node.prom").read_text(), option)
     node = await node_factory(upstream, upstream_pod_labels=("team",))
     text = await scrape(node)
     check_golden(f"pod-identity-{option}", text, update_golden)
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     for s in series(text, "DCGM_FI_DEV_FB_USED"):
         # Whatever the option, no series keeps a label of a pod it no longer names.
         if s.get("pod") != "vllm-6b7c9d-abcde":

@@ -122,7 +122,7 @@ async def get_metrics(client: TestClient[Any, Any]) -> str:
 # --------------------------------------------------------------------------- on /metrics
 
 
-async def test_metrics_serve_process_and_python_families(serve: Any, promtool: str) -> None:
+async def test_metrics_serve_process_and_python_families(serve: Any, promtools: list[str]) -> None:
     text = await get_metrics(await serve())
     got = samples(text)
     for name in (*PROCESS_FAMILIES, *PYTHON_FAMILIES):
@@ -150,8 +150,9 @@ async def test_metrics_serve_process_and_python_families(serve: Any, promtool: s
     names = [line.split()[2] for line in type_lines(text)]
     assert names.index("dcgm_enricher_build_info") < names.index("process_cpu_seconds_total")
     assert len(names) == len(set(names))
-    res = promtool_check_metrics(promtool, text)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for promtool in promtools:
+        res = promtool_check_metrics(promtool, text)
+        assert res.returncode == 0, res.stdout + res.stderr
 
 
 async def test_process_families_describe_the_enricher_itself(serve: Any) -> None:
@@ -197,17 +198,20 @@ async def test_process_families_read_the_own_procfs_root(serve: Any, tmp_path: P
 
 
 async def test_a_missing_own_procfs_leaves_only_the_process_families_out(
-    serve: Any, tmp_path: Path, promtool: str
+    serve: Any, tmp_path: Path, promtools: list[str]
 ) -> None:
     text = await get_metrics(await serve(own_procfs=str(tmp_path / "absent")))
     got = samples(text)
     assert not [n for n in got if n.startswith("process_")]
     assert "python_info" in got and "dcgm_enricher_build_info" in got
-    res = promtool_check_metrics(promtool, text)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for promtool in promtools:
+        res = promtool_check_metrics(promtool, text)
+        assert res.returncode == 0, res.stdout + res.stderr
 
 
-async def test_upstream_process_families_are_dropped_for_ours(serve: Any, promtool: str) -> None:
+async def test_upstream_process_families_are_dropped_for_ours(
+    serve: Any, promtools: list[str]
+) -> None:
     """A Go exporter upstream writes process_* about its own process: under the enricher's
     target they would repeat our families, so they are dropped like any reserved name."""
     upstream = (
@@ -228,8 +232,9 @@ async def test_upstream_process_families_are_dropped_for_ours(serve: Any, promto
     assert samples(text)["python_info"][0][0]["version"] == platform.python_version()
     assert value(text, "DCGM_FI_DEV_GPU_TEMP") == 40
     assert value(text, "dcgm_enricher_upstream_samples") == 1
-    res = promtool_check_metrics(promtool, text)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for promtool in promtools:
+        res = promtool_check_metrics(promtool, text)
+        assert res.returncode == 0, res.stdout + res.stderr
     result = Rewriter().rewrite(upstream, plan_devices([]))
     assert (result.samples, result.dropped_reserved) == (1, 5)
 
@@ -292,13 +297,14 @@ VALUES = [
 
 
 @pytest.mark.parametrize("v", VALUES)
-def test_values_parse_as_the_hand_written_ones(v: float, promtool: str) -> None:
+def test_values_parse_as_the_hand_written_ones(v: float, promtools: list[str]) -> None:
     hand, ours = _both((("a", "x"),), v)
     assert samples(ours) == samples(hand)
     for typ_line in ("# TYPE t gauge",):
         assert typ_line in ours
-    res = promtool_check_metrics(promtool, ours)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for promtool in promtools:
+        res = promtool_check_metrics(promtool, ours)
+        assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_nan_parses_as_nan() -> None:
@@ -318,7 +324,7 @@ LABEL_VALUES = [
 
 
 @pytest.mark.parametrize("label", LABEL_VALUES)
-def test_label_values_are_cut_and_sanitised(label: str, promtool: str) -> None:
+def test_label_values_are_cut_and_sanitised(label: str, promtools: list[str]) -> None:
     """prometheus_client escapes but neither cuts nor replaces lone surrogates: the writer
     hands it what the hand-written writer would have written."""
     hand, ours = _both((("z", label), ("a", "first")), 1)
@@ -326,8 +332,9 @@ def test_label_values_are_cut_and_sanitised(label: str, promtool: str) -> None:
     assert labels == {"z": written_value(label), "a": "first"}
     assert len(labels["z"]) <= 1024
     assert samples(ours) == samples(hand)
-    res = promtool_check_metrics(promtool, ours)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for promtool in promtools:
+        res = promtool_check_metrics(promtool, ours)
+        assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_counters_keep_their_names_and_write_no_created() -> None:
@@ -475,7 +482,9 @@ def test_writer_render_is_generate_latest(rows: list[tuple[str, list[Any], float
         assert w.render() == generate_latest(w).decode()
 
 
-async def test_memory_limit_of_the_own_cgroup(serve: Any, tmp_path: Path, promtool: str) -> None:
+async def test_memory_limit_of_the_own_cgroup(
+    serve: Any, tmp_path: Path, promtools: list[str]
+) -> None:
     """dcgm_enricher_memory_limit_bytes: the limit of the enricher's own cgroup (here a
     cgroup v1 container's tree), next to process_resident_memory_bytes from the same /proc."""
     _fake_proc(tmp_path / "proc", rss_pages=2048, utime=1, stime=1, fds=1)
@@ -487,8 +496,9 @@ async def test_memory_limit_of_the_own_cgroup(serve: Any, tmp_path: Path, promto
     text = await get_metrics(await serve(**scraper))
     assert value(text, "dcgm_enricher_memory_limit_bytes") == 256 << 20
     assert value(text, "process_resident_memory_bytes") == 2048 * mmap.PAGESIZE
-    res = promtool_check_metrics(promtool, text)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for promtool in promtools:
+        res = promtool_check_metrics(promtool, text)
+        assert res.returncode == 0, res.stdout + res.stderr
     # No limit: no series (an alert on the ratio has nothing to divide by).
     limit.write_text("9223372036854771712\n")
     text = await get_metrics(await serve(**scraper))
