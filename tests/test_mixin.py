@@ -10,18 +10,17 @@ mount it; test_chart.py and test_compose.py check that), the PrometheusRule, and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+
+from .tools import load_script
 
 # Checks a real part (jsonnet, promtool) against what does not depend on the Python running the
 # tests: `make test` runs this file in the highest Python's suite only.
@@ -80,31 +79,33 @@ METRIC = re.compile(r"(?<![\w:$])(DCGM_FI_\w+|gpu_\w+|dcgm_enricher_\w+|process_
 BRACES = re.compile(r"\{[^{}]*\}")
 
 
-def load_build() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mixin_build_under_test", MIXIN / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = load_build()
+# The generators' own module of it (tests/tools.py): one build of each kind a run.
+build = load_script(MIXIN / "build.py", "mixin_build")
 
 
 @pytest.fixture(scope="module")
 def default_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The mixin built by its command line, as `make mixin` builds it, into a fresh folder."""
+    """The mixin built by its command line's main, as `make mixin` builds it, into a fresh
+    folder (in this process, so that it shares the run's one build of each kind;
+    test_build_runs_as_a_script runs the script itself)."""
     out = tmp_path_factory.mktemp("mixin")
+    assert build.main(["--out", str(out)]) == 0
+    return out
+
+
+def test_build_runs_as_a_script(tmp_path: Path) -> None:
+    """`python mixin/build.py` as `make mixin` runs it: its imports and arguments (a bad
+    --config stops it with jsonnet's error, before any file is written)."""
     proc = subprocess.run(
-        [sys.executable, str(MIXIN / "build.py"), "--out", str(out)],
+        [sys.executable, str(MIXIN / "build.py"), "--out", str(tmp_path), "--config", "{ x: }"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
-    return out
+    assert proc.returncode != 0
+    assert "RUNTIME ERROR" in proc.stderr or "STATIC ERROR" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
@@ -259,8 +260,12 @@ def test_override_moves_every_threshold(
         sel = OVERRIDE["dcgmSelector"]
         old = pattern.format(v=DEFAULTS[key], sel="").replace("{}", "")
         new = pattern.format(v=OVERRIDE[key], sel=sel)
-        assert old in default_rules[alert]["expr"], (alert, old)
-        assert new in rules[alert]["expr"], (alert, new, rules[alert]["expr"])
+        # Every use moves: as many comparisons with the new value as the default build has
+        # with the default, and none left at the default (a hard-coded copy stays there).
+        uses = default_rules[alert]["expr"].count(old)
+        assert uses, (alert, old)
+        expr = rules[alert]["expr"]
+        assert (expr.count(new), expr.count(old)) == (uses, 0), (alert, new, old, expr)
 
 
 def test_override_reaches_the_annotations(
@@ -268,6 +273,7 @@ def test_override_reaches_the_annotations(
 ) -> None:
     alerts = {r["alert"]: r for r in rules_of(overridden) if "alert" in r}
     assert "over 90% used" in alerts["GpuMemoryNearlyFull"]["annotations"]["summary"]
+    assert "(over 7200 s)" in alerts["GpuHeldIdle"]["annotations"]["description"]
     for name in ("GpuAllocatedIdle", "GpuMemoryHeldWhileIdle"):
         assert "under 5% utilization" in alerts[name]["annotations"]["description"]
     for name, alert in alerts.items():
@@ -306,13 +312,22 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
     assert idle and held
 
 
+RULE_FILE_FIELD = "{ groups: mixin.prometheusRules.groups + mixin.prometheusAlerts.groups }"
+
+
 def test_the_fast_yaml_is_jsonnets_own() -> None:
     """build.yaml_doc (jsonnet's quoted keys, unquoted) writes jsonnet's own
-    ``quote_keys=false`` document byte for byte, defaults and overrides alike."""
-    field = "{ groups: mixin.prometheusRules.groups + mixin.prometheusAlerts.groups }"
-    assert build.yaml_doc(field) == build.yaml_doc_by_jsonnet(field)
-    assert build.yaml_doc(field, OVERRIDE_JSONNET) == build.yaml_doc_by_jsonnet(
-        field, OVERRIDE_JSONNET
+    ``quote_keys=false`` document byte for byte (the slow path: about 14 s)."""
+    assert build.yaml_doc(RULE_FILE_FIELD) == build.yaml_doc_by_jsonnet(RULE_FILE_FIELD)
+
+
+@pytest.mark.deep
+def test_the_fast_yaml_is_jsonnets_own_with_overrides() -> None:
+    """The same with every _config field overridden. The overrides change values, not keys,
+    and the unquoting reads keys only: test_the_fast_yaml_is_jsonnets_own holds the claim in
+    the default run, this second slow build runs in the long one."""
+    assert build.yaml_doc(RULE_FILE_FIELD, OVERRIDE_JSONNET) == build.yaml_doc_by_jsonnet(
+        RULE_FILE_FIELD, OVERRIDE_JSONNET
     )
 
 
@@ -331,6 +346,73 @@ def test_promtool_checks_the_overridden_rules(
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_overridden_held_idle_waits_the_overridden_time(
+    promtool: str, overridden: dict[str, str], tmp_path: Path
+) -> None:
+    """With heldIdleSeconds: 7200, GpuHeldIdle stays quiet after 100 idle minutes (the
+    default's hour and its 10m ``for`` long past) and fires after 140, through both branches of
+    its ``or`` (a pod with a Jupyter user, a pod without gpu_pod_info): every use of the value
+    moved, the description's too."""
+    (tmp_path / build.ALERTS).write_text(overridden[build.ALERTS])
+    where = 'job="gpu-metrics",k8s_cluster="c1",Hostname="node-a"'
+    pods = [
+        ("hub", "jupyter-bob", "notebook", "bob"),
+        ("ml", "spare-0", "trainer", None),
+    ]
+    series = []
+    expected = []
+    for ns, pod, container, user in pods:
+        who = f'namespace="{ns}",pod="{pod}",container="{container}"'
+        last_active = f'gpu_container_last_active_timestamp_seconds{{{where},gpu="0",{who}}}'
+        series.append({"series": last_active, "values": "0x150"})  # idle since time 0
+        if user is not None:
+            info = f'gpu_pod_info{{job="gpu-metrics",k8s_cluster="c1",namespace="{ns}",'
+            info += f'pod="{pod}",annotation_hub_jupyter_org_username="{user}"}}'
+            series.append({"series": info, "values": "1x150"})
+        labels = {"severity": "warning", "k8s_cluster": "c1", "Hostname": "node-a"}
+        labels |= {"namespace": ns, "pod": pod, "container": container}
+        description = f"Container {container} of pod {ns}/{pod}"
+        if user is not None:
+            labels["user"] = user
+            description += f" (user {user})"
+        description += (
+            " on node-a holds GPU memory or an allocation and has not used any of its GPUs for"
+            " 2h 20m 0s (over 7200 s). Stop it, or let the culler do it (docs/culling.md)."
+            " Runbook: docs/runbook.md#gpuheldidle."
+        )
+        annotations = {
+            "summary": "A container holds GPUs it has not used for a long time.",
+            "description": description,
+            "runbook_url": str(OVERRIDE["runbookURLPattern"]) % "gpuheldidle",
+        }
+        expected.append({"exp_labels": labels, "exp_annotations": annotations})
+    unit = {
+        "rule_files": [build.ALERTS],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "GpuHeldIdle at heldIdleSeconds 7200",
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "100m", "alertname": "GpuHeldIdle", "exp_alerts": []},
+                    {"eval_time": "140m", "alertname": "GpuHeldIdle", "exp_alerts": expected},
+                ],
+            }
+        ],
+    }
+    (tmp_path / "held-idle.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
+    proc = subprocess.run(
+        [promtool, "test", "rules", "held-idle.tests.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # --------------------------------------------------------------------------- promtool on the build
 
 
@@ -345,26 +427,3 @@ def test_promtool_checks_the_built_rules(promtool: str, default_build: Path) -> 
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SUCCESS" in proc.stdout
-
-
-def test_promtool_unit_tests_run_on_the_build(
-    promtool: str, default_build: Path, tmp_path: Path
-) -> None:
-    """rules/*.tests.yaml against the mixin's build (not the shipped copy): the rule file they
-    load is the build's rules then its alerts."""
-    built = groups_of((default_build / "prometheus_rules.yaml").read_text()) + groups_of(
-        (default_build / "prometheus_alerts.yaml").read_text()
-    )
-    (tmp_path / RULES.name).write_text(yaml.safe_dump({"groups": built}, sort_keys=False))
-    tests = sorted((ROOT / "rules").glob("*.tests.yaml"))
-    for file in tests:
-        shutil.copy(file, tmp_path / file.name)
-    proc = subprocess.run(
-        [promtool, "test", "rules", *(f.name for f in tests)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
