@@ -32,6 +32,8 @@ from enricher.memory import (
 from enricher.model import GpuProcess, PodInfo
 from enricher.textformat import watched_lines
 
+from .conftest import examples
+
 U0 = "GPU-00000000-0000-4000-8000-000000000000"
 U1 = "GPU-11111111-1111-4111-8111-111111111111"
 GIB = 1 << 30
@@ -116,6 +118,63 @@ def test_reserved_is_outside_fb_used() -> None:
     assert (mem.in_use, mem.total) == (1512 * MIB, 81920 * MIB)
 
 
+def fb_lines(labels: list[str]) -> str:
+    """The three framebuffer gauges of one device (8 GiB used, 512 MiB reserved, 80 GiB in
+    all), written once per label set, with the same values each time."""
+    return "".join(
+        f"DCGM_FI_DEV_{field}{{{lab}}} {mib}\n"
+        for lab in labels
+        for field, mib in (("FB_USED", 8192), ("FB_FREE", 73216), ("FB_RESERVED", 512))
+    )
+
+
+POD_A = 'pod="a",namespace="team",container="main"'
+POD_B = 'pod="b",namespace="team",container="main"'
+
+
+# dcgm-exporter writes a device's series more than once with identical whole-device values:
+# once per sharing pod with --kubernetes-virtual-gpus (vgpu="<replica>"), per pod on a shared
+# GPU, per pod on a MIG instance. Each copy is the whole device, never a part to add up.
+@pytest.mark.parametrize(
+    ("labels", "key", "atts"),
+    [
+        pytest.param(
+            [f'UUID="{U0}",gpu="0"', f'UUID="{U0}",gpu="0",{POD_A},vgpu="0"'],
+            (U0, ""),
+            [att(1, A, 3 * GIB), att(2, B, 2 * GIB)],
+            id="device-series-and-a-vgpu-copy",
+        ),
+        pytest.param(
+            [
+                f'UUID="{U0}",gpu="0",{POD_A},vgpu="0"',
+                f'UUID="{U0}",gpu="0",{POD_B},vgpu="1"',
+                f'UUID="{U0}",gpu="0",pod="c",namespace="infer",container="main",vgpu="2"',
+            ],
+            (U0, ""),
+            [att(1, A, 3 * GIB), att(2, B, 2 * GIB), att(3, None, GIB)],
+            id="three-vgpu-copies-only",
+        ),
+        pytest.param(
+            [f'UUID="{U1}",GPU_I_ID="1",{POD_A}', f'UUID="{U1}",GPU_I_ID="1",{POD_B}'],
+            (U1, "1"),
+            [att(1, A, 3 * GIB, uuid=U1, gi=1), att(2, B, 2 * GIB, uuid=U1, gi=1)],
+            id="mig-instance-per-pod-copies",
+        ),
+    ],
+)
+def test_repeated_device_series_count_once(
+    labels: list[str], key: tuple[str, str], atts: list[Attribution]
+) -> None:
+    """The device's memory is one copy's, and its parts add up to that, not to the copies'
+    sum: containers' memory plus every unattributed reason is FB_USED + FB_RESERVED."""
+    memory = parse_device_memory(watched_lines(fb_lines(labels), MEMORY_NAMES))
+    assert memory == {key: DeviceMemory(8192 * MIB, 73216 * MIB, 512 * MIB)}
+    assert memory[key].total == 80 * GIB
+    text = render_families(atts, {}, RenderOptions(), memory=memory_parts(memory, atts))
+    written, _ = by_device(text, (MEM, UNATTR))
+    assert written == {key: (8192 + 512) * MIB}
+
+
 # --------------------------------------------------------------------------- the invariant
 
 PODS = (A, B, PodInfo(uid="uid-c", namespace="infer", name="c"))
@@ -181,7 +240,7 @@ def by_device(text: str, names: tuple[str, ...]) -> tuple[dict[Any, float], list
 
 
 # 500 examples: the CI profile's 2,000 took 17 s a suite of a CI budget that is nearly spent.
-@settings(deadline=None, max_examples=500)
+@settings(deadline=None, max_examples=examples(500))
 @given(nodes())
 def test_invariant_parts_add_up_to_the_device_memory(node: Any) -> None:
     """On every device with FB_USED: the written containers' memory plus every unattributed

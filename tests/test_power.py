@@ -141,6 +141,39 @@ A, B = pod("a"), pod("b")
             id="device-sample-first-else-first-instance-copy",
         ),
         pytest.param(
+            # --kubernetes-virtual-gpus: each device series once per sharing pod, identical.
+            "".join(
+                f'{name}{{gpu="0",UUID="{U0}",pod="{p}",namespace="n",vgpu="{i}"}} {v}\n'
+                for name, v in (
+                    ("DCGM_FI_DEV_POWER_USAGE", 300),
+                    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 5000),
+                    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.25),
+                )
+                for i, p in enumerate("abc")
+            ),
+            {U0: 300.0},
+            {U0: 5000.0},
+            {(U0, ""): 0.25},
+            id="vgpu-copies-count-once",
+        ),
+        pytest.param(
+            # A MIG GPU's device fields per GPU_I_ID, and each series once per pod on it.
+            "".join(
+                f'{name}{{UUID="{U1}",GPU_I_ID="{gi}",pod="{p}",namespace="n"}} {v}\n'
+                for name, v in (
+                    ("DCGM_FI_DEV_POWER_USAGE", 70),
+                    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 9000),
+                    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.125),
+                )
+                for gi in "12"
+                for p in "ab"
+            ),
+            {U1: 70.0},
+            {U1: 9000.0},
+            {(U1, "1"): 0.125, (U1, "2"): 0.125},
+            id="mig-instance-and-per-pod-copies-count-once",
+        ),
+        pytest.param(
             f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U0}",GPU_I_ID="1"}} 0.25\n'
             f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U0}",GPU_I_ID="2"}} 1.0000001\n'
             f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{UUID="{U1}"}} 0.5\r\n',
@@ -629,7 +662,7 @@ async def start(full_stack: MakeStack, upstream: Callable[[], str] | None, nvml:
 
 
 async def test_shared_gpu_power_and_energy_from_the_upstream(
-    full_stack: MakeStack, fake_nvml: FakeNvml, promtool: str
+    full_stack: MakeStack, fake_nvml: FakeNvml, promtools: list[str]
 ) -> None:
     """Through the real app: the time-sliced GPU's watts go to its two pods by SM time (NVML's
     per-process utilization, 60% and 20%: 3 to 1), the idle GPU's to ``idle``; energy counts
@@ -640,7 +673,8 @@ async def test_shared_gpu_power_and_energy_from_the_upstream(
         full_stack, lambda: upstream_text(reading["w"], reading["mj"]), nvml_at(2_000)
     )
     text = await node.scrape()
-    assert_valid_exposition(promtool, text)
+    for promtool in promtools:
+        assert_valid_exposition(promtool, text)
     assert values(text, POWER) == {("0", "chat-0", ""): 300.0, ("0", "embed-0", ""): 100.0}
     assert values(text, UNATTR_POWER) == {("1", "", REASON_IDLE): 60.0}
     assert values(text, ENERGY) == {("0", "chat-0", ""): 0.0, ("0", "embed-0", ""): 0.0}
