@@ -17,15 +17,19 @@ Two checks:
   and Mimir ingest) that runs the rules too. On the receiver, every recording rule, alert
   expression and dashboard query, for each cluster, gives what that cluster's own Prometheus
   gives: the same series (label sets, less `cluster`) and, where the expression reads no range
-  of history (which the servers started at different moments), the same values.
+  of history (which the servers started at different moments), the same values. Beside the
+  demo's node each cluster has sick ones (hot, full, XID errors, a GPU off the bus, enrichers
+  down), so that every alert but the one listed in QUIET answers on every server: two empty
+  answers would agree whatever the expression does with the cluster.
 
-Only the GPU node is SIMULATED (no GPU or cluster exists here); the enricher, the Prometheus
-servers and the protocol between them are real.
+Only the GPU nodes are SIMULATED (no GPU or cluster exists here); the demo's enricher, the
+Prometheus servers and the protocol between them are real.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +39,10 @@ from typing import Any
 import pytest
 import yaml
 
+from enricher.demo import EXPORTER_POD, NODE
+
 from .frozendemo import FrozenDemo
+from .harness import TextServer
 from .promreleases import PromRelease, Server, releases, require, serve
 from .test_dashboard import interpolate, queries
 
@@ -191,6 +198,183 @@ def test_every_dashboard_query_keeps_the_clusters_apart(ref: str, expr: str) -> 
 
 _GLOBAL = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
 
+# The demo's node is sound hardware with waste on it: few alerts answer there. Beside it each
+# cluster has SIMULATED sick nodes, their enricher's /metrics served by the test, so that the
+# other alerts answer too and their comparison compares answers, not two empty sets. Node 2:
+# GPU 0 hot, nearly full, a critical XID and a failed row remap; GPU 1 stops reporting, and
+# GPU 2 gets a non-critical XID, an uncorrectable error's remapped row and a burst of PCIe
+# replays, while the servers watch; a notebook that has held GPU 2 idle since 2023. Node 3:
+# an enricher that lost every source, near its memory limit. Node 4: an enricher that does not
+# answer. The values differ between the clusters, so one cluster's answer given for another's
+# fails the comparison.
+DEMO_GPUS = f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{EXPORTER_POD}"}}'
+SICK_HOST = "dcgm-exporter-node-2"  # node 2's dcgm-exporter pod: its series' Hostname
+SOURCES = ("upstream", "nvml", "kubernetes", "procfs", "podresources", "resourceslices", "docker")
+_HEALTHY = {
+    "GPU_TEMP": 45,
+    "XID_ERRORS": 0,
+    "FB_USED": 1024,
+    "FB_FREE": 80384,
+    "ROW_REMAP_FAILURE": 0,
+    "UNCORRECTABLE_REMAPPED_ROWS": 0,
+    "PCIE_REPLAY_COUNTER": 0,
+}
+_COUNTERS = ("UNCORRECTABLE_REMAPPED_ROWS", "PCIE_REPLAY_COUNTER")
+# On every server, for each cluster: node 2 seen before its faults come on (then they come
+# on), and after (then the comparisons start).
+SICK_BEFORE = f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{SICK_HOST}",gpu="2"}} == 0'
+SICK_AFTER = (
+    f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{SICK_HOST}",gpu="2"}} > 0',
+    'dcgm_enricher_source_up{instance="gpu-node-3:9400"} == 0',
+    'up{instance="gpu-node-4:9400"} == 0',
+)
+SICK_GONE = f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{SICK_HOST}",gpu="1"}}'
+
+
+def sick_gpus(cluster: str, turned: bool) -> dict[str, dict[str, int]]:
+    """Node 2's GPUs and their fields, before or after its faults come on (``turned``)."""
+    east = cluster == CLUSTERS[0]
+    faults: dict[str, dict[str, int]] = {
+        "0": {
+            "GPU_TEMP": 91 if east else 88,
+            "XID_ERRORS": 79 if east else 48,
+            "FB_USED": 79360,
+            "FB_FREE": 2048,
+            "ROW_REMAP_FAILURE": 1,
+        },
+        "2": {
+            "XID_ERRORS": 43 if east else 31,
+            "UNCORRECTABLE_REMAPPED_ROWS": 1,
+            "PCIE_REPLAY_COUNTER": 900 if east else 600,
+        }
+        if turned
+        else {},
+    }
+    if not turned:
+        faults["1"] = {}  # reports until it falls off the bus (its gauges: see below)
+    return {gpu: _HEALTHY | faults[gpu] for gpu in sorted(faults)}
+
+
+def render_sick_node(path: str, turned: bool) -> bytes:
+    """/<cluster>/2: node 2's enricher's /metrics; /<cluster>/3: node 3's."""
+    _, cluster, node = path.split("/")
+    east = cluster == CLUSTERS[0]
+    if node == "3":
+        lines = ["# TYPE dcgm_enricher_source_up gauge"]
+        lines += [f'dcgm_enricher_source_up{{source="{s}"}} 0' for s in SOURCES]
+        lines += [
+            "# TYPE process_resident_memory_bytes gauge",
+            f"process_resident_memory_bytes {1.9e9 if east else 1.85e9:.0f}",
+            "# TYPE dcgm_enricher_memory_limit_bytes gauge",
+            "dcgm_enricher_memory_limit_bytes 2000000000",
+        ]
+        return ("\n".join(lines) + "\n").encode()
+    gpus = sick_gpus(cluster, turned)
+    lines = []
+    for field in _HEALTHY:
+        name = f"DCGM_FI_DEV_{field}"
+        counter = field in _COUNTERS
+        lines.append(f"# TYPE {name} {'counter' if counter else 'gauge'}")
+        # GPU 1 writes no counter: a rate over the last seconds of a series that stopped
+        # answers where a server took two samples of it and not where it took one.
+        lines += [
+            f'{name}{{gpu="{gpu}",UUID="GPU-0000000{gpu}-2222-4000-8000-00000000000{gpu}",'
+            f'modelName="NVIDIA H100 80GB HBM3",Hostname="{SICK_HOST}",'
+            f'container="",namespace="",pod=""}} {values[field]}'
+            for gpu, values in gpus.items()
+            if not (counter and gpu == "1")
+        ]
+    who = 'namespace="jupyterhub",pod="jupyter-bob"'
+    lines += [
+        "# TYPE gpu_container_last_active_timestamp_seconds gauge",
+        f'gpu_container_last_active_timestamp_seconds{{Hostname="{SICK_HOST}",gpu="2",'
+        f'UUID="GPU-00000002-2222-4000-8000-000000000002",{who},container="notebook"}} '
+        f"{1.7e9 if east else 1.75e9:.0f}",
+        "# TYPE gpu_pod_info gauge",
+        f'gpu_pod_info{{{who},annotation_hub_jupyter_org_username="bob@example.com",'
+        'gpu_requested="true",node="gpu-node-2",workload_kind="Pod",'
+        'workload_name="jupyter-bob"} 1',
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+class SickNodes:
+    """The sick nodes' enrichers: 2 and 3 served from a thread, 4 a port that refuses.
+    ``turned``: node 2's faults that come on while the servers watch have come on."""
+
+    def __init__(self) -> None:
+        self.turned = False
+        self.http = TextServer(lambda path: render_sick_node(path, self.turned))
+        self.dead = socket.socket()
+        self.dead.bind(("127.0.0.1", 0))  # bound, never listening: every connection refused
+
+    def scrape_job(self, demo: FrozenDemo, cluster: str) -> dict[str, Any]:
+        """The demo's job with the sick nodes' enrichers beside it, each with its own labels."""
+        job = demo.scrape_job()
+        live = f"127.0.0.1:{self.http.port}"
+        dead = f"127.0.0.1:{self.dead.getsockname()[1]}"
+        for n, address in (("2", live), ("3", live), ("4", dead)):
+            instance = f"gpu-node-{n}:9400"
+            job["static_configs"].append(
+                {
+                    "targets": [address],
+                    "labels": {"instance": instance, "__metrics_path__": f"/{cluster}/{n}"},
+                }
+            )
+            job["relabel_configs"] += [
+                {
+                    "source_labels": ["instance"],
+                    "regex": instance,
+                    "target_label": label,
+                    "replacement": value,
+                }
+                for label, value in (("node", f"gpu-node-{n}"), ("pod", f"dcgm-enricher-n{n}"))
+            ]
+        return job
+
+    def close(self) -> None:
+        self.http.close()
+        self.dead.close()
+
+
+# What sets off each alert the run compares: on every server, for each cluster, its expression
+# answers, so that the comparison compares answers (the test fails where one answers nothing).
+ACTIVE = {
+    "GpuAllocatedIdle": "the demo: finetune-mistral-0 and llama-eval-7xq2m leave their GPUs idle",
+    "GpuMemoryHeldWhileIdle": "the demo: llama-eval-7xq2m holds memory on an idle GPU",
+    "GpuHeldIdle": "node 2: jupyter-bob last used GPU 2 in 2023",
+    "GpuUsedWithoutRequest": "the demo: jupyter-alice uses GPU 3 without requesting one",
+    "GpuMemoryNearlyFull": "node 2: GPU 0's framebuffer is 97% used",
+    "GpuXidCriticalError": "node 2: GPU 0's last XID is critical",
+    "GpuXidError": "node 2: GPU 2 gets a non-critical XID while the servers watch",
+    "GpuTemperatureHigh": "node 2: GPU 0 is at 91 C (east) or 88 C (west)",
+    "GpuRowRemapFailure": "node 2: GPU 0 failed a row remap",
+    "GpuUncorrectableRemappedRows": "node 2: GPU 2 remaps a row after an uncorrectable error",
+    "GpuPcieReplaysHigh": "node 2: a burst of PCIe replays on GPU 2",
+    "GpuNotReporting": "node 2: GPU 1 stops reporting while GPUs 0 and 2 report",
+    "GpuDeviceTainted": "the demo: GPU 7, in use, has a DRA device taint",
+    "GpuMemoryUnattributed": "the demo: a host process on GPU 2's MIG instance 5",
+    "GpuEnricherDown": "node 4: its enricher does not answer",
+    "GpuEnricherMemoryNearLimit": "node 3: its enricher over 90% of its memory limit",
+    **{
+        f"GpuEnricher{name}Down": "node 3: its enricher lost every source"
+        for name in (
+            "Upstream",
+            "Nvml",
+            "Kubernetes",
+            "Procfs",
+            "PodResources",
+            "ResourceSlices",
+            "Docker",
+        )
+    },
+}
+# Alerts the run compares that no data here can set off, and why.
+QUIET = {
+    "GpuPodMemoryGrowing": "compares a container's memory with its last day: the servers hold "
+    "seconds, where a jump stands out for one sample at most",
+}
+
 
 @dataclass
 class Fleet:
@@ -218,6 +402,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     release: PromRelease = require(releases()[1])  # agent mode as Prometheus 3.5 has it
     tmp = tmp_path_factory.mktemp("clusters")
     demos = {c: FrozenDemo(tmp / f"demo-{c}") for c in CLUSTERS}
+    sick = SickNodes()
     with_rules = {"global": _GLOBAL, "rule_files": [str(RULES)]}
     try:
         with serve(
@@ -229,13 +414,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                     own[c] = stack.enter_context(
                         serve(
                             release,
-                            {**with_rules, "scrape_configs": [demo.scrape_job()]},
+                            {**with_rules, "scrape_configs": [sick.scrape_job(demo, c)]},
                             tmp / f"own-{c}",
                         )
                     )
                     agent = {
                         "global": {**_GLOBAL, "external_labels": {CLUSTER: c}},
-                        "scrape_configs": [demo.scrape_job()],
+                        "scrape_configs": [sick.scrape_job(demo, c)],
                         "remote_write": [
                             {
                                 "url": f"{receiver.url}/api/v1/write",
@@ -245,20 +430,35 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                     }
                     stack.enter_context(serve(release, agent, tmp / f"agent-{c}", agent=True))
                 built = Fleet(receiver, own)
-                _wait_for_rules(built, receiver)
+                _wait_for_rules(built, receiver, sick)
                 built.at = time.time() - 3
                 yield built
     finally:
+        sick.close()
         for demo in demos.values():
             demo.close()
 
 
-def _wait_for_rules(fleet: Fleet, receiver: Server) -> None:
+def _answers(fleet: Fleet, expr: str) -> list[int]:
+    """How many series ``expr`` answers, for each cluster on its own Prometheus and on the
+    receiver."""
+    return [
+        n
+        for c in CLUSTERS
+        for n in (len(fleet.own_answer(c, expr)), len(fleet.per_cluster(expr)[c]))
+    ]
+
+
+def _wait_for_rules(fleet: Fleet, receiver: Server, sick: SickNodes) -> None:
     """Until every recording rule has the same series on the receiver, for each cluster, as
-    on that cluster's own Prometheus (remote write and the rules have caught up)."""
+    on that cluster's own Prometheus (remote write and the rules have caught up), and every
+    server has seen node 2 before its faults came on and after."""
     records = [name for kind, name, _ in rules() if kind == "record"]
     deadline = time.monotonic() + DEADLINE_SECONDS
     while True:
+        if not sick.turned:  # as soon as every server holds a sample from before
+            fleet.at = time.time()
+            sick.turned = all(_answers(fleet, SICK_BEFORE))
         fleet.at = time.time() - 3
         behind = [
             (name, c)
@@ -267,14 +467,23 @@ def _wait_for_rules(fleet: Fleet, receiver: Server) -> None:
             if set(fleet.own_answer(c, name)) != set(fleet.per_cluster(name)[c])
         ]
         settled = all(
-            fleet.own_answer(c, 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 3')
-            and len(fleet.per_cluster("DCGM_FI_DEV_GPU_TEMP")[c]) == 8
+            fleet.own_answer(c, f'count_over_time(up{{node="{NODE}"}}[1m]) >= 3')
+            and len(fleet.per_cluster(DEMO_GPUS)[c]) == 8
             for c in CLUSTERS
         )
-        ready = settled and not behind
+        ready = (
+            settled
+            and not behind
+            and sick.turned
+            and all(all(_answers(fleet, expr)) for expr in SICK_AFTER)
+            and not any(_answers(fleet, SICK_GONE))
+        )
         if ready:
             return
-        assert time.monotonic() < deadline, f"not on the receiver: {behind}\n{receiver.log_tail()}"
+        assert time.monotonic() < deadline, (
+            f"not on the receiver: {behind}; the demo settled: {settled}; node 2's faults on: "
+            f"{sick.turned}\n{receiver.log_tail()}"
+        )
         time.sleep(1)
 
 
@@ -303,7 +512,7 @@ def _compare(
 
 @pytest.mark.one_python
 def test_the_receiver_holds_both_clusters(fleet: Fleet) -> None:
-    gpus = fleet.per_cluster("DCGM_FI_DEV_GPU_TEMP")
+    gpus = fleet.per_cluster(DEMO_GPUS)
     assert all(len(gpus[c]) == 8 for c in CLUSTERS), gpus
 
 
@@ -327,7 +536,18 @@ def test_each_recording_rule_per_cluster_equals_the_clusters_own(
 def test_each_alert_per_cluster_equals_the_clusters_own(
     fleet: Fleet, alert: str, expr: str
 ) -> None:
+    answers = _answers(fleet, expr)  # per cluster: its own Prometheus, the receiver
+    if alert in QUIET:
+        assert not any(answers), f"{alert} answers {answers}: move it from QUIET to ACTIVE"
+    else:
+        assert all(answers), f"{alert} answers {answers}: the comparison would be of empty sets"
     _compare(fleet, alert, expr)
+
+
+def test_each_alert_compared_is_set_off_or_says_why_not() -> None:
+    compared = {name for kind, name, _ in rules() if kind == "alert"} - set(CLUSTERLESS)
+    assert set(ACTIVE) | set(QUIET) == compared
+    assert not set(ACTIVE) & set(QUIET)
 
 
 @pytest.mark.one_python
