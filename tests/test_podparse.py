@@ -411,6 +411,17 @@ def test_parse_pod_survives_any_subtree(section: str, junk: Any) -> None:
     assert got.uid == ("u-h" if section != "metadata" else got.uid)
 
 
+@given(st.lists(_json, max_size=4))
+def test_parse_pod_survives_any_owner_references(refs: list[Any]) -> None:
+    """ownerReferences of any shape (the workload is derived from them): a reference that is
+    not a mapping is skipped, the pod is still the pod. test_parse_pod_survives_any_subtree
+    reaches this list only now and then; this property goes there every time."""
+    pod = make_pod("h", uid="u-h", containers=[("main", CID_A, "containerd")])
+    pod["metadata"]["ownerReferences"] = refs
+    got = parse_pod(pod)
+    assert (got.uid, got.name) == ("u-h", "h")
+
+
 # --------------------------------------------------------------------------- parse_selector
 
 
