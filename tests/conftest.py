@@ -64,9 +64,11 @@ def examples(ci_count: int) -> int:
 # The test files that run on every Python `make test` tests (the lowest too): what can differ
 # between Pythons. The imports and the CLI's parser, the pure core (parsing, attribution, the
 # rewrite, memory, power, idle), the golden files that pin the bytes served, the asyncio server
-# and its loop, TLS and the web config, ctypes (NVML), gRPC, the kubernetes client, and one real
-# Prometheus scraping the enricher (test_smoke). Everything else runs on the highest
-# Python only: it judges files or real parts that do not depend on the Python running the tests.
+# and its loop, TLS and the web config, ctypes (NVML), gRPC, the kubernetes client, one real
+# Prometheus scraping the enricher (test_smoke) and the wheel installed into a clean virtualenv
+# (test_wheel_install: the dependencies resolve for this Python). Everything else runs on the
+# highest Python only: it judges files or real parts that do not depend on the Python running
+# the tests, or the same code paths the files here already run on every Python.
 EVERY_PYTHON = frozenset(
     {
         "test_imports.py",
@@ -92,16 +94,20 @@ EVERY_PYTHON = frozenset(
         "test_kube.py",
         "test_hygiene.py",
         "test_smoke.py",
+        "test_wheel_install.py",
     }
 )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the files of EVERY_PYTHON ``every_python``; skips ``deep`` tests outside the long
-    run."""
+    """Marks the files of EVERY_PYTHON ``every_python`` (but their tests that start a
+    Prometheus server per release: test_smoke is the lowest Python's); skips ``deep`` tests
+    outside the long run."""
     skip = pytest.mark.skip(reason="the long run's (make test-deep)")
     for item in items:
-        if item.path.name in EVERY_PYTHON:
+        if item.path.name in EVERY_PYTHON and "prom_release" not in getattr(
+            item, "fixturenames", ()
+        ):
             item.add_marker(pytest.mark.every_python)
         if not DEEP and item.get_closest_marker("deep"):
             item.add_marker(skip)

@@ -255,13 +255,6 @@ def docker_daemon() -> Iterator[Engine]:
         _stop(engine)
 
 
-@pytest.fixture(scope="session")
-def docker_engine_session() -> Iterator[Engine]:
-    """The session's real Docker Engine (started at first use)."""
-    with docker_daemon() as engine:
-        yield engine
-
-
 @pytest.fixture
 def real_docker(docker_engine_session: Engine) -> Iterator[Engine]:
     """The real Docker Engine; the containers a test starts are removed after it."""

@@ -6,18 +6,26 @@ The base: no registry is reachable here, so the Dockerfile's ``PYTHON_IMAGE`` is
 built from Debian's packages by ``.ci/image-base`` (``make test`` runs it), imported as
 ``BASE_IMAGE``. The build takes minutes on the vfs driver, so the tests that take the fixture
 carry the ``image`` mark. Its figures (seconds, image size) go to ``.cache/image/figures.json``.
+
+The build starts in the background as soon as a run has collected a test marked ``image``
+(``pytest_collection_finish``), on the session's Docker Engine, and the ``image`` tests run
+last: the minutes of the build (mostly pip and the vfs driver's copies, a second core's work)
+pass while the rest of the suite runs. ``built_image`` waits for it and raises what it raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
 from .conftest import ROOT
-from .dockerengine import Engine, skip_or_fail
+from .dockerengine import Engine, docker_daemon, skip_or_fail
 
 BASE_TARBALL = ROOT / ".cache" / "image-base" / "bookworm-python.tar"
 FIGURES = ROOT / ".cache" / "image" / "figures.json"
@@ -34,10 +42,8 @@ class Built:
     base_size_bytes: int
 
 
-@pytest.fixture(scope="session")
-def built_image(docker_engine_session: Engine) -> Built:
-    """The image of this checkout's Dockerfile on the stand-in base (both in the engine)."""
-    engine = docker_engine_session
+def build_image(engine: Engine) -> Built:
+    """The image of this checkout's Dockerfile on the stand-in base (both in ``engine``)."""
     if not BASE_TARBALL.is_file():
         skip_or_fail(
             f"no stand-in base image at {BASE_TARBALL}: run .ci/image-base (make test does)"
@@ -75,3 +81,87 @@ def built_image(docker_engine_session: Engine) -> Built:
         + "\n"
     )
     return built
+
+
+@dataclass
+class Background:
+    """The session's engine and the image build, started in a thread of their own."""
+
+    engine_ready: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    engine: Engine | None = None
+    built: Built | None = None
+    error: BaseException | None = None
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def run(self) -> None:
+        try:
+            self.engine = self.stack.enter_context(docker_daemon())
+            self.engine_ready.set()
+            self.built = build_image(self.engine)
+        except BaseException as exc:  # a skip or a failure too: the tests that wait raise it
+            self.error = exc
+        finally:
+            self.engine_ready.set()
+            self.done.set()
+
+    def wait_engine(self) -> Engine:
+        self.engine_ready.wait()
+        if self.engine is None:
+            assert self.error is not None
+            raise self.error
+        return self.engine
+
+    def wait_built(self) -> Built:
+        self.done.wait()
+        if self.built is None:
+            assert self.error is not None
+            raise self.error
+        return self.built
+
+
+_BACKGROUND = pytest.StashKey[Background]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``image`` tests last, so that the build has the rest of the run to finish."""
+    items.sort(key=lambda item: item.get_closest_marker("image") is not None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker("image") for item in session.items):
+        background = Background()
+        session.config.stash[_BACKGROUND] = background
+        threading.Thread(target=background.run, name="image-build", daemon=True).start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background = session.config.stash.get(_BACKGROUND, None)
+    if background is not None:
+        # A run cut short (-x, ^C) does not wait for the build: stopping the engine ends it.
+        background.engine_ready.wait()
+        background.stack.close()
+
+
+@pytest.fixture(scope="session")
+def docker_engine_session(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """The session's real Docker Engine: the background build's when the run has ``image``
+    tests (stopped when the run ends), else one started at first use."""
+    background = request.config.stash.get(_BACKGROUND, None)
+    if background is not None:
+        yield background.wait_engine()
+        return
+    with docker_daemon() as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def built_image(docker_engine_session: Engine, request: pytest.FixtureRequest) -> Built:
+    """The image of this checkout's Dockerfile on the stand-in base (both in the engine),
+    built in the background since the tests were collected."""
+    background = request.config.stash.get(_BACKGROUND, None)
+    if background is None:  # a run that collected no image test asked for it anyway
+        return build_image(docker_engine_session)
+    return background.wait_built()
