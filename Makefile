@@ -10,8 +10,8 @@ PY_HIGHEST ?= 3.13
 LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
-.PHONY: demo test venv system-deps prometheus3 helm compose image-base lint typecheck unit \
-	mixin generate bench bench-quick gpu-wheels gpu-check clean
+.PHONY: demo test test-deps test-deep check venv system-deps prometheus3 helm compose image-base lint typecheck unit \
+	mixin generate bench bench-quick gpu-wheels gpu-check mutate clean
 
 # The product alone, what `make demo` runs: the package and its runtime dependencies, none of
 # the test toolchain.
@@ -61,24 +61,51 @@ compose:
 image-base:
 	./.ci/image-base
 
-## test: lint and type-check, then the whole suite on the lowest and the highest Python (and on
-## Prometheus 2.42 and 3.5; the chart on Helm 3 and Helm 4; a real Docker Engine and real
-## Compose v2). Two marks run in the highest Python's suite only: `image` (builds the
-## Dockerfile, minutes: the image brings its own Python; runs it, alone and with Compose) and
-## `one_python` (Prometheus, promtool, Helm, kubectl and Compose judging the charts, manifests,
-## rules, dashboard, compose files and the text the enricher serves, and the benchmark: the
-## lowest Python's suite pins the same text with the golden and exposition tests).
-# Both suites run with the same Hypothesis profile (CI=true: the ci profile). On this project's
-# 2-core CI machine .ci/run took 26 minutes with every file in both suites (2026-12-01: 569 s
-# for the lowest Python's) and 18.5 with `one_python` in the highest's only (2026-12-02: 355 s
-# for the lowest's, 626 s for the highest's with the image). The second suite runs even when
-# the first fails, so that a failure says which Pythons it concerns.
-test: system-deps prometheus3 helm compose image-base $(LOWEST_BIN)/dcgm-enricher $(HIGHEST_BIN)/dcgm-enricher
+## test: lint and type-check, then the suite: on the highest Python all of it (Prometheus 2.42
+## and 3.5, promtool, Helm 3 and 4, kubectl kustomize, jsonnet, a real Docker Engine, the image
+## and Compose v2), on the lowest Python what can differ between Pythons (the `every_python`
+## files, tests/conftest.py: imports, the pure core, the golden files, the asyncio server, TLS,
+## ctypes, gRPC, and one real Prometheus scraping the enricher). The ci Hypothesis profile
+## (CI=true). What CI runs (.ci/run); docs/development.md has the figures.
+# The second suite runs even when the first fails, so that a failure says which Pythons it
+# concerns.
+# The setup runs four steps at a time (downloads, debootstrap and pip overlap); the two
+# virtualenvs one after the other, since each editable install writes the gRPC stubs into
+# enricher/proto.
+TEST_DEPS := system-deps prometheus3 helm compose image-base $(LOWEST_BIN)/dcgm-enricher \
+	$(HIGHEST_BIN)/dcgm-enricher
+test-deps: $(TEST_DEPS)
+image-base: system-deps
+$(HIGHEST_BIN)/dcgm-enricher: | $(LOWEST_BIN)/dcgm-enricher
+
+test:
+	$(MAKE) --no-print-directory -j4 test-deps
 	$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)
 	status=0; \
-	$(MAKE) --no-print-directory unit TOOLS=$(LOWEST_BIN) PYTEST_ARGS='-m "not image and not one_python"' || status=1; \
+	$(MAKE) --no-print-directory unit TOOLS=$(LOWEST_BIN) PYTEST_ARGS='-m every_python' || status=1; \
 	$(MAKE) --no-print-directory unit TOOLS=$(HIGHEST_BIN) || status=1; \
 	exit $$status
+
+## test-deep: the long run, for a machine with time (not CI; about an hour on 2 cores): the deep
+## Hypothesis profile (4,000 examples a property), the tests marked `deep`, both Helm releases
+## for every chart render, and the whole suite on the lowest Python too (ENRICHER_TEST_DEEP=1).
+test-deep:
+	$(MAKE) --no-print-directory -j4 test-deps
+	$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)
+	status=0; \
+	ENRICHER_TEST_DEEP=1 $(MAKE) --no-print-directory unit TOOLS=$(LOWEST_BIN) \
+		PYTEST_ARGS='-m "not image and not one_python"' || status=1; \
+	ENRICHER_TEST_DEEP=1 $(MAKE) --no-print-directory unit TOOLS=$(HIGHEST_BIN) || status=1; \
+	exit $$status
+
+## check: the loop between edits, under 3 minutes: lint, types, the pure core and the smoke test
+## (a real Prometheus scraping the demo) on the highest Python, the dev Hypothesis profile.
+CHECK_TESTS := tests/test_attribution.py tests/test_rewrite.py tests/test_memory.py \
+	tests/test_power.py tests/test_idle.py tests/test_podparse.py tests/test_procfs.py \
+	tests/test_cgroupmem.py tests/test_nvmlparse.py tests/test_families.py tests/test_smoke.py
+check: system-deps prometheus3 $(HIGHEST_BIN)/dcgm-enricher
+	$(MAKE) --no-print-directory lint typecheck TOOLS=$(HIGHEST_BIN)
+	HYPOTHESIS_PROFILE=dev $(HIGHEST_BIN)/pytest -q $(CHECK_TESTS)
 
 LINT_PATHS := enricher tests $(wildcard bench) deploy/dcgm-enricher-post-renderer
 
@@ -123,6 +150,22 @@ gpu-wheels:
 ## enricher scraped; installs from .cache/gpu-wheels into a temporary venv; under 5 minutes
 gpu-check:
 	$(PYTHON) bench/gpu_check.py --wheels .cache/gpu-wheels $(GPU_CHECK_ARGS)
+
+# mutmut, pinned, and its dependencies (libcst, textual, coverage) go into the highest Python's
+# test virtualenv, which holds everything the tests import; CI's [test] extra never gets them.
+MUTMUT_VERSION := 3.8.1
+MUTANTS ?=
+$(HIGHEST_BIN)/.mutmut-$(MUTMUT_VERSION): $(HIGHEST_BIN)/dcgm-enricher
+	$(HIGHEST_BIN)/python -m pip install -q mutmut==$(MUTMUT_VERSION)
+	touch $@
+
+## mutate: mutation testing of the pure core with mutmut (pyproject.toml's [tool.mutmut] names the
+## modules and their own fast tests); not in CI, about 2 hours on 2 cores (docs/development.md).
+## One module: make mutate MUTANTS='enricher.memory.*'. It works in mutants/ (git-ignored) and
+## keeps its results there: a repeated run resumes; rm -rf mutants starts afresh.
+mutate: $(HIGHEST_BIN)/.mutmut-$(MUTMUT_VERSION)
+	HYPOTHESIS_PROFILE=dev $(HIGHEST_BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(HIGHEST_BIN)/mutmut results | grep -v ': not checked$$' || true
 
 clean:
 	rm -rf $(VENV) .venv-py* .cache build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \

@@ -46,13 +46,25 @@ def test_linters_target_the_lowest_python() -> None:
     assert f'python_version = "3.{low}"' in PYPROJECT
 
 
-def test_every_test_runs_on_the_highest_python_and_only_named_marks_skip_the_lowest() -> None:
+def test_every_test_runs_on_the_highest_python_and_the_lowest_runs_every_python() -> None:
     """`make test`'s recipe: the highest Python's suite runs every test (no -m), the lowest's
-    leaves out exactly the marks pyproject.toml declares for it (image, one_python)."""
+    the files marked every_python (tests/conftest.py's EVERY_PYTHON), a mark pyproject.toml
+    declares; the long run (test-deep) gives the lowest everything but the image and the
+    one_python files."""
     recipe = MAKEFILE.split("\ntest:", 1)[1].split("\n\n", 1)[0]
     units = re.findall(r"unit TOOLS=\$\((\w+)_BIN\)(.*?)\|\|", recipe)
     assert [name for name, _ in units] == ["LOWEST", "HIGHEST"], units
     assert units[1][1].strip() == "", "the highest Python's suite must run every test"
-    assert units[0][1].strip() == """PYTEST_ARGS='-m "not image and not one_python"'"""
-    for mark in ("image", "one_python"):
+    assert units[0][1].strip() == "PYTEST_ARGS='-m every_python'"
+    deep = MAKEFILE.split("\ntest-deep:", 1)[1].split("\n\n", 1)[0]
+    assert """PYTEST_ARGS='-m "not image and not one_python"'""" in deep
+    for mark in ("image", "one_python", "every_python", "deep"):
         assert re.search(rf'^    "{mark}: ', PYPROJECT, re.M), mark
+
+
+def test_every_python_names_test_files_that_exist() -> None:
+    """A misspelt name in EVERY_PYTHON would drop a file from the lowest Python's suite
+    without a word."""
+    from .conftest import EVERY_PYTHON
+
+    assert sorted(n for n in EVERY_PYTHON if not (ROOT / "tests" / n).is_file()) == []
