@@ -99,12 +99,21 @@ EVERY_PYTHON = frozenset(
 )
 
 
+# The files that start a Docker Engine: under pytest-xdist they share one worker (one engine,
+# one image build).
+DOCKER_FILES = frozenset({"test_docker_engine.py", "test_image.py", "test_compose_real.py"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the files of EVERY_PYTHON ``every_python`` (but their tests that start a
     Prometheus server per release: test_smoke is the lowest Python's); skips ``deep`` tests
     outside the long run."""
     skip = pytest.mark.skip(reason="the long run's (make test-deep)")
+    xdist = bool(getattr(config.option, "numprocesses", None))
     for item in items:
+        if xdist:  # pytest -n N --dist loadgroup: a file to a worker, the Docker files to one
+            name = item.path.name
+            item.add_marker(pytest.mark.xdist_group("docker" if name in DOCKER_FILES else name))
         if item.path.name in EVERY_PYTHON and "prom_release" not in getattr(
             item, "fixturenames", ()
         ):

@@ -129,8 +129,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly:
-        return
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
+        return  # under pytest-xdist the worker that runs the image tests builds at first use
     if any(item.get_closest_marker("image") for item in session.items):
         background = Background()
         session.config.stash[_BACKGROUND] = background
