@@ -87,10 +87,10 @@ test:
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target suite-lowest suite-highest
 
 suite-lowest:
-	$(LOWEST_BIN)/pytest -m every_python
+	$(LOWEST_BIN)/pytest -m "every_python or lowest_only"
 
 suite-highest:
-	$(HIGHEST_BIN)/pytest
+	$(HIGHEST_BIN)/pytest -m "not lowest_only"
 
 ## test-deep: the long run, for a machine with time (not CI; about an hour on 2 cores): the deep
 ## Hypothesis profile (4,000 examples a property), the tests marked `deep`, both Helm releases

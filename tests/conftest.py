@@ -99,6 +99,13 @@ EVERY_PYTHON = frozenset(
 )
 
 
+# Files that judge what does not depend on the Python (the rules and the mixin's build, the
+# benchmark's smoke runs) and run once, in the lowest Python's suite: `make test` runs the two
+# suites side by side, and these minutes balance them (the highest's suite, with the image and
+# every Prometheus test, is the longer). Marked ``lowest_only``; `make test-deep` runs them in
+# the highest Python's suite.
+LOWEST_ONLY = frozenset({"test_bench.py", "test_fleet.py", "test_mixin.py", "test_rules.py"})
+
 # The files that start a Docker Engine: under pytest-xdist they share one worker (one engine,
 # one image build).
 DOCKER_FILES = frozenset({"test_docker_engine.py", "test_image.py", "test_compose_real.py"})
@@ -118,6 +125,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item, "fixturenames", ()
         ):
             item.add_marker(pytest.mark.every_python)
+        if item.path.name in LOWEST_ONLY:
+            item.add_marker(pytest.mark.lowest_only)
         if not DEEP and item.get_closest_marker("deep"):
             item.add_marker(skip)
 
