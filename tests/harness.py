@@ -77,6 +77,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def closed_port() -> socket.socket:
+    """A TCP socket bound to a port on 127.0.0.1 and not listening: a connection to it is
+    refused for as long as the caller keeps it open, and no server started meanwhile can take
+    the port (as one can a ``free_port`` number, whose socket is closed at once)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a server started by a test, then SIGKILL if it is still there after 10 s."""
     if proc.poll() is None:

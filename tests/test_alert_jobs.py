@@ -26,6 +26,7 @@ import functools
 import json
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ import pytest
 import yaml
 
 from .conftest import GOLDEN
-from .harness import TextServer, free_port
+from .harness import TextServer, closed_port
 from .helmreleases import releases as helm_releases
 from .helmreleases import require as require_helm
 from .promreleases import PromRelease, Server, serve
@@ -471,6 +472,8 @@ def runs(
     """
     tmp = tmp_path_factory.mktemp(f"alert-jobs-{prom_release.id}")
     servers: list[TextServer] = []
+    # The dead pods' ports, held (bound, not listening) so that no live server takes one.
+    held: list[socket.socket] = []
     # A real enricher's output (the golden file of a node), less the lines whose values the
     # golden file leaves out.
     golden = (GOLDEN / "node.out").read_text().splitlines()
@@ -483,7 +486,8 @@ def runs(
             slug = re.sub(r"[^a-z0-9]+", "-", install.name.lower()).strip("-")[:40]
             install.pods = {}
             if name != "gone":
-                dead = f"127.0.0.1:{free_port()}"
+                held.append(closed_port())
+                dead = f"127.0.0.1:{held[-1].getsockname()[1]}"
                 install.pods[f"{slug}-dead"] = dead
                 scenario.dead.add(dead)
             if name == "up-and-down":
@@ -503,6 +507,8 @@ def runs(
     finally:
         for server in servers:
             server.close()
+        for sock in held:
+            sock.close()
 
 
 def address_of(install: Install, which: str) -> str:

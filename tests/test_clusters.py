@@ -430,8 +430,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                     }
                     stack.enter_context(serve(release, agent, tmp / f"agent-{c}", agent=True))
                 built = Fleet(receiver, own)
+                # Every comparison at the instant _wait_for_rules found both sides agree on:
+                # a later one can catch the receiver a remote-write batch behind.
                 _wait_for_rules(built, receiver, sick)
-                built.at = time.time() - 3
                 yield built
     finally:
         sick.close()
