@@ -10,7 +10,7 @@ PY_HIGHEST ?= 3.13
 LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
-.PHONY: demo test test-deps suite-lowest suite-highest test-deep check venv system-deps prometheus3 helm compose image-base lint typecheck unit \
+.PHONY: demo test test-deps static suite-lowest suite-highest test-deep check venv system-deps prometheus3 helm compose image-base lint typecheck unit \
 	mixin generate bench bench-quick gpu-wheels gpu-check mutate clean
 
 # The product alone, what `make demo` runs: the package and its runtime dependencies, none of
@@ -69,25 +69,34 @@ image-base:
 ## (CI=true). What CI runs (.ci/run); docs/development.md has the figures.
 # The second suite runs even when the first fails, so that a failure says which Pythons it
 # concerns.
-# The setup runs four steps at a time (downloads, debootstrap and pip overlap); the two
-# virtualenvs one after the other, since each editable install writes the gRPC stubs into
-# enricher/proto.
+# The setup runs four steps at a time (downloads, debootstrap and pip overlap), the two
+# virtualenvs too: each editable install writes the gRPC stubs into enricher/proto, each
+# module in one rename (enricher/_build/protostubs.py), so two at once leave whole files.
 TEST_DEPS := system-deps prometheus3 helm compose image-base $(LOWEST_BIN)/dcgm-enricher \
 	$(HIGHEST_BIN)/dcgm-enricher
 test-deps: $(TEST_DEPS)
 image-base: system-deps
-$(HIGHEST_BIN)/dcgm-enricher: | $(LOWEST_BIN)/dcgm-enricher
 
 # The two suites run side by side (the highest's waits on servers leave a core to the lowest's
 # pure core), each one's output printed whole when it ends (--output-sync); -k: the second
 # still runs when the first fails, so that a failure says which Pythons it concerns.
+# Lint and types run beside them (a third job: mypy's seconds fill the suites' waits on
+# servers). Each phase's end is stamped in the log.
 test:
+	@echo "make test: setup from $$(date -u +%T)"
 	$(MAKE) --no-print-directory -j4 test-deps
-	$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target suite-lowest suite-highest
+	@echo "make test: suites from $$(date -u +%T)"
+	$(MAKE) --no-print-directory -k -j3 --output-sync=target static suite-lowest suite-highest
+	@echo "make test: done at $$(date -u +%T)"
 
+static:
+	$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)
+
+# The lowest Python checks that every path works on it, with the dev profile's Hypothesis
+# examples: the highest's suite runs the same properties over the same code with the ci
+# profile's.
 suite-lowest:
-	$(LOWEST_BIN)/pytest -m "every_python or lowest_only"
+	HYPOTHESIS_PROFILE=dev $(LOWEST_BIN)/pytest -m "every_python or lowest_only"
 
 suite-highest:
 	$(HIGHEST_BIN)/pytest -m "not lowest_only"

@@ -49,14 +49,19 @@ def test_linters_target_the_lowest_python() -> None:
 def test_every_test_runs_on_the_highest_python_and_the_lowest_runs_every_python() -> None:
     """`make test`'s suites: the lowest Python's runs the files marked every_python
     (tests/conftest.py's EVERY_PYTHON) and the lowest_only ones, the highest's every test but
-    the lowest_only ones, so that every test runs at least once; both run, side by side,
-    whatever the other's result (-k). The long run (test-deep) gives the lowest everything but
-    the image and the one_python files."""
+    the lowest_only ones, so that every test runs at least once; both run, side by side with
+    lint and types, whatever the others' result (-k). The lowest's takes the dev profile's
+    Hypothesis examples. The long run (test-deep) gives the lowest everything but the image
+    and the one_python files."""
     recipe = MAKEFILE.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    assert re.search(r"-k -j2 --output-sync=target suite-lowest suite-highest$", recipe, re.M)
+    assert re.search(
+        r"-k -j3 --output-sync=target static suite-lowest suite-highest$", recipe, re.M
+    )
+    static = MAKEFILE.split("\nstatic:\n", 1)[1].split("\n\n", 1)[0].strip()
+    assert static == "$(MAKE) --no-print-directory lint typecheck TOOLS=$(LOWEST_BIN)"
     lowest = MAKEFILE.split("\nsuite-lowest:\n", 1)[1].split("\n\n", 1)[0].strip()
     highest = MAKEFILE.split("\nsuite-highest:\n", 1)[1].split("\n\n", 1)[0].strip()
-    assert lowest == '$(LOWEST_BIN)/pytest -m "every_python or lowest_only"'
+    assert lowest == 'HYPOTHESIS_PROFILE=dev $(LOWEST_BIN)/pytest -m "every_python or lowest_only"'
     assert highest == '$(HIGHEST_BIN)/pytest -m "not lowest_only"'
     deep = MAKEFILE.split("\ntest-deep:", 1)[1].split("\n\n", 1)[0]
     assert """PYTEST_ARGS='-m "not image and not one_python"'""" in deep

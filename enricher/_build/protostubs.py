@@ -11,6 +11,8 @@ imports it.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 # Build-time only: setuptools and grpcio-tools come from [build-system] requires, untyped.
@@ -39,21 +41,27 @@ def generate_stubs(root: Path, out: Path) -> list[Path]:
     protos = sorted((root / rel).glob("*.proto"))
     (out / rel).mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for proto in protos:
-        args = [
-            "grpc_tools.protoc",
-            f"--proto_path={root}",
-            f"--python_out={out}",
-            f"--pyi_out={out}",
-            f"--grpc_python_out={out}",
-            str(proto),
-        ]
-        if protoc.main(args) != 0:
-            raise StubGenerationError(f"protoc failed on {proto}")
-        for suffix in GENERATED_SUFFIXES:
-            path = out / rel / (proto.stem + suffix)
-            path.write_text(HEADER + path.read_text(encoding="utf-8"), encoding="utf-8")
-            written.append(path)
+    # protoc writes into a private folder and each module takes its place in one rename, so
+    # that two builds of one source tree at once (make test installs a virtualenv per Python
+    # side by side) never leave a torn or doubly-headed module.
+    with tempfile.TemporaryDirectory(prefix=".stubs-", dir=out / rel) as tmp:
+        for proto in protos:
+            args = [
+                "grpc_tools.protoc",
+                f"--proto_path={root}",
+                f"--python_out={tmp}",
+                f"--pyi_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                str(proto),
+            ]
+            if protoc.main(args) != 0:
+                raise StubGenerationError(f"protoc failed on {proto}")
+            for suffix in GENERATED_SUFFIXES:
+                made = Path(tmp, rel, proto.stem + suffix)
+                made.write_text(HEADER + made.read_text(encoding="utf-8"), encoding="utf-8")
+                path = out / rel / made.name
+                os.replace(made, path)
+                written.append(path)
     return written
 
 
