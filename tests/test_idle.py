@@ -455,3 +455,24 @@ def test_idle_threshold_must_be_a_ratio(value: str, capsys: pytest.CaptureFixtur
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--idle.threshold" in err, err
+
+
+# Found by `make mutate` (docs/development.md): a container's processes on one device add up,
+# and its newest process's start counts, whatever order NVML lists them in.
+@pytest.mark.parametrize("order", [1, -1], ids=["listed-in-order", "listed-reversed"])
+def test_a_containers_processes_on_one_device_add_up(order: int) -> None:
+    """Two processes of one container at 0.3 each: 0.6 of the device, above a 0.5
+    threshold, so it is active; neither alone is."""
+    idle = [att(1, A, sm=0.0), att(2, A, sm=0.0)]
+    busy = [att(1, A, sm=0.3), att(2, A, sm=0.3)][::order]
+    ledger = run([(T - 60, idle, [], {}), (T, busy, [], {})], threshold=0.5)
+    assert ledger.last_active == {key(GPU, A): T}
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["listed-in-order", "listed-reversed"])
+def test_idle_since_the_containers_newest_process_started(order: int) -> None:
+    """An idle container whose two processes started at T-200 and T-100 (the ledger seeing it
+    first at T-300) has been idle since the newer one started, not the older."""
+    procs = [att(1, A, start=T - 200), att(2, A, start=T - 100)][::order]
+    ledger = run([(T - 300, [], [alloc(GPU, "a")], {}), (T, procs, [], {})])
+    assert ledger.last_active == {key(GPU, A): T - 100}

@@ -10,7 +10,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from enricher.labels import SHARED, Owner, RewritePlan
+from enricher.labels import SHARED, Owner, RewritePlan, device_key, relabel
 from enricher.rewrite import _COMMON_VALUES_RE, _FAST_VALUES_RE, Rewriter, RewriteResult
 from enricher.textformat import (
     FamilyWriter,
@@ -848,3 +848,67 @@ def test_watched_lines_are_the_inputs_on_every_path(
         assert got.watched == _watched_lines(text, watch)
         paths.add(got.fast)
     event(f"paths: {sorted(paths)}")
+
+
+# Found by `make mutate` (docs/development.md): the label policy's corners, case by case.
+_DEV = (("gpu", "0"), ("UUID", UUID_A))
+_OWNER = Owner("ns", "a", "c", uid="uid-a")
+
+
+@pytest.mark.parametrize(
+    ("pairs", "owner", "pod_labels", "expected"),
+    [
+        pytest.param(
+            (*_DEV, ("namespace", "ns"), ("pod", "a"), ("container", "c"), ("team", "x"))
+            + (("dra_claim_name", "cl"), ("dra_claim_namespace", "ns")),
+            _OWNER,
+            {("ns", "a"): frozenset({"team"})},
+            {"pod": "a", "team": "x", "dra_claim_name": "cl", "dra_claim_namespace": "ns"},
+            id="the-same-pod-keeps-what-the-upstream-copied-from-it",
+        ),
+        pytest.param(
+            (*_DEV, ("dra_claim_name", "cl"), ("dra_claim_namespace", "ns")),
+            _OWNER,
+            {},
+            {"pod": "a", "namespace": "ns", "container": "c", "dra_claim_name": "cl"},
+            id="a-series-naming-no-pod-loses-nothing",
+        ),
+        pytest.param(
+            (*_DEV, ("pod_name", "old"), ("pod_namespace", "ons"), ("pod", "x")),
+            _OWNER,
+            {},
+            {"pod": "a", "namespace": "ns", "container": "c", "pod_name": "old"},
+            id="both-schemes-present-the-current-one-is-written",
+        ),
+        pytest.param(
+            (*_DEV, ("namespace", "ns"), ("pod", "x"), ("pod_uid", "uid-x")),
+            SHARED,
+            {},
+            {"pod": "", "namespace": "", "pod_uid": ""},
+            id="a-shared-device-loses-the-named-pods-uid",
+        ),
+        pytest.param(
+            (*_DEV, ("namespace", "ns"), ("pod", "a"), ("pod_uid", "uid-from-upstream")),
+            Owner("ns", "a", "c"),
+            {},
+            {"pod": "a", "pod_uid": "uid-from-upstream"},
+            id="the-same-pod-with-no-uid-known-keeps-the-upstreams",
+        ),
+        pytest.param(
+            (*_DEV, ("namespace", "ns"), ("pod", "a"), ("pod_uid", "uid-from-upstream")),
+            _OWNER,
+            {},
+            {"pod": "a", "pod_uid": "uid-a"},
+            id="the-same-pod-takes-the-watchs-uid",
+        ),
+    ],
+)
+def test_relabel_corners(
+    pairs: tuple[tuple[str, str], ...],
+    owner: Owner,
+    pod_labels: dict[tuple[str, str], frozenset[str]],
+    expected: dict[str, str],
+) -> None:
+    plan = RewritePlan(owners={(UUID_A, ""): owner}, pod_labels=pod_labels)
+    out = dict(relabel(pairs, device_key(pairs), plan))
+    assert {name: out.get(name) for name in expected} == expected
