@@ -859,8 +859,15 @@ _OWNER = Owner("ns", "a", "c", uid="uid-a")
     ("pairs", "owner", "pod_labels", "expected"),
     [
         pytest.param(
-            (*_DEV, ("namespace", "ns"), ("pod", "a"), ("container", "c"), ("team", "x"))
-            + (("dra_claim_name", "cl"), ("dra_claim_namespace", "ns")),
+            (
+                *_DEV,
+                ("namespace", "ns"),
+                ("pod", "a"),
+                ("container", "c"),
+                ("team", "x"),
+                ("dra_claim_name", "cl"),
+                ("dra_claim_namespace", "ns"),
+            ),
             _OWNER,
             {("ns", "a"): frozenset({"team"})},
             {"pod": "a", "team": "x", "dra_claim_name": "cl", "dra_claim_namespace": "ns"},
