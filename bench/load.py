@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 ROOT = Path(__file__).resolve().parent.parent
 READY = "ENRICHER-LISTENING"
 
@@ -137,9 +139,11 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def _self_metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+    """The value of the enricher's own sample ``name`` (it carries the node label)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
     return math.nan
 
 

@@ -371,8 +371,10 @@ def plan_devices(
     allocated: Iterable[AllocatedDevice] = (),
     pods: PodIndex | None = None,
     upstream_pod_labels: frozenset[str] = frozenset(),
+    node: str = "",
 ) -> RewritePlan:
-    """Decide what the device series of each busy or allocated device name.
+    """Decide what the device series of each busy or allocated device name; every series
+    also gets the ``node`` label (``node``: its value; empty, none).
 
     Process evidence first. One pod owns every process on a device: that pod (and its
     container when there is one); one Docker container: that container's name, with empty
@@ -421,16 +423,18 @@ def plan_devices(
         pod_labels=pods.label_names_by_name if pods is not None else {},
         upstream_pod_labels=upstream_pod_labels,
         reserved_prefixes=_RESERVED_PREFIXES,
+        node=node,
     )
 
 
 def fallback_identity(
     snapshot: GpuSnapshot, node_name: str
 ) -> dict[DeviceKey, tuple[tuple[str, str], ...]]:
-    """Device labels in dcgm-exporter's current scheme, from NVML, for devices the upstream
-    did not show in this collection (upstream down, or a device it does not export)."""
+    """Device labels in dcgm-exporter's current scheme (4.8.3 on: ``hostname``, no longer
+    ``Hostname``), from NVML, for devices the upstream did not show in this collection
+    (upstream down, or a device it does not export)."""
     out: dict[DeviceKey, tuple[tuple[str, str], ...]] = {}
-    host = (("Hostname", node_name),) if node_name else ()
+    host = (("hostname", node_name),) if node_name else ()
     for dev in snapshot.devices:
         out[(dev.uuid, "")] = (
             ("gpu", str(dev.index)),

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -440,6 +441,7 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
         parser.error(str(exc))
     if values.get("nvml_library") == "":
         values["nvml_library"] = None
+    values["host_name"] = socket.gethostname()
     return ns.command, Config(**values), ns
 
 

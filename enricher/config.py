@@ -25,6 +25,9 @@ class Config:
     nvml_retry_interval: float = 30.0
     kube_enabled: bool | None = None  # None: on when a node name is known
     kube_node_name: str = ""
+    # The host's name (cli.py: socket.gethostname()), the node label's value where no
+    # Kubernetes node name is known (Docker and bare-metal modes).
+    host_name: str = ""
     kube_kubeconfig: str | None = None
     kube_pod_labels: tuple[str, ...] = ()
     kube_pod_annotations: tuple[str, ...] = ("hub.jupyter.org/username",)
@@ -67,6 +70,12 @@ class Config:
         if self.kube_enabled is None:
             return bool(self.kube_node_name)
         return self.kube_enabled
+
+    @property
+    def node(self) -> str:
+        """The ``node`` label's value on every series the enricher serves: the Kubernetes
+        node's name, else the host's; empty (no label) when neither is known."""
+        return self.kube_node_name or self.host_name
 
     @property
     def kubelet_active(self) -> bool:

@@ -46,7 +46,12 @@ from .simnode.node import SimNode, SimPod, SimProc
 from .textformat import FamilyWriter
 
 NODE = "demo-gpu-node-1"
+# The simulated dcgm-exporter's host label holds its pod's name, as dcgm-exporter writes it
+# where the manifest sets no NODE_NAME; the enricher's node label names the node.
 EXPORTER_POD = "dcgm-exporter-demo"
+# dcgm-exporter's name for that label since 4.8.3 (NVIDIA's commit d5e5f51; Hostname before),
+# the spelling of 4.8.4, the release the install docs pin.
+HOST_LABEL = "hostname"
 
 
 def _cid(n: int) -> str:
@@ -371,7 +376,7 @@ def render_upstream(gpus: SimulatedGpus, t: float) -> str:
                 ]
                 if mig is not None:
                     labels += [("GPU_I_PROFILE", mig.profile), ("GPU_I_ID", str(gi))]
-                labels.append(("Hostname", EXPORTER_POD))
+                labels.append((HOST_LABEL, EXPORTER_POD))
                 pod = UPSTREAM_PODS.get((gpu.index, gi))
                 if pod is not None:
                     labels += [

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .textformat import unescape_label_value
+from .textformat import escape_label_value, unescape_label_value
 
 GPU_I_ID = "GPU_I_ID"
 IDENTITY_LABELS = frozenset(
@@ -36,6 +36,11 @@ DRA_CLAIM_LABELS = frozenset({"dra_claim_name", "dra_claim_namespace"})
 CURRENT_SCHEME = ("namespace", "pod", "container")
 OLD_SCHEME = ("pod_namespace", "pod_name", "container_name")
 VGPU_LABEL = "vgpu"
+# The node a series comes from, written by the enricher on every series it serves (its
+# Kubernetes node name, or the host's name): dcgm-exporter's own label for it changed name
+# (Hostname to hostname in 4.8.3) and can hold the exporter pod's name or localhost, so the
+# rules and the dashboard read this one. docs/labels.md.
+NODE_LABEL = "node"
 # Every upstream series leaves with these labels, empty when no pod is known. Prometheus
 # drops empty labels on ingestion, but with honor_labels: true an explicit empty value stops
 # the scrape target's own pod/namespace/container (the enricher's pod) from being attached:
@@ -50,6 +55,13 @@ KEPT_LABELS = (
     | {"dra_mig_profile", "dra_mig_device_uuid"}
 )
 GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
+
+
+def bare_block(plan: RewritePlan) -> str:
+    """The label block of an upstream series that has none: the guards and the plan's node."""
+    if not plan.node:
+        return GUARD_BLOCK
+    return GUARD_BLOCK[:-1] + f',{NODE_LABEL}="{escape_label_value(plan.node)}"}}'
 
 
 DeviceKey = tuple[str, str]  # (GPU UUID, GPU_I_ID or "" for a whole GPU)
@@ -92,6 +104,8 @@ class RewritePlan:
         "gpu_pod_info",
         "dcgm_enricher_",
     )
+    # The ``node`` label's value on every series (empty: none is written).
+    node: str = ""
 
 
 def stale_pod_labels(plan: RewritePlan, named: tuple[str, str], owner: Owner) -> frozenset[str]:
@@ -132,7 +146,8 @@ def relabel(
     A device the plan names gets the owner's namespace, pod and container in the scheme the
     upstream used (labels it lacked are added in dcgm-exporter's order), the owner's
     ``pod_uid``, and loses what described the pod the upstream named (``stale_pod_labels``).
-    Any other series keeps its labels. Every series leaves with the ``POD_GUARD_LABELS``.
+    Any other series keeps its labels. Every series leaves with the ``POD_GUARD_LABELS``, and
+    with the plan's ``node`` (in place of any ``node`` label the upstream wrote).
     """
     owner = plan.owners.get(key) if key is not None else None
     names = {n for n, _ in pairs}
@@ -166,4 +181,9 @@ def relabel(
                 new_pairs.append((name, values[name]))
     present = {n for n, _ in new_pairs}
     new_pairs.extend((n, "") for n in POD_GUARD_LABELS if n not in present)
+    if plan.node:
+        if NODE_LABEL in present:
+            new_pairs = [(n, plan.node if n == NODE_LABEL else v) for n, v in new_pairs]
+        else:
+            new_pairs.append((NODE_LABEL, plan.node))
     return new_pairs

@@ -127,9 +127,13 @@ class NodeSide:
             allocated=allocated,
             unmapped=len(unmapped),
             plan=plan_devices(
-                attributions, allocated, index, frozenset(self.config.upstream_pod_labels)
+                attributions,
+                allocated,
+                index,
+                frozenset(self.config.upstream_pod_labels),
+                node=self.config.node,
             ),
-            fallback=fallback_identity(snapshot, self.config.kube_node_name),
+            fallback=fallback_identity(snapshot, self.config.node),
             taints=device_taints(slice_index.taints, slice_index.uuids, snapshot),
         )
 

@@ -27,7 +27,7 @@ from .compress import GzipHead
 from .config import Config
 from .families import RenderOptions, render_families
 from .idle import IdleLedger, render_last_active
-from .labels import DeviceKey, RewritePlan
+from .labels import NODE_LABEL, DeviceKey, RewritePlan
 from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
 from .model import SourceStatus
 from .node import NodeSide, NodeView, PodSource
@@ -95,7 +95,9 @@ class Scraper:
         self.kubernetes = cast("PodSource | None", sources.get("kubernetes"))
         self._clock = clock
         # process_* and python_*, this Scraper's (never in prometheus_client's global registry).
-        self._runtime = RuntimeFamilies(own_procfs)
+        self._runtime = RuntimeFamilies(
+            own_procfs, ((NODE_LABEL, config.node),) if config.node else ()
+        )
         self._own_procfs = own_procfs
         self._own_cgroupfs = own_cgroupfs
         # The self-metrics of the last collection, written once (not per scrape).
@@ -175,7 +177,7 @@ class Scraper:
         self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
         self.gzip_heads_total = 0
         self._options = RenderOptions(
-            node_name=config.kube_node_name,
+            node_name=config.node,
             label_keys=config.kube_pod_labels,
             annotation_keys=config.kube_pod_annotations,
             process_series=config.collector_process,
@@ -191,7 +193,7 @@ class Scraper:
         # turn per collection) and the devices of the upstream's power lines (each head
         # parsed once): this Scraper's, so that another in the same process (tests, the
         # bench) neither turns nor fills them.
-        self._label_sets = LabelSets()
+        self._label_sets = LabelSets(const=((NODE_LABEL, config.node),) if config.node else ())
         self._power_line_devices = HeadDevices()
         self._memory_line_devices = HeadDevices()  # the same, for the framebuffer lines
         # The last collection accounted and the last power families written: a scrape of the

@@ -129,8 +129,13 @@ class LabelSets:
     over thousands of scrapes under churn), nor for a node with more series than that to
     outgrow. An owner that never turns it turns it every ``bound`` new sets."""
 
-    def __init__(self, bound: int = LABEL_SETS_MAX) -> None:
+    def __init__(
+        self, bound: int = LABEL_SETS_MAX, const: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.bound = bound
+        # Labels written on every set (the enricher's ``node``), before the set's own: a set
+        # that names one of them keeps its own value.
+        self.const = const
         self._current: dict[tuple[tuple[str, str], ...], str] = {}
         self._before: dict[tuple[tuple[str, str], ...], str] = {}
 
@@ -147,7 +152,7 @@ class LabelSets:
             if block is None:
                 block = before.pop(pairs, None)
                 if block is None:
-                    block = label_text(pairs)
+                    block = label_text(self.const + pairs)
                 if len(current) >= bound:
                     self.turn()
                     current, before = self._current, self._before
@@ -180,25 +185,38 @@ class RuntimeFamilies(Collector):
     families, registered nowhere (never in prometheus_client's global registry): a Collector
     for a registry, and :meth:`render`, which writes the platform's (fixed at start) once."""
 
-    def __init__(self, procfs: str = OWN_PROCFS) -> None:
+    def __init__(self, procfs: str = OWN_PROCFS, const: tuple[tuple[str, str], ...] = ()) -> None:
+        self._const = dict(const)  # labels written on every sample (the enricher's node)
         self._process = ProcessCollector(proc=procfs, registry=None)
         self._platform = PlatformCollector(registry=None)
         # GCCollector registers itself (it needs a registry), and only on CPython.
         holder = CollectorRegistry(auto_describe=False)
         collector = GCCollector(registry=holder)
         self._gc: Collector | None = collector if list(holder.collect()) else None
-        self._platform_text = render_metrics(self._platform.collect())
+        self._platform_text = render_metrics(self._labelled(self._platform.collect()))
+
+    def _labelled(self, metrics: Iterable[Metric]) -> list[Metric]:
+        """``metrics`` with the constant labels on every sample (a sample's own win)."""
+        if not self._const:
+            return list(metrics)
+        out = []
+        for metric in metrics:
+            copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            copy.samples = [s._replace(labels={**self._const, **s.labels}) for s in metric.samples]
+            out.append(copy)
+        return out
 
     def collect(self) -> Iterable[Metric]:
         out = [*self._process.collect(), *self._platform.collect()]
         if self._gc is not None:
             out.extend(self._gc.collect())
-        return out
+        return self._labelled(out)
 
     def render(self) -> bytes:
         """What ``render_metrics(self.collect())`` writes, as UTF-8."""
-        gc_text = render_metrics(self._gc.collect()) if self._gc is not None else ""
-        text = render_metrics(self._process.collect()) + self._platform_text + gc_text
+        gc = self._labelled(self._gc.collect()) if self._gc is not None else []
+        text = render_metrics(self._labelled(self._process.collect()))
+        text += self._platform_text + render_metrics(gc)
         return text.encode("utf-8")
 
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .labels import GUARD_BLOCK, DeviceKey, RewritePlan, device_identity, device_key, relabel
+from .labels import DeviceKey, RewritePlan, bare_block, device_identity, device_key, relabel
 from .textformat import (
     BLANK,
     FAMILY_SUFFIXES,
@@ -417,6 +417,7 @@ class Rewriter:
         # upstream stopped sending (pods come and go), so its size follows the payload's.
         used: dict[str, _Block | None] = {}
         spaced_value = _SPACED_VALUE_RE.fullmatch
+        bare = bare_block(plan)  # the labels of a series the upstream wrote without any
 
         def family_for(name: str) -> _Family:
             fam = families.get(name)
@@ -503,7 +504,7 @@ class Rewriter:
                 series = name + blk.new
                 identity_key = name + "\xff" + blk.canonical
             else:
-                series = name + GUARD_BLOCK
+                series = name + bare
                 identity_key = name + "\xff"
             # Dedupe on the series identity Prometheus sees (sorted, empty labels dropped).
             if identity_key in seen:

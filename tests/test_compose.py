@@ -184,6 +184,14 @@ def test_enricher_service(compose: dict[str, Any]) -> None:
     assert volume["bind"]["create_host_path"] is False  # a missing socket fails loudly
 
 
+def test_the_enricher_names_the_node_as_the_exporter_does(compose: dict[str, Any]) -> None:
+    """Without Kubernetes the enricher's node label is its host name (socket.gethostname()):
+    the same machine name dcgm-exporter writes into its own host label, GPU_HOST."""
+    services = compose["services"]
+    assert services["enricher"]["hostname"] == services["dcgm-exporter"]["hostname"]
+    assert services["enricher"]["hostname"] == "${GPU_HOST:-gpu-host}"
+
+
 def test_cgroup_only_override_drops_the_socket(compose: dict[str, Any]) -> None:
     merged = merge(compose, load_compose(CGROUP_ONLY_FILE))
     svc = service(merged, "enricher")

@@ -176,6 +176,7 @@ def device(index: int, gi: int | None = None, profile: str = "") -> dict[str, st
         "device": f"nvidia{index}",
         "modelName": MODEL,
         "Hostname": EXPORTER,
+        "node": NODE,  # the enricher's node label, on every series it serves
     }
     if gi is not None:
         labels |= {"GPU_I_ID": str(gi), "GPU_I_PROFILE": profile}

@@ -180,6 +180,7 @@ def host_factory(full_stack: MakeStack, dockerd: DockerAPI) -> Callable[..., Awa
             nvml=nvml_state(),
             proc=write_proc,
             node="",  # no Kubernetes: Docker mode
+            host_name=HOST,  # the node label's value there (cli.py: socket.gethostname())
             docker_host=f"unix://{dockerd.socket_path}" if docker_host is None else docker_host,
             upstream_timeout=2.0,
             **config,

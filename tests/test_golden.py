@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.commands import resolve
 from enricher.config import Config
@@ -209,6 +210,72 @@ async def test_node_golden(node_factory: Any, update_golden: bool, promtools: li
         assert_valid_exposition(promtool, text)
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        pytest.param("Hostname", id="4.8.2-Hostname"),
+        pytest.param("hostname", id="4.8.4-hostname"),
+        pytest.param("", id="no-host-label"),
+    ],
+)
+async def test_every_series_names_the_node(node_factory: Any, spelling: str) -> None:
+    """Every series served (dcgm-exporter's, the enricher's families, its self-metrics and its
+    process families) carries ``node``, this node's Kubernetes name, whatever dcgm-exporter
+    calls its own label and whatever it holds there (here the exporter pod's name, as NVIDIA's
+    chart without NODE_NAME writes it); the upstream's own label stays as it came."""
+    upstream = (FIXTURES / "node.prom").read_text()
+    if spelling != "Hostname":
+        host = ',Hostname="dcgm-exporter-7xk2p"'
+        upstream = upstream.replace(host, f',{spelling}="dcgm-exporter-7xk2p"' if spelling else "")
+    node = await node_factory(upstream)
+    assert node.scraper.config.node == NODE
+    families = list(text_string_to_metric_families(await scrape(node)))
+    names = {f.name for f in families}
+    assert {"DCGM_FI_DEV_GPU_TEMP", "gpu_container_memory_used_bytes"} <= names
+    assert {"dcgm_enricher_scrapes", "process_resident_memory_bytes"} <= names
+    for family in families:
+        for sample in family.samples:
+            assert sample.labels.get("node") == NODE, sample
+            if spelling and sample.name.startswith("DCGM_FI_"):
+                assert sample.labels[spelling] == "dcgm-exporter-7xk2p", sample
+
+
+# dcgm-exporter 4.8.4's --enable-exporter-metrics adds Go's client_golang families about the
+# exporter process itself (go_*, process_*, promhttp_*).
+EXPORTER_METRICS = """# HELP go_goroutines Number of goroutines that currently exist.
+# TYPE go_goroutines gauge
+go_goroutines 42
+# HELP process_resident_memory_bytes Resident memory size in bytes.
+# TYPE process_resident_memory_bytes gauge
+process_resident_memory_bytes 5.1e+07
+# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 12.5
+# HELP promhttp_metric_handler_requests_total Total number of scrapes by HTTP status code.
+# TYPE promhttp_metric_handler_requests_total counter
+promhttp_metric_handler_requests_total{code="200"} 7
+"""
+
+
+async def test_the_exporters_own_metrics_never_collide_with_the_enrichers(
+    node_factory: Any,
+) -> None:
+    """go_* and promhttp_* pass through (with the node); the exporter's process_* are dropped,
+    since the enricher serves its own process_* under those names (two families of one name
+    would make the scrape fail): the process_* served are the enricher's own."""
+    upstream = (FIXTURES / "node.prom").read_text() + EXPORTER_METRICS
+    node = await node_factory(upstream)
+    text = await scrape(node)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert [s.value for s in families["go_goroutines"].samples] == [42]
+    assert [
+        (s.labels["code"], s.value) for s in families["promhttp_metric_handler_requests"].samples
+    ] == [("200", 7)]
+    (rss,) = families["process_resident_memory_bytes"].samples
+    assert rss.value != 5.1e7  # the enricher's own, not the exporter's
+    assert text.count("# TYPE process_resident_memory_bytes ") == 1
+
+
 async def test_node_golden_in_the_default_following_mode(
     node_factory: Any, update_golden: bool
 ) -> None:
@@ -221,7 +288,7 @@ async def test_node_golden_in_the_default_following_mode(
     assert node.scraper.config.upstream_follow_step > 0
     check_golden("node", await scrape(node), update=False)  # waits for the first poll
     prepared = await scrape(node)  # served from what the follower prepared
-    counter = "\ndcgm_enricher_scrapes_total "
+    counter = f'\ndcgm_enricher_scrapes_total{{node="{NODE}"}} '
     assert counter + "2.0\n" in prepared
     check_golden("node", prepared.replace(counter + "2.0\n", counter + "1.0\n"), update=False)
 
@@ -406,7 +473,11 @@ async def test_upstream_down_still_serves(
     assert ups["nvml"] == "1.0"
     # Device labels fall back to NVML's view, in the exporter's current scheme.
     mem = series(text, "gpu_container_memory_used_bytes")
-    assert mem and all(m["Hostname"] == NODE and m["UUID"].startswith("GPU-") for m in mem)
+    # NVML's device labels in dcgm-exporter's current scheme (hostname, 4.8.3 on), and the
+    # enricher's node label.
+    assert mem and all(
+        m["hostname"] == m["node"] == NODE and m["UUID"].startswith("GPU-") for m in mem
+    )
     for promtool in promtools:
         assert_valid_exposition(promtool, text)
 
@@ -418,9 +489,10 @@ async def test_node_page_is_not_counted_as_a_scrape(node_factory: Any) -> None:
         assert resp.status == 200
         assert "<html" in (await resp.text()).lower()
     text = await scrape(node)
-    assert series(text, "dcgm_enricher_scrapes_total") == [{"__value__": "1.0"}]
-    assert series(text, "dcgm_enricher_shared_scrapes_total") == [{"__value__": "0.0"}]
-    assert series(text, "dcgm_enricher_node_page_requests_total") == [{"__value__": "3.0"}]
+    here = {"node": NODE}
+    assert series(text, "dcgm_enricher_scrapes_total") == [here | {"__value__": "1.0"}]
+    assert series(text, "dcgm_enricher_shared_scrapes_total") == [here | {"__value__": "0.0"}]
+    assert series(text, "dcgm_enricher_node_page_requests_total") == [here | {"__value__": "3.0"}]
 
 
 async def test_process_collector(node_factory: Any) -> None:

@@ -571,6 +571,7 @@ def expected_upstream(
             d.update(namespace=who[0], pod=who[1], container=who[2])
         for guard in ("pod", "namespace", "container"):
             d.setdefault(guard, "")
+        d["node"] = NODE  # the enricher's, on every series (in place of one the upstream wrote)
         cut = tuple(sorted((k, v[:LIMIT]) for k, v in d.items()))
         # One series per identity Prometheus sees: an empty label is no label, so
         # `{gpu="",UUID="x"}` is the series `{UUID="x"}` (the first of them stays).

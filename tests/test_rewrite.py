@@ -180,6 +180,99 @@ def test_vgpu_copies_are_kept_intact() -> None:
     assert {dict(lbl)["pod"] for _, lbl, _ in samples(out)} == {"a", "b"}
 
 
+# Every upstream series leaves with the enricher's node label, whatever dcgm-exporter called
+# its own (Hostname to 4.8.2, hostname from 4.8.3, NVIDIA's commit d5e5f51) and whatever that
+# held (the exporter pod's name, localhost); the upstream's own label is kept as it was.
+@pytest.mark.parametrize(
+    "host",
+    [
+        pytest.param('Hostname="node-a",', id="4.8.2-Hostname"),
+        pytest.param('hostname="node-a",', id="4.8.4-hostname"),
+        pytest.param('Hostname="nvidia-dcgm-exporter-7xk2p",', id="exporter-pod-name"),
+        pytest.param('hostname="localhost",', id="localhost"),
+        pytest.param("", id="none"),
+        pytest.param('node="stale",', id="an-upstream-node-label-is-replaced"),
+    ],
+)
+@pytest.mark.parametrize("owned", [True, False], ids=["owned-device", "other-series"])
+def test_every_series_leaves_with_the_node(host: str, owned: bool) -> None:
+    text = (
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{UUID_A}",{host}'
+        'pod="",namespace="",container=""} 5\n'
+        f'DCGM_FI_DEV_COUNT{{{host}x="1"}} 2\n'
+        "dcgm_exporter_build_info 1\n"
+    )
+    owners = {(UUID_A, ""): Owner("ml", "train-0", "trainer")} if owned else {}
+    out = Rewriter().rewrite(text, RewritePlan(owners=owners, node="node-a")).text
+    got = samples(out)
+    assert len(got) == 3
+    upstream = dict(p.split("=") for p in host.rstrip(",").replace('"', "").split(",") if p)
+    for sample_name, labels, _ in got:
+        labels_d = dict(labels)
+        assert labels_d["node"] == "node-a"
+        if sample_name == "dcgm_exporter_build_info":
+            continue  # written without labels
+        for name, value in upstream.items():
+            if name != "node":
+                assert labels_d[name] == value  # dcgm-exporter's own label, kept
+
+
+@pytest.mark.parametrize(
+    "owner", [Owner("ml", "train-0", "trainer"), SHARED], ids=["owned", "shared"]
+)
+def test_hpc_job_passes_through(owner: Owner) -> None:
+    """dcgm-exporter's HPC job label (--hpc-job-mapping-dir; on MIG instances since #602)
+    describes the job the scheduler put on the device, not the pod: it stays, whoever the
+    enricher names, on device series and on vGPU copies alike."""
+    text = (
+        f'F{{gpu="0",UUID="{UUID_A}",hpc_job="4242",pod="old",namespace="n",container="c"}} 1\n'
+        f'F{{UUID="{UUID_A}",hpc_job="4242",pod="a",namespace="n",container="c",vgpu="1"}} 1\n'
+    )
+    out = Rewriter().rewrite(text, RewritePlan(owners={(UUID_A, ""): owner})).text
+    assert [dict(labels)["hpc_job"] for _, labels, _ in samples(out)] == ["4242", "4242"]
+
+
+def test_no_node_label_without_a_node_name() -> None:
+    text = f'F{{UUID="{UUID_A}",Hostname="h"}} 1\n'
+    out = Rewriter().rewrite(text, RewritePlan()).text
+    assert "node=" not in out
+
+
+def test_virtual_gpu_copies_of_a_shared_device_leave_as_one_device_series() -> None:
+    """dcgm-exporter 4.8.2 on, --kubernetes-virtual-gpus (internal/pkg/transformation/
+    kubernetes.go, Process): FB_USED keeps the device series (no pod label, written first) and
+    adds each sharing pod's share with pod_uid; FB_FREE is copied once per pod with the device's
+    value and has no device series. On a device the enricher finds shared, each family leaves
+    as one series with the pod labels cleared and the device's value: the shares are never
+    served as the device (nor beside it, to be summed with it)."""
+    dev = (
+        f'gpu="0",UUID="{UUID_A}",pci_bus_id="00000000:17:00.0",device="nvidia0",'
+        'modelName="A100",hostname="n"'
+    )
+    a = 'container="main",namespace="team",pod="a",pod_uid="uid-a"'
+    b = 'container="main",namespace="team",pod="b",pod_uid="uid-b"'
+    text = (
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev}}} 31288\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev},{a}}} 22528\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev},{b}}} 7680\n"
+        "# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
+        f"DCGM_FI_DEV_FB_FREE{{{dev},{a}}} 49120\n"
+        f"DCGM_FI_DEV_FB_FREE{{{dev},{b}}} 49120\n"
+    )
+    result = Rewriter().rewrite(text, RewritePlan(owners={(UUID_A, ""): SHARED}, node="n"))
+    got = samples(result.text)
+    assert [(name, value) for name, _, value in got] == [
+        ("DCGM_FI_DEV_FB_USED", 31288.0),
+        ("DCGM_FI_DEV_FB_FREE", 49120.0),
+    ]
+    for _, labels, _ in got:
+        labels_d = dict(labels)
+        assert (labels_d["pod"], labels_d["namespace"], labels_d["container"]) == ("", "", "")
+        assert labels_d.get("pod_uid", "") == ""
+    assert result.dropped_duplicates == 3
+
+
 def test_hostile_pod_names_are_escaped() -> None:
     evil = 'x"}\n y\\'
     out = rewrite(DEVICE_TEXT, {(UUID_A, ""): Owner(evil, evil, evil)})

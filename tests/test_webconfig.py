@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.client
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -591,7 +592,9 @@ def test_serve_with_web_config_file(pki: Pki, tmp_path: Path) -> None:
             f"{base}/metrics", headers=_basic("prometheus", "scrape-secret")
         )
         with urllib.request.urlopen(request, context=ctx, timeout=10) as r:
-            assert b'dcgm_enricher_source_up{source="upstream"} 0' in r.read()
+            # The served series carry the node label too (the host's name here).
+            up = rb'\ndcgm_enricher_source_up\{[^}]*source="upstream"[^}]*\} 0(\.0)?\n'
+            assert re.search(up, r.read())
         with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP, TLS port
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
     finally:
