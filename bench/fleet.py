@@ -14,8 +14,9 @@ enricher's rewrite on a simulated node, a few times (one body per collection, va
 
 **Many nodes from a few bodies.** Node ``i`` of the fleet takes kind ``KINDS[i % 4]`` (three
 ``demo`` nodes for one ``node8``) and gets its own identity by substitution in the rendered
-text: its node name for dcgm-exporter's ``Hostname``, the demo's node name and the bench's,
-GPU and MIG UUIDs with the node's number in their first four hex digits, and a pod suffix (on
+text: its node name for dcgm-exporter's host label (``Hostname`` or ``hostname``), the demo's
+node name and the bench's (the enricher's ``node``), GPU and MIG UUIDs with the node's number
+in their first four hex digits, and a pod suffix (on
 ``pod`` and ``pod_uid`` values) that names the node and the pod generation. Pods churn: every
 node replaces all its pods once an hour (its generation changes at a point of the hour of its
 own, so the fleet churns evenly), about the 10 GPU pods an hour per node docs/performance.md
@@ -546,14 +547,14 @@ class Query:
 # Panel queries as they were before the fixes this benchmark led to (grafana/generate.py before
 # the dashboard's records, the rule group dcgm-enricher.dashboard), measured in the same run as
 # the shipped ones (rows "<id> (before)") and checked to answer the same.
-_DEV_FILTER = 'cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu"'
-_DEVICE = "cluster, Hostname, gpu, GPU_I_ID"
+_DEV_FILTER = 'cluster=~"$cluster", node=~"$node", gpu=~"$gpu"'
+_DEVICE = "cluster, node, gpu, GPU_I_ID"
 _PODS_PER_DEVICE = (
     f"count by ({_DEVICE}) (count by ({_DEVICE}, ${{label_prefix}}namespace, "
     f"${{label_prefix}}pod) (gpu_container_memory_used_bytes{{{_DEV_FILTER}}}))"
 )
 _POD_FILTER = (
-    'cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu", '
+    'cluster=~"$cluster", node=~"$node", gpu=~"$gpu", '
     '${label_prefix}namespace=~"$namespace", ${label_prefix}pod=~"$pod"'
 )
 _OWNERS = (
@@ -575,13 +576,13 @@ def _joined(metric: str, extra: str = "") -> str:
 
 _MEM = _joined("gpu_container_memory_used_bytes")
 _LAST_ACTIVE = (
-    "max by (cluster, Hostname, ${label_prefix}namespace, ${label_prefix}pod, "
+    "max by (cluster, node, ${label_prefix}namespace, ${label_prefix}pod, "
     "${label_prefix}container) "
     f"(gpu_container_last_active_timestamp_seconds{{{_POD_FILTER}}}) * 1000"
 )
 _UTIL = _joined("gpu_container_utilization_ratio")
 _BY_POD = "cluster, ${label_prefix}namespace, ${label_prefix}pod"
-_POD_DEVICE = f"{_BY_POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
+_POD_DEVICE = f"{_BY_POD}, workload_kind, workload_name, node, gpu, GPU_I_ID"
 BEFORE = {
     "Memory/GPU memory by pod/A": f"sum by ({_BY_POD}) ({_MEM})",
     "Memory/GPU memory by namespace/A": f"sum by (cluster, ${{label_prefix}}namespace) ({_MEM})",
@@ -598,7 +599,7 @@ BEFORE = {
     "Top pods/Top pods by GPU memory/A": f"sum by ({_POD_DEVICE}) ({_MEM})",
     # The peak of each pod's memory per device over the range, its owners met once.
     "Top pods/Top pods by GPU memory/B": (
-        f"max_over_time((sum by ({_BY_POD}, Hostname, gpu, GPU_I_ID) "
+        f"max_over_time((sum by ({_BY_POD}, node, gpu, GPU_I_ID) "
         f"(gpu_container_memory_used_bytes{{{_POD_FILTER}}}))[$__range:]) "
         f"* on ({_BY_POD}) group_left (workload_kind, workload_name) "
         "max by (cluster, ${label_prefix}namespace, ${label_prefix}pod, workload_kind, "
@@ -626,9 +627,9 @@ BEFORE = {
         f"(gpu_container_memory_used_bytes{{{_DEV_FILTER}}}))"
     ),
     "Power and energy/Watts by pod on shared GPUs/A": (
-        "sum by (cluster, Hostname, gpu, ${label_prefix}namespace, ${label_prefix}pod) "
-        f"(gpu_container_power_watts{{{_POD_FILTER}}}) and on (cluster, Hostname, gpu) "
-        "(count by (cluster, Hostname, gpu) (count by (cluster, Hostname, gpu, "
+        "sum by (cluster, node, gpu, ${label_prefix}namespace, ${label_prefix}pod) "
+        f"(gpu_container_power_watts{{{_POD_FILTER}}}) and on (cluster, node, gpu) "
+        "(count by (cluster, node, gpu) (count by (cluster, node, gpu, "
         "${label_prefix}namespace, ${label_prefix}pod) "
         f"(gpu_container_power_watts{{{_DEV_FILTER}}})) > 1)"
     ),
@@ -640,7 +641,7 @@ BEFORE = {
     "Waste/Idle since/A": (
         f"({_LAST_ACTIVE} * on (cluster, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
         "group_left (workload_kind, workload_name, annotation_hub_jupyter_org_username) "
-        f"{_OWNERS % ''}) or on (cluster, Hostname, ${{label_prefix}}namespace, "
+        f"{_OWNERS % ''}) or on (cluster, node, ${{label_prefix}}namespace, "
         "${label_prefix}pod, ${label_prefix}container) "
         f"({_LAST_ACTIVE} unless on (cluster, ${{label_prefix}}namespace, ${{label_prefix}}pod) "
         "gpu_pod_info)"
@@ -675,13 +676,13 @@ FLOORS = {
         "(namespace_pod_device:gpu_container_utilization_ratio:sum)"
     ),
     "Power and energy/Watts by pod on shared GPUs/A": (
-        "sum by (cluster, Hostname, gpu, namespace, pod) (gpu_container_power_watts)"
+        "sum by (cluster, node, gpu, namespace, pod) (gpu_container_power_watts)"
     ),
     "Memory/Unattributed GPU memory by reason/A": (
-        "sum by (cluster, Hostname, gpu, GPU_I_ID, reason) (gpu_unattributed_memory_used_bytes)"
+        "sum by (cluster, node, gpu, GPU_I_ID, reason) (gpu_unattributed_memory_used_bytes)"
     ),
     "Waste/Idle since/A": (
-        "max by (cluster, Hostname, namespace, pod, container) "
+        "max by (cluster, node, namespace, pod, container) "
         "(gpu_container_last_active_timestamp_seconds)"
     ),
     # The peak over the range: the 6 h of every pod's record read once.
@@ -690,17 +691,17 @@ FLOORS = {
     ),
     # The hour of every container's utilization read once (its `max_over_time`).
     "Waste/Memory held while idle/A": (
-        "max by (cluster, Hostname, gpu, GPU_I_ID, UUID, namespace, pod, container) "
+        "max by (cluster, node, gpu, GPU_I_ID, UUID, namespace, pod, container) "
         "(max_over_time(gpu_container_utilization_ratio[1h]))"
     ),
     # The containers per device and namespace, from the one family it reads per step.
     "Waste/Allocated and in use, by namespace/B": (
-        "count by (cluster, Hostname, gpu, GPU_I_ID, namespace) (gpu_container_memory_used_bytes)"
+        "count by (cluster, node, gpu, GPU_I_ID, namespace) (gpu_container_memory_used_bytes)"
     ),
     # Three families read once each, into its answer (a count per cluster; or a row per
     # container on a device for the table).
     "Waste/Allocated but idle/A": (
-        "max by (cluster, Hostname, gpu, GPU_I_ID, UUID, namespace, pod, container) "
+        "max by (cluster, node, gpu, GPU_I_ID, UUID, namespace, pod, container) "
         '({__name__=~"gpu_container_allocated|gpu_container_utilization_ratio|'
         'gpu_container_memory_used_bytes"})'
     ),

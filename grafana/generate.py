@@ -61,10 +61,10 @@ NS = "${label_prefix}namespace"
 POD = "${label_prefix}pod"
 CTR = "${label_prefix}container"
 
-# A device: the node (dcgm-exporter's Hostname: the node name when NODE_NAME is set, as in every
-# manifest here), the GPU index and, for MIG, the GPU instance.
-DEVICE = "%(clusterLabel)s, Hostname, gpu, GPU_I_ID"
-DEV_FILTER = ('%(clusterLabel)s=~"$cluster"', 'Hostname=~"$node"', 'gpu=~"$gpu"')
+# A device: the node (the enricher's node label, _config.nodeLabel: the Kubernetes node's name
+# whatever dcgm-exporter calls its own label), the GPU index and, for MIG, the GPU instance.
+DEVICE = "%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID"
+DEV_FILTER = ('%(clusterLabel)s=~"$cluster"', '%(nodeLabel)s=~"$node"', 'gpu=~"$gpu"')
 NS_FILTER = f'{NS}=~"$namespace"'
 WORKLOAD_FILTER = 'workload_name=~"$workload"'
 POD_FILTER = (*DEV_FILTER, NS_FILTER, f'{POD}=~"$pod"')
@@ -161,7 +161,7 @@ NOT_REQUESTED = (
 # workload and user (recorded: mixin/rules, the owners joined once per evaluation; a container
 # with no GPU process, an allocation alone, keeps its row without them).
 IDLE_SINCE = (
-    f"max by (%(clusterLabel)s, Hostname, {NS}, {POD}, {CTR}, workload_kind, workload_name, "
+    f"max by (%(clusterLabel)s, %(nodeLabel)s, {NS}, {POD}, {CTR}, workload_kind, workload_name, "
     "user) ("
     + recorded("namespace_pod_container_device:gpu_container_last_active_timestamp_seconds:max")
     + ") * 1000"
@@ -173,7 +173,7 @@ MIG_FB_USED = sel("DCGM_FI_DEV_FB_USED", *DEV_FILTER, 'GPU_I_ID!=""')
 # MIG GPUs report memory per instance: count those, and the whole GPUs without instances.
 FB_USED_DEVICES = (
     f"{MIG_FB_USED} or ({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} "
-    f"unless on (%(clusterLabel)s, Hostname, gpu) {MIG_FB_USED})"
+    f"unless on (%(clusterLabel)s, %(nodeLabel)s, gpu) {MIG_FB_USED})"
 )
 IN_USE_SHARE = (
     f"count by ({DEVICE}, {NS}) ({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
@@ -191,7 +191,7 @@ POWER_ON_SHARED = record_sel(
 
 
 def device(metric: str, agg: str = "max") -> str:
-    return f"{agg} by (%(clusterLabel)s, Hostname, gpu) ({sel(metric, *DEV_FILTER)})"
+    return f"{agg} by (%(clusterLabel)s, %(nodeLabel)s, gpu) ({sel(metric, *DEV_FILTER)})"
 
 
 # --------------------------------------------------------------------------- panels
@@ -338,9 +338,9 @@ def _table(
 
 # --------------------------------------------------------------------------- the panels
 
-DEV_LEGEND = "{{Hostname}} GPU {{gpu}}"
+DEV_LEGEND = "{{%(nodeLabel)s}} GPU {{gpu}}"
 POD_LEGEND = "{{" + NS + "}}/{{" + POD + "}}"
-POD_DEVICE = f"%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, Hostname, gpu, GPU_I_ID"
+POD_DEVICE = f"%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, %(nodeLabel)s, gpu, GPU_I_ID"
 # The peak over the range: the record is already one series per pod and device with its
 # owners, so the peak of each is the peak of the sum, without a subquery (106x
 # sum(DCGM_FI_DEV_GPU_UTIL) on 100 simulated nodes with the join inside a subquery, 44x on 300
@@ -357,13 +357,13 @@ def rows() -> list[Row]:
                     "GPUs",
                     "Physical GPUs that report metrics (dcgm-exporter), after the cluster, "
                     "node and GPU filters.",
-                    f"count by (%(clusterLabel)s) (count by (%(clusterLabel)s, Hostname, gpu) "
+                    f"count by (%(clusterLabel)s) (count by (%(clusterLabel)s, %(nodeLabel)s, gpu) "
                     f"({sel('DCGM_FI_DEV_GPU_TEMP', *DEV_FILTER)}))",
                 ),
                 _stat(
                     "GPUs in use",
                     "Physical GPUs with at least one process on them, in a pod or not.",
-                    f"count by ({CL}) (count by ({CL}, Hostname, gpu) ({MEM_DEV} or "
+                    f"count by ({CL}) (count by ({CL}, %(nodeLabel)s, gpu) ({MEM_DEV} or "
                     f"{sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER, DEVICE_PARTS_OUT)}))",
                 ),
                 _stat(
@@ -459,7 +459,7 @@ def rows() -> list[Row]:
                     "(not_in_process_list); with the containers' memory it adds up to the "
                     "device's (docs/metrics.md#unattributed-memory-reason).",
                     Target(
-                        "sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, reason) "
+                        "sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, reason) "
                         f"({sel('gpu_unattributed_memory_used_bytes', *DEV_FILTER)})",
                         DEV_LEGEND + " {{GPU_I_ID}} {{reason}}",
                     ),
@@ -509,7 +509,7 @@ def rows() -> list[Row]:
                         "Value #A": "memory",
                         "Value #B": "peak memory",
                         "Value #C": "SM utilization",
-                        "Hostname": "node",
+                        "%(nodeLabel)s": "node",
                         "GPU_I_ID": "MIG instance",
                     },
                     "memory",
@@ -566,7 +566,7 @@ def rows() -> list[Row]:
                     "processes under 1% SM utilization, right now (GpuAllocatedIdle fires "
                     "after two hours). Needs the PodResources source.",
                     [Target(ALLOCATED_IDLE, table=True)],
-                    {"Value": "allocated", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    {"Value": "allocated", "%(nodeLabel)s": "node", "GPU_I_ID": "MIG instance"},
                     "namespace",
                     {},
                     ascending=True,
@@ -587,7 +587,7 @@ def rows() -> list[Row]:
                             table=True,
                         )
                     ],
-                    {"Value": "memory", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    {"Value": "memory", "%(nodeLabel)s": "node", "GPU_I_ID": "MIG instance"},
                     "memory",
                     {"memory": "bytes"},
                     width=8,
@@ -597,7 +597,7 @@ def rows() -> list[Row]:
                     "Pods with processes on a GPU that requested no nvidia.com resource and "
                     "hold no allocation (for example NVIDIA_VISIBLE_DEVICES=all).",
                     [Target(NOT_REQUESTED, table=True)],
-                    {"Value": "memory", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    {"Value": "memory", "%(nodeLabel)s": "node", "GPU_I_ID": "MIG instance"},
                     "memory",
                     {"memory": "bytes"},
                     width=8,
@@ -611,7 +611,7 @@ def rows() -> list[Row]:
                     "first. GpuHeldIdle fires past the mixin's heldIdleSeconds; "
                     "docs/culling.md stops them.",
                     [Target(IDLE_SINCE, table=True)],
-                    {"Value": "last active", "Hostname": "node"},
+                    {"Value": "last active", "%(nodeLabel)s": "node"},
                     "last active",
                     {"last active": "dateTimeFromNow"},
                     ascending=True,
@@ -643,7 +643,7 @@ def rows() -> list[Row]:
                     "(docs/power.md). On one GPU the pods' watts and the unattributed watts "
                     "add up to the GPU's power.",
                     Target(
-                        f"sum by ({CL}, Hostname, gpu, {NS}, {POD}) ({POWER_ON_SHARED})",
+                        f"sum by ({CL}, %(nodeLabel)s, gpu, {NS}, {POD}) ({POWER_ON_SHARED})",
                         DEV_LEGEND + " " + POD_LEGEND,
                     ),
                     unit="watt",
@@ -747,7 +747,7 @@ def rows() -> list[Row]:
                     "PCIe transfers the link had to retry, per second; GpuPcieReplaysHigh "
                     "fires above 8 a minute.",
                     Target(
-                        "sum by (%(clusterLabel)s, Hostname, gpu) (rate("
+                        "sum by (%(clusterLabel)s, %(nodeLabel)s, gpu) (rate("
                         f"{sel('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', *DEV_FILTER)}"
                         "[$__rate_interval]))",
                         DEV_LEGEND,
@@ -770,12 +770,12 @@ def rows() -> list[Row]:
                     "(docs/runbook.md#gpudevicetainted).",
                     [
                         Target(
-                            f"max by ({CL}, Hostname, gpu, GPU_I_ID, UUID, key, value, effect) "
+                            f"max by ({CL}, %(nodeLabel)s, gpu, GPU_I_ID, UUID, key, value, effect) "
                             f"({sel('gpu_device_taint', *DEV_FILTER)})",
                             table=True,
                         )
                     ],
-                    {"Value": "taints", "Hostname": "node", "GPU_I_ID": "MIG instance"},
+                    {"Value": "taints", "%(nodeLabel)s": "node", "GPU_I_ID": "MIG instance"},
                     "node",
                     {},
                     ascending=True,
@@ -837,12 +837,12 @@ def rows() -> list[Row]:
                     "Each enricher's sources on its last scrape (0: failed); failures first.",
                     [
                         Target(
-                            "min by (%(clusterLabel)s, instance, node, source) "
+                            "min by (%(clusterLabel)s, instance, %(nodeLabel)s, source) "
                             f"({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
                             table=True,
                         )
                     ],
-                    {"Value": "up"},
+                    {"Value": "up", "%(nodeLabel)s": "node"},
                     "up",
                     {},
                     ascending=True,
@@ -1049,8 +1049,8 @@ def variables() -> list[dict[str, Any]]:
         _query_variable(
             "node",
             "Node",
-            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP', *SELF_FILTER)}, Hostname)",
-            "dcgm-exporter's Hostname label: the node name when the exporter has NODE_NAME.",
+            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP', *SELF_FILTER)}, %(nodeLabel)s)",
+            "The node's name, from the enricher's node label (the Kubernetes node, or the host).",
         ),
         _query_variable(
             "gpu",
@@ -1140,7 +1140,7 @@ def build() -> dict[str, Any]:
                 "expr": 'ALERTS{alertname=~"Gpu.*", alertstate="firing"}',
                 "step": "60s",
                 "titleFormat": "{{alertname}}",
-                "textFormat": "{{Hostname}} {{gpu}} {{namespace}}/{{pod}}",
+                "textFormat": "{{%(nodeLabel)s}} {{gpu}} {{namespace}}/{{pod}}",
                 "useValueForTime": False,
             },
         ]

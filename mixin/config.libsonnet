@@ -15,6 +15,13 @@
     // Thanos, Mimir): every aggregation keeps it, the dashboard filters on it.
     clusterLabel: 'cluster',
 
+    // The label that names the node on every series the rules and the dashboard read. The
+    // enricher writes `node` (its Kubernetes node name, or the host's name) on every series it
+    // serves, whatever dcgm-exporter calls its own (`Hostname` up to 4.8.2, `hostname` from
+    // 4.8.3) and whatever value that holds (docs/labels.md). Change it only where Prometheus
+    // renames the enricher's label (metric relabelings).
+    nodeLabel: 'node',
+
     // Below this SM utilization (a ratio) an allocated or memory-holding GPU counts as idle
     // (GpuAllocatedIdle, GpuMemoryHeldWhileIdle, the dashboard's waste panels).
     idleUtilizationThreshold: 0.01,

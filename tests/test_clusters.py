@@ -206,9 +206,12 @@ _GLOBAL = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval
 # replays, while the servers watch; a notebook that has held GPU 2 idle since 2023. Node 3:
 # an enricher that lost every source, near its memory limit. Node 4: an enricher that does not
 # answer. The values differ between the clusters, so one cluster's answer given for another's
-# fails the comparison.
-DEMO_GPUS = f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{EXPORTER_POD}"}}'
+# fails the comparison. The fleet is in the middle of a dcgm-exporter upgrade: the demo's
+# exporter writes 4.8.4's hostname, node 2's writes 4.8.2's Hostname (both hold the exporter
+# pod's name); the enricher's node label names the node on both.
+DEMO_GPUS = f'DCGM_FI_DEV_GPU_TEMP{{hostname="{EXPORTER_POD}",node="{NODE}"}}'
 SICK_HOST = "dcgm-exporter-node-2"  # node 2's dcgm-exporter pod: its series' Hostname
+SICK_NODE = "gpu-node-2"
 SOURCES = ("upstream", "nvml", "kubernetes", "procfs", "podresources", "resourceslices", "docker")
 _HEALTHY = {
     "GPU_TEMP": 45,
@@ -222,13 +225,13 @@ _HEALTHY = {
 _COUNTERS = ("UNCORRECTABLE_REMAPPED_ROWS", "PCIE_REPLAY_COUNTER")
 # On every server, for each cluster: node 2 seen before its faults come on (then they come
 # on), and after (then the comparisons start).
-SICK_BEFORE = f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{SICK_HOST}",gpu="2"}} == 0'
+SICK_BEFORE = f'DCGM_FI_DEV_XID_ERRORS{{node="{SICK_NODE}",gpu="2"}} == 0'
 SICK_AFTER = (
-    f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{SICK_HOST}",gpu="2"}} > 0',
+    f'DCGM_FI_DEV_XID_ERRORS{{node="{SICK_NODE}",gpu="2"}} > 0',
     'dcgm_enricher_source_up{instance="gpu-node-3:9400"} == 0',
     'up{instance="gpu-node-4:9400"} == 0',
 )
-SICK_GONE = f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{SICK_HOST}",gpu="1"}}'
+SICK_GONE = f'DCGM_FI_DEV_GPU_TEMP{{node="{SICK_NODE}",gpu="1"}}'
 
 
 def sick_gpus(cluster: str, turned: bool) -> dict[str, dict[str, int]]:
@@ -260,13 +263,14 @@ def render_sick_node(path: str, turned: bool) -> bytes:
     _, cluster, node = path.split("/")
     east = cluster == CLUSTERS[0]
     if node == "3":
+        here = 'node="gpu-node-3"'  # the enricher's node label, on every series it serves
         lines = ["# TYPE dcgm_enricher_source_up gauge"]
-        lines += [f'dcgm_enricher_source_up{{source="{s}"}} 0' for s in SOURCES]
+        lines += [f'dcgm_enricher_source_up{{source="{s}",{here}}} 0' for s in SOURCES]
         lines += [
             "# TYPE process_resident_memory_bytes gauge",
-            f"process_resident_memory_bytes {1.9e9 if east else 1.85e9:.0f}",
+            f"process_resident_memory_bytes{{{here}}} {1.9e9 if east else 1.85e9:.0f}",
             "# TYPE dcgm_enricher_memory_limit_bytes gauge",
-            "dcgm_enricher_memory_limit_bytes 2000000000",
+            f"dcgm_enricher_memory_limit_bytes{{{here}}} 2000000000",
         ]
         return ("\n".join(lines) + "\n").encode()
     gpus = sick_gpus(cluster, turned)
@@ -280,7 +284,7 @@ def render_sick_node(path: str, turned: bool) -> bytes:
         lines += [
             f'{name}{{gpu="{gpu}",UUID="GPU-0000000{gpu}-2222-4000-8000-00000000000{gpu}",'
             f'modelName="NVIDIA H100 80GB HBM3",Hostname="{SICK_HOST}",'
-            f'container="",namespace="",pod=""}} {values[field]}'
+            f'container="",namespace="",pod="",node="{SICK_NODE}"}} {values[field]}'
             for gpu, values in gpus.items()
             if not (counter and gpu == "1")
         ]
@@ -288,11 +292,12 @@ def render_sick_node(path: str, turned: bool) -> bytes:
     lines += [
         "# TYPE gpu_container_last_active_timestamp_seconds gauge",
         f'gpu_container_last_active_timestamp_seconds{{Hostname="{SICK_HOST}",gpu="2",'
-        f'UUID="GPU-00000002-2222-4000-8000-000000000002",{who},container="notebook"}} '
+        f'UUID="GPU-00000002-2222-4000-8000-000000000002",{who},container="notebook",'
+        f'node="{SICK_NODE}"}} '
         f"{1.7e9 if east else 1.75e9:.0f}",
         "# TYPE gpu_pod_info gauge",
         f'gpu_pod_info{{{who},annotation_hub_jupyter_org_username="bob@example.com",'
-        'gpu_requested="true",node="gpu-node-2",workload_kind="Pod",'
+        f'gpu_requested="true",node="{SICK_NODE}",workload_kind="Pod",'
         'workload_name="jupyter-bob"} 1',
     ]
     return ("\n".join(lines) + "\n").encode()
@@ -543,6 +548,24 @@ def test_each_alert_per_cluster_equals_the_clusters_own(
     else:
         assert all(answers), f"{alert} answers {answers}: the comparison would be of empty sets"
     _compare(fleet, alert, expr)
+
+
+@pytest.mark.parametrize("where", ["own", "receiver"])
+def test_no_alert_describes_a_blank_node(fleet: Fleet, where: str) -> None:
+    """Every alert that fires or waits on a node's GPUs or enricher names the node, on both
+    dcgm-exporter releases of the fleet (hostname on the demo's nodes, Hostname on node 2),
+    on each cluster's own Prometheus and on the receiver; only the alerts about a scrape
+    target (up) have none to give."""
+    seen = set()
+    for c in CLUSTERS:
+        answer = fleet.own_answer(c, "ALERTS") if where == "own" else fleet.per_cluster("ALERTS")[c]
+        for labels in answer:
+            alert = dict(labels)
+            if alert["alertname"] in ("GpuEnricherDown", "GpuEnricherAbsent"):
+                continue
+            assert alert.get("node"), alert
+            seen.add((alert["alertname"], alert["node"]))
+    assert {node for _, node in seen} >= {SICK_NODE, "gpu-node-3"}, seen
 
 
 def test_each_alert_compared_is_set_off_or_says_why_not() -> None:

@@ -39,6 +39,7 @@ OVERRIDE = {
     "enricherSelector": 'job="gpu-enricher", namespace="monitoring"',
     "dcgmSelector": 'job="gpu-metrics"',
     "clusterLabel": "k8s_cluster",
+    "nodeLabel": "kubernetes_node",
     "idleUtilizationThreshold": 0.05,
     "idleMemoryBytes": 2147483648,
     "memoryNearlyFullRatio": 0.9,
@@ -246,6 +247,16 @@ def test_override_reaches_every_rule_expression(
         assert len(re.findall(r"\bk8s_cluster\b", expr)) == len(
             re.findall(r"\bcluster\b", default["expr"])
         ), name
+        # The node label moves everywhere: in the expression and in the description.
+        assert not re.search(r"\bnode\b", expr), f"{name}: {expr}"
+        assert "$labels.node " not in rule.get("annotations", {}).get("description", ""), name
+        assert len(re.findall(r"\bkubernetes_node\b", expr)) == len(
+            re.findall(r"\bnode\b", default["expr"])
+        ), name
+        default_description = default.get("annotations", {}).get("description", "")
+        assert rule.get("annotations", {}).get("description", "").count(
+            "$labels.kubernetes_node"
+        ) == default_description.count("$labels.node"), name
         # Labels are the contract: the same names, whatever the config.
         assert rule.get("labels") == default.get("labels"), name
 
@@ -306,10 +317,48 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
         assert len(re.findall(r"\bk8s_cluster\b", query)) == len(
             re.findall(r"(?<!\$)\bcluster\b", before)
         ), query
+        assert not re.search(r"(?<!\$)\bnode\b", query), query
+        assert len(re.findall(r"\bkubernetes_node\b", query)) == len(
+            re.findall(r"(?<!\$)\bnode\b", before)
+        ), query
         assert "0.01" not in query and "1073741824" not in query, query
+    # The node label's name in the legends, the annotation's text and the tables' columns too.
+    texts, default_texts = node_texts(board), node_texts(default)
+    assert texts == [t.replace("{{node}}", "{{kubernetes_node}}") for t in default_texts]
+    assert any("{{node}}" in t for t in default_texts)
+    columns, default_columns = renamed_columns(board), renamed_columns(default)
+    assert columns == [
+        {("kubernetes_node" if k == "node" else k): v for k, v in c.items()}
+        for c in default_columns
+    ]
+    assert any("node" in c for c in default_columns)
     idle = [q for q in queries if "> 0.05 or" in q]
     held = [q for q in queries if "> 2147483648 and" in q and "< 0.05" in q]
     assert idle and held
+
+
+def _panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for panel in board["panels"]:
+        out.append(panel)
+        out.extend(panel.get("panels", []))
+    return out
+
+
+def node_texts(board: dict[str, Any]) -> list[str]:
+    """The dashboard's legends and annotation texts, in order."""
+    out = [t.get("legendFormat", "") for p in _panels(board) for t in p.get("targets", [])]
+    return out + [a.get("textFormat", "") for a in board["annotations"]["list"]]
+
+
+def renamed_columns(board: dict[str, Any]) -> list[dict[str, str]]:
+    """Each table's column renames (Grafana's organize transformation), in order."""
+    return [
+        x["options"].get("renameByName", {})
+        for p in _panels(board)
+        for x in p.get("transformations", [])
+        if x["id"] == "organize"
+    ]
 
 
 RULE_FILE_FIELD = "{ groups: mixin.prometheusRules.groups + mixin.prometheusAlerts.groups }"
@@ -354,7 +403,7 @@ def test_overridden_held_idle_waits_the_overridden_time(
     its ``or`` (a pod with a Jupyter user, a pod without gpu_pod_info): every use of the value
     moved, the description's too."""
     (tmp_path / build.ALERTS).write_text(overridden[build.ALERTS])
-    where = 'job="gpu-metrics",k8s_cluster="c1",Hostname="node-a"'
+    where = 'job="gpu-metrics",k8s_cluster="c1",kubernetes_node="node-a",Hostname="exporter-pod"'
     pods = [
         ("hub", "jupyter-bob", "notebook", "bob"),
         ("ml", "spare-0", "trainer", None),
@@ -369,7 +418,7 @@ def test_overridden_held_idle_waits_the_overridden_time(
             info = f'gpu_pod_info{{job="gpu-metrics",k8s_cluster="c1",namespace="{ns}",'
             info += f'pod="{pod}",annotation_hub_jupyter_org_username="{user}"}}'
             series.append({"series": info, "values": "1x150"})
-        labels = {"severity": "warning", "k8s_cluster": "c1", "Hostname": "node-a"}
+        labels = {"severity": "warning", "k8s_cluster": "c1", "kubernetes_node": "node-a"}
         labels |= {"namespace": ns, "pod": pod, "container": container}
         description = f"Container {container} of pod {ns}/{pod}"
         if user is not None:

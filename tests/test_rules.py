@@ -78,7 +78,7 @@ def test_promtool_unit_tests(promtool: str) -> None:
 def test_promtool_unit_tests_catch_a_changed_threshold(promtool: str, tmp_path: Path) -> None:
     """The unit tests are not decoration: a rule whose threshold moves fails them."""
     text = RULES.read_text()
-    old = "max by (cluster, Hostname, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP) > 85"
+    old = "max by (cluster, node, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP) > 85"
     assert text.count(old) == 1
     (tmp_path / RULES.name).write_text(text.replace(old, old.replace("> 85", "> 95")))
     for file in TEST_FILES:

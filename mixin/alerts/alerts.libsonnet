@@ -13,17 +13,17 @@ local oneLine = utils.oneLine;
             // as use.
             alert: 'GpuAllocatedIdle',
             expr: |||
-              count by (%(clusterLabel)s, Hostname, namespace, pod, container) (
-                max by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+              count by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
+                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
                   gpu_container_allocated{%(dcgmSelector)s}
                 )
-                unless on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container)
+                unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container)
                 (
                   gpu_container_utilization_ratio{%(dcgmSelector)s} > %(idleUtilizationThreshold)g
                   or
                   (
                     gpu_container_memory_used_bytes{%(dcgmSelector)s}
-                    unless on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container)
+                    unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container)
                     gpu_container_utilization_ratio{%(dcgmSelector)s}
                   )
                 )
@@ -35,7 +35,7 @@ local oneLine = utils.oneLine;
               summary: 'Allocated GPUs have been idle for 2 hours.',
               description: oneLine(|||
                 Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} on
-                {{ $labels.Hostname }} holds {{ $value }} allocated GPU device(s) with no process or
+                {{ $labels.%(nodeLabel)s }} holds {{ $value }} allocated GPU device(s) with no process or
                 under %(idleUtilizationPercent)s%% utilization. Ask the owner to release them (scale
                 down, stop the notebook, delete the finished job). Runbook:
                 docs/runbook.md#gpuallocatedidle.
@@ -45,11 +45,11 @@ local oneLine = utils.oneLine;
           {
             alert: 'GpuMemoryHeldWhileIdle',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
                 gpu_container_memory_used_bytes{%(dcgmSelector)s}
               ) > %(idleMemoryBytes)d
-              and on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container)
-              max by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+              and on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container)
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
                 gpu_container_utilization_ratio{%(dcgmSelector)s}
               ) < %(idleUtilizationThreshold)g
             ||| % $._config,
@@ -59,7 +59,7 @@ local oneLine = utils.oneLine;
               summary: 'A container holds GPU memory without using the GPU.',
               description: oneLine(|||
                 Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} has
-                held {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of {{ $labels.Hostname }} at
+                held {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of {{ $labels.%(nodeLabel)s }} at
                 under %(idleUtilizationPercent)s%% utilization for an hour: typically a finished job or
                 notebook that kept its CUDA context. Ask the owner to end the process. Runbook:
                 docs/runbook.md#gpumemoryheldwhileidle.
@@ -74,7 +74,7 @@ local oneLine = utils.oneLine;
             alert: 'GpuHeldIdle',
             expr: |||
               (
-                min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                min by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
                   time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
                 ) > %(heldIdleSeconds)d
               )
@@ -82,8 +82,8 @@ local oneLine = utils.oneLine;
               max by (%(clusterLabel)s, namespace, pod, user) (
                 label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
               )
-              or on (%(clusterLabel)s, Hostname, namespace, pod, container)
-              min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+              or on (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container)
+              min by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
                 time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
               ) > %(heldIdleSeconds)d
             ||| % $._config,
@@ -93,7 +93,7 @@ local oneLine = utils.oneLine;
               summary: 'A container holds GPUs it has not used for a long time.',
               description: oneLine(|||
                 Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }}
-                {{- with $labels.user }} (user {{ . }}){{ end }} on {{ $labels.Hostname }} holds GPU
+                {{- with $labels.user }} (user {{ . }}){{ end }} on {{ $labels.%(nodeLabel)s }} holds GPU
                 memory or an allocation and has not used any of its GPUs for
                 {{ $value | humanizeDuration }} (over %(heldIdleSeconds)d s). Stop it, or let the
                 culler do it (docs/culling.md). Runbook: docs/runbook.md#gpuheldidle.
@@ -103,7 +103,7 @@ local oneLine = utils.oneLine;
           {
             alert: 'GpuUsedWithoutRequest',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
                 gpu_container_memory_used_bytes{%(dcgmSelector)s}
               )
               * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name, annotation_hub_jupyter_org_username)
@@ -120,10 +120,10 @@ local oneLine = utils.oneLine;
                 Pod
                 {{ $labels.namespace }}/{{ $labels.pod }}{{ with $labels.annotation_hub_jupyter_org_username }}
                 (user {{ . }}){{ end }} holds {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of
-                {{ $labels.Hostname }} but requested no nvidia.com resource, so the scheduler does not
+                {{ $labels.%(nodeLabel)s }} but requested no nvidia.com resource, so the scheduler does not
                 count it. Make it request a GPU, or stop exposing all GPUs to it
                 (NVIDIA_VISIBLE_DEVICES=all). Runbook: docs/runbook.md#gpuusedwithoutrequest.
-              |||),
+              ||| % $._config),
             },
           },
         ],
@@ -142,10 +142,10 @@ local oneLine = utils.oneLine;
               summary: 'GPU memory is over %(memoryNearlyFullPercent)s%% used.' % $._config,
               description: oneLine(|||
                 GPU {{ $labels.gpu }}{{ with $labels.GPU_I_ID }} (MIG instance {{ . }}){{ end }} of
-                {{ $labels.Hostname }} has {{ $value | humanizePercentage }} of its memory in
+                {{ $labels.%(nodeLabel)s }} has {{ $value | humanizePercentage }} of its memory in
                 use{{ with $labels.pod }} by pod {{ $labels.namespace }}/{{ . }}{{ end }}. The next
                 allocation will fail with out-of-memory. Runbook: docs/runbook.md#gpumemorynearlyfull.
-              |||),
+              ||| % $._config),
             },
           },
           {
@@ -165,10 +165,10 @@ local oneLine = utils.oneLine;
               summary: 'A container\'s GPU memory is growing far beyond its usual level.',
               description: oneLine(|||
                 Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} holds
-                {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of {{ $labels.Hostname }}, above
+                {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of {{ $labels.%(nodeLabel)s }}, above
                 its mean plus three standard deviations over the last day: a leak or a changed batch
                 size. Check it before the device fills up. Runbook: docs/runbook.md#gpupodmemorygrowing.
-              |||),
+              ||| % $._config),
             },
           },
         ],
@@ -196,11 +196,11 @@ local oneLine = utils.oneLine;
             annotations: {
               summary: 'A GPU reported a critical XID error.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.Hostname }} reported XID
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.%(nodeLabel)s }} reported XID
                 {{ $value }}{{ with $labels.pod }}, under pod {{ $labels.namespace }}/{{ . }}{{ end }}.
                 Drain the GPU's workloads and follow the runbook for this code. Runbook:
                 docs/runbook.md#gpuxidcriticalerror.
-              |||),
+              ||| % $._config),
             },
           },
           {
@@ -224,49 +224,49 @@ local oneLine = utils.oneLine;
             annotations: {
               summary: 'A GPU reported a new XID error.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} reported XID {{ $value }} in the last 15
+                GPU {{ $labels.gpu }} of {{ $labels.%(nodeLabel)s }} reported XID {{ $value }} in the last 15
                 minutes{{ with $labels.pod }}, under pod {{ $labels.namespace }}/{{ . }}{{ end }}. Codes
                 such as 13, 31, 43 and 94 usually mean the application crashed or must restart; the GPU
                 itself is fine. Runbook: docs/runbook.md#gpuxiderror.
-              |||),
+              ||| % $._config),
             },
           },
           {
             alert: 'GpuTemperatureHigh',
             expr: |||
-              max by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}) > %(temperatureCelsius)g
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}) > %(temperatureCelsius)g
             ||| % $._config,
             'for': '10m',
             labels: { severity: 'warning' },
             annotations: {
               summary: 'A GPU is running hot.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} has been at {{ $value }} °C for 10
+                GPU {{ $labels.gpu }} of {{ $labels.%(nodeLabel)s }} has been at {{ $value }} °C for 10
                 minutes; it will throttle its clocks. Check the node's cooling and fans. Runbook:
                 docs/runbook.md#gputemperaturehigh.
-              |||),
+              ||| % $._config),
             },
           },
           {
             alert: 'GpuRowRemapFailure',
             expr: |||
-              max by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (DCGM_FI_DEV_ROW_REMAP_FAILURE{%(dcgmSelector)s}) > 0
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (DCGM_FI_DEV_ROW_REMAP_FAILURE{%(dcgmSelector)s}) > 0
             ||| % $._config,
             'for': '0m',
             labels: { severity: 'critical' },
             annotations: {
               summary: 'A GPU could not remap a faulty memory row.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.Hostname }} has run out of
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.%(nodeLabel)s }} has run out of
                 spare memory rows. Take it out of service and have it replaced. Runbook:
                 docs/runbook.md#gpurowremapfailure.
-              |||),
+              ||| % $._config),
             },
           },
           {
             alert: 'GpuUncorrectableRemappedRows',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (
                 increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{%(dcgmSelector)s}[1h])
               ) > 0
             ||| % $._config,
@@ -275,16 +275,16 @@ local oneLine = utils.oneLine;
             annotations: {
               summary: 'A GPU remapped memory rows after uncorrectable errors.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} remapped rows for uncorrectable memory
+                GPU {{ $labels.gpu }} of {{ $labels.%(nodeLabel)s }} remapped rows for uncorrectable memory
                 errors in the last hour. The remap takes effect at the next GPU reset: drain the GPU and
                 reset it. Runbook: docs/runbook.md#gpuuncorrectableremappedrows.
-              |||),
+              ||| % $._config),
             },
           },
           {
             alert: 'GpuPcieReplaysHigh',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (
                 rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{%(dcgmSelector)s}[10m])
               ) * 60 > 8
             ||| % $._config,
@@ -293,10 +293,10 @@ local oneLine = utils.oneLine;
             annotations: {
               summary: 'A GPU\'s PCIe link is retrying transfers.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} of {{ $labels.Hostname }} replays {{ $value | humanize }} PCIe
+                GPU {{ $labels.gpu }} of {{ $labels.%(nodeLabel)s }} replays {{ $value | humanize }} PCIe
                 transfers a minute: a bad riser, slot or cable slows every job on it. Runbook:
                 docs/runbook.md#gpupciereplayshigh.
-              |||),
+              ||| % $._config),
             },
           },
           {
@@ -305,22 +305,22 @@ local oneLine = utils.oneLine;
             alert: 'GpuNotReporting',
             expr: |||
               (
-                count by (%(clusterLabel)s, Hostname, gpu, UUID, modelName) (
+                count by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (
                   last_over_time(DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}[6h])
                 )
-                unless on (%(clusterLabel)s, Hostname, gpu, UUID) DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}
+                unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID) DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}
               )
-              and on (%(clusterLabel)s, Hostname) count by (%(clusterLabel)s, Hostname) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s})
+              and on (%(clusterLabel)s, %(nodeLabel)s) count by (%(clusterLabel)s, %(nodeLabel)s) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s})
             ||| % $._config,
             'for': '10m',
             labels: { severity: 'critical' },
             annotations: {
               summary: 'A GPU stopped reporting metrics.',
               description: oneLine(|||
-                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.Hostname }} has sent no metrics
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.%(nodeLabel)s }} has sent no metrics
                 for 10 minutes while the node's other GPUs do: it may have fallen off the bus (XID 79).
                 Check nvidia-smi on the node. Runbook: docs/runbook.md#gpunotreporting.
-              |||),
+              ||| % $._config),
             },
           },
           {
@@ -330,11 +330,11 @@ local oneLine = utils.oneLine;
             // counts them and the description lists them.
             alert: 'GpuDeviceTainted',
             expr: |||
-              group by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod, container) (
+              group by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
                 gpu_container_allocated{%(dcgmSelector)s} or gpu_container_memory_used_bytes{%(dcgmSelector)s}
               )
-              * on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) group_left ()
-              count by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) (gpu_device_taint{%(dcgmSelector)s})
+              * on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) group_left ()
+              count by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (gpu_device_taint{%(dcgmSelector)s})
             ||| % $._config,
             'for': '5m',
             labels: { severity: 'warning' },
@@ -343,7 +343,7 @@ local oneLine = utils.oneLine;
               description: oneLine(|||
                 Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} uses
                 GPU {{ $labels.gpu }}{{ with $labels.GPU_I_ID }} (MIG instance {{ . }}){{ end }} of
-                {{ $labels.Hostname }}, on which the DRA driver has put {{ $value }} taint(s):{{ range
+                {{ $labels.%(nodeLabel)s }}, on which the DRA driver has put {{ $value }} taint(s):{{ range
                 printf `gpu_device_taint{%(clusterLabel)s="%%s", UUID="%%s", GPU_I_ID="%%s", %(dcgmSelector)s}`
                 (index $labels "%(clusterLabel)s") $labels.UUID $labels.GPU_I_ID | query | sortByLabel
                 "key" }}
@@ -469,7 +469,7 @@ local oneLine = utils.oneLine;
             alert: 'GpuEnricherMemoryNearLimit',
             expr: |||
               process_resident_memory_bytes{%(dcgmSelector)s}
-                / on (%(clusterLabel)s, job, instance) dcgm_enricher_memory_limit_bytes{%(dcgmSelector)s}
+                / on (%(clusterLabel)s, %(nodeLabel)s, job, instance) dcgm_enricher_memory_limit_bytes{%(dcgmSelector)s}
               > %(enricherMemoryLimitRatio)g
             ||| % $._config,
             'for': '15m',
@@ -477,11 +477,11 @@ local oneLine = utils.oneLine;
             annotations: {
               summary: 'An enricher is close to its memory limit.',
               description: oneLine(|||
-                dcgm-enricher {{ $labels.instance }} has held {{ $value | humanizePercentage }} of its
-                memory limit for 15 minutes: at the limit the kernel kills it, and the node's GPU
-                metrics stop until it is back. Raise the container's memory limit. Runbook:
-                docs/runbook.md#gpuenrichermemorynearlimit.
-              |||),
+                dcgm-enricher {{ $labels.instance }} on {{ $labels.%(nodeLabel)s }} has held {{ $value |
+                humanizePercentage }} of its memory limit for 15 minutes: at the limit the kernel
+                kills it, and the node's GPU metrics stop until it is back. Raise the container's
+                memory limit. Runbook: docs/runbook.md#gpuenrichermemorynearlimit.
+              ||| % $._config),
             },
           },
           {
@@ -490,7 +490,7 @@ local oneLine = utils.oneLine;
             // no process's.
             alert: 'GpuMemoryUnattributed',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, reason) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, reason) (
                 gpu_unattributed_memory_used_bytes{%(dcgmSelector)s, reason!~"mps_server|driver_reserved|not_in_process_list"}
               ) > 0
             ||| % $._config,
@@ -500,10 +500,10 @@ local oneLine = utils.oneLine;
               summary: 'GPU memory is held by processes that belong to no known pod.',
               description: oneLine(|||
                 {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }}{{ with $labels.GPU_I_ID }} (MIG
-                instance {{ . }}){{ end }} of {{ $labels.Hostname }} belongs to processes the enricher
+                instance {{ . }}){{ end }} of {{ $labels.%(nodeLabel)s }} belongs to processes the enricher
                 cannot attribute to a pod (reason {{ $labels.reason }}). Run `dcgm-enricher ps` on the
                 node to see them. Runbook: docs/runbook.md#gpumemoryunattributed.
-              |||),
+              ||| % $._config),
             },
           },
           {

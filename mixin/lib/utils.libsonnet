@@ -29,12 +29,28 @@
   // A query of the dashboard's template with `_config` filled in.
   query(text, config):: $.tidySelectors(text % config),
 
-  // The dashboard's template with `_config` in every query: panel targets, variable
-  // definitions and queries, annotation queries.
+  // A text of the template that names a label of `_config` (a legend, a table column):
+  // filled in where it holds a `%(name)s` reference, left as it is otherwise.
+  named(text, config):: if std.length(std.findSubstr('%(', text)) > 0 then text % config else text,
+
+  // The dashboard's template with `_config` in every query (panel targets, variable
+  // definitions and queries, annotation queries) and in the legends, annotation texts and
+  // table column names that name a label of it.
   dashboard(template, config)::
-    local target(t) = t + (if 'expr' in t then { expr: $.query(t.expr, config) } else {});
+    local named(text) = $.named(text, config);
+    local target(t) = t
+                      + (if 'expr' in t then { expr: $.query(t.expr, config) } else {})
+                      + (if 'legendFormat' in t then { legendFormat: named(t.legendFormat) } else {})
+                      + (if 'textFormat' in t then { textFormat: named(t.textFormat) } else {});
+    local organize(options) = options + (
+      if 'renameByName' in options
+      then { renameByName: { [named(k)]: options.renameByName[k] for k in std.objectFields(options.renameByName) } }
+      else {}
+    );
+    local transformation(x) = x + (if x.id == 'organize' then { options: organize(x.options) } else {});
     local panel(p) = p
                      + (if 'targets' in p then { targets: std.map(target, p.targets) } else {})
+                     + (if 'transformations' in p then { transformations: std.map(transformation, p.transformations) } else {})
                      + (if 'panels' in p then { panels: std.map(panel, p.panels) } else {});
     local variable(v) =
       v

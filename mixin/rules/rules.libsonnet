@@ -75,14 +75,14 @@ local oneLine = utils.oneLine;
             record: 'namespace_pod_container:gpu_container_idle_seconds:min',
             expr: |||
               (
-                min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+                min by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
                   time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
                 )
                 * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name, user)
                 namespace_pod:gpu_pod_info:max
               )
-              or on (%(clusterLabel)s, Hostname, namespace, pod, container)
-              min by (%(clusterLabel)s, Hostname, namespace, pod, container) (
+              or on (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container)
+              min by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
                 time() - gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
               )
             ||| % $._config,
@@ -100,11 +100,11 @@ local oneLine = utils.oneLine;
             record: 'namespace:gpu_in_use:sum',
             expr: |||
               sum by (%(clusterLabel)s, namespace, GPU_I_PROFILE) (
-                count by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, namespace) (
+                count by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, namespace) (
                   gpu_container_memory_used_bytes{%(dcgmSelector)s}
                 )
-                / on (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) group_left ()
-                count by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})
+                / on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) group_left ()
+                count by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})
               )
             ||| % $._config,
           },
@@ -115,7 +115,7 @@ local oneLine = utils.oneLine;
             record: 'namespace_workload:gpu_memory_per_device_bytes:max',
             expr: |||
               max by (%(clusterLabel)s, namespace, workload_kind, workload_name) (
-                sum by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID, namespace, pod) (
+                sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod) (
                   gpu_container_memory_used_bytes{%(dcgmSelector)s}
                 )
                 * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name)
@@ -185,7 +185,7 @@ local oneLine = utils.oneLine;
             // itself, not a record, so `promtool tsdb create-blocks-from rules` can backfill them.
             record: 'namespace_pod_device:gpu_container_memory_used_bytes:sum',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
                 gpu_container_memory_used_bytes{%(dcgmSelector)s}
               )
               * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
@@ -197,7 +197,7 @@ local oneLine = utils.oneLine;
           {
             record: 'namespace_pod_device:gpu_container_utilization_ratio:sum',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
                 gpu_container_utilization_ratio{%(dcgmSelector)s}
               )
               * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
@@ -212,15 +212,15 @@ local oneLine = utils.oneLine;
             // series is kept without them): the "Idle since" table.
             record: 'namespace_pod_container_device:gpu_container_last_active_timestamp_seconds:max',
             expr: |||
-              max by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
                 gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
               )
               * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
               max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
                 label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
               )
-              or on (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container)
-              max by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
+              or on (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container)
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
                 gpu_container_last_active_timestamp_seconds{%(dcgmSelector)s}
               )
             ||| % $._config,
@@ -230,8 +230,8 @@ local oneLine = utils.oneLine;
             // panels keep the devices where this is over 1.
             record: 'device:gpu_pods:count',
             expr: |||
-              count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) (
-                count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
+              count by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID) (
+                count by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, exported_namespace, exported_pod) (
                   gpu_container_memory_used_bytes{%(dcgmSelector)s}
                 )
               )
@@ -241,20 +241,20 @@ local oneLine = utils.oneLine;
             // Containers with a GPU process on each device: a shared device splits between them
             // in the "Allocated and in use" panel, as namespace:gpu_in_use:sum does.
             record: 'device:gpu_containers:count',
-            expr: 'count by (%(clusterLabel)s, Hostname, gpu, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})' % $._config,
+            expr: 'count by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID) (gpu_container_memory_used_bytes{%(dcgmSelector)s})' % $._config,
           },
           {
             // Each pod's watts on each GPU that more than one pod draws on (its MIG instances
             // together: they share its power): "Watts by pod on shared GPUs".
             record: 'namespace_pod_gpu:gpu_container_power_watts:sum_on_shared',
             expr: |||
-              sum by (%(clusterLabel)s, Hostname, gpu, namespace, pod, exported_namespace, exported_pod) (
+              sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, namespace, pod, exported_namespace, exported_pod) (
                 gpu_container_power_watts{%(dcgmSelector)s}
               )
-              and on (%(clusterLabel)s, Hostname, gpu)
+              and on (%(clusterLabel)s, %(nodeLabel)s, gpu)
               (
-                count by (%(clusterLabel)s, Hostname, gpu) (
-                  count by (%(clusterLabel)s, Hostname, gpu, namespace, pod, exported_namespace, exported_pod) (
+                count by (%(clusterLabel)s, %(nodeLabel)s, gpu) (
+                  count by (%(clusterLabel)s, %(nodeLabel)s, gpu, namespace, pod, exported_namespace, exported_pod) (
                     gpu_container_power_watts{%(dcgmSelector)s}
                   )
                 ) > 1
@@ -265,7 +265,7 @@ local oneLine = utils.oneLine;
             // The share of each GPU's (or MIG instance's) memory in use: "Device memory used".
             record: 'device:gpu_memory_used:ratio',
             expr: |||
-              max by (%(clusterLabel)s, Hostname, gpu, UUID, GPU_I_ID) (
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (
                 DCGM_FI_DEV_FB_USED{%(dcgmSelector)s}
                 / (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} + DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
               )
