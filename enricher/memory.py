@@ -64,11 +64,23 @@ def parse_device_memory(
     """Each device's memory from the upstream's ``MEMORY_NAMES`` sample lines
     (``RewriteResult.watched``; other watched names are skipped). A device needs FB_USED;
     lines that are not valid exposition, name no GPU or carry a non-finite or negative value
-    are skipped; a device whose series repeat (vGPU copies) keeps the last value seen.
-    ``heads_memo``: the caller's memo of line heads (``power.watched_samples``)."""
+    are skipped. Each value is the device's own series: in dcgm-exporter's virtual-GPU mode
+    (4.8.2 on, internal/pkg/transformation/kubernetes.go and process_metrics.go) FB_USED keeps
+    the device series, with no pod label, and adds one copy per sharing pod holding that pod's
+    share, while FB_FREE and FB_RESERVED are copied once per pod with the device's value and
+    lose their device series. So the line that names no pod is the device's; where every line
+    names a pod, the first one stands for the device (a copy is never summed, and never read
+    over the device's own series). ``heads_memo``: the caller's memo of line heads
+    (``power.watched_samples``)."""
     seen: dict[DeviceKey, dict[str, float]] = {}
-    for name, key, value in watched_samples(lines, MEMORY_NAMES, heads_memo):
-        seen.setdefault(key, {})[name] = value * MIB
+    own: set[tuple[DeviceKey, str]] = set()  # (device, name) read from the device's own series
+    for name, key, value, names_pod in watched_samples(lines, MEMORY_NAMES, heads_memo):
+        values = seen.setdefault(key, {})
+        if (key, name) in own or (names_pod and name in values):
+            continue
+        values[name] = value * MIB
+        if not names_pod:
+            own.add((key, name))
     return {
         key: DeviceMemory(vals[FB_USED], vals.get(FB_FREE), vals.get(FB_RESERVED))
         for key, vals in seen.items()

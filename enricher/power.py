@@ -110,7 +110,7 @@ class HeadDevices:
     (each Scraper has one) passes it to every call."""
 
     def __init__(self) -> None:
-        self.last: dict[tuple[str, str], DeviceKey | None] = {}
+        self.last: dict[tuple[str, str], _HeadDevice | None] = {}
 
 
 def upstream_power(
@@ -133,7 +133,10 @@ def upstream_power(
     copies: dict[str, dict[str, float]] = {UPSTREAM_POWER: {}, UPSTREAM_ENERGY: {}}
     device_level = {UPSTREAM_POWER: power, UPSTREAM_ENERGY: energy}
     # Other watched families (device memory) are another reader's.
-    for name, (uuid, gi), value in watched_samples(lines, UPSTREAM_NAMES, heads_memo):
+    # dcgm-exporter's virtual-GPU mode copies these families once per sharing pod, with the
+    # device's value (only GPU_UTIL and FB_USED get per-pod values): the first copy is the
+    # device's reading.
+    for name, (uuid, gi), value, _ in watched_samples(lines, UPSTREAM_NAMES, heads_memo):
         if name == UPSTREAM_GR_ACTIVE:
             if len(activity) < MAX_UPSTREAM_DEVICES:
                 activity[(uuid, gi)] = min(1.0, value)
@@ -148,16 +151,24 @@ def upstream_power(
     return UpstreamPower(power, energy, activity)
 
 
-def _head_device(name: str, head: str) -> DeviceKey | None:
-    """The device a sample line's head (its name and label block) names (None: not valid
-    exposition, or no device)."""
+# A line head's device, and whether the head names a pod (a non-empty pod label in either of
+# dcgm-exporter's schemes).
+_HeadDevice = tuple[DeviceKey, bool]
+_POD_NAMES = frozenset({"pod", "pod_name"})
+
+
+def _head_device(name: str, head: str) -> _HeadDevice | None:
+    """The device a sample line's head (its name and label block) names, and whether it names a
+    pod (None: not valid exposition, or no device)."""
     if not head.startswith(name + "{"):
         return None  # a device field without labels names no GPU
     pairs = parse_label_block(head[len(name) + 1 : -1])
     if pairs is None:
         return None
     key = device_key(pairs)
-    return key if key is not None and key[0] else None
+    if key is None or not key[0]:
+        return None
+    return key, any(n in _POD_NAMES and v for n, v in pairs)
 
 
 # A value as exporters write it (an integer or a %f float), alone after the label block: every
@@ -167,13 +178,14 @@ _PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
 
 def watched_samples(
     lines: Iterable[WatchedLine], names: Collection[str], heads_memo: HeadDevices | None = None
-) -> Iterator[tuple[str, DeviceKey, float]]:
-    """The name, device and value of each sample line of ``names`` among ``lines``, as
-    ``upstream_power`` reads its own: a line that is not valid exposition, names no GPU, or
-    has a non-finite or negative value is skipped. ``heads_memo``: the heads' devices from the
-    previous call (each head parsed once while it stays), updated to this call's."""
+) -> Iterator[tuple[str, DeviceKey, float, bool]]:
+    """The name, device and value of each sample line of ``names`` among ``lines``, and
+    whether the line names a pod, as ``upstream_power`` reads its own: a line that is not
+    valid exposition, names no GPU, or has a non-finite or negative value is skipped.
+    ``heads_memo``: the heads' devices from the previous call (each head parsed once while it
+    stays), updated to this call's."""
     known = heads_memo.last if heads_memo is not None else {}
-    heads: dict[tuple[str, str], DeviceKey | None] = {}
+    heads: dict[tuple[str, str], _HeadDevice | None] = {}
     for name, head, tail in lines:
         if name not in names:
             continue
@@ -184,16 +196,16 @@ def watched_samples(
             key = known[line_head] if line_head in known else _head_device(name, head)
             if len(heads) < 2 * MAX_UPSTREAM_DEVICES:
                 heads[line_head] = key
-        parsed = _parse_sample(key, tail)
-        if parsed is not None:
-            yield name, parsed[0], parsed[1]
+        if key is None:
+            continue
+        value = _parse_value(tail)
+        if value is not None:
+            yield name, key[0], value, key[1]
     if heads_memo is not None:
         heads_memo.last = heads
 
 
-def _parse_sample(key: DeviceKey | None, tail: str) -> tuple[DeviceKey, float] | None:
-    if key is None:
-        return None
+def _parse_value(tail: str) -> float | None:
     plain = _PLAIN_TAIL.fullmatch(tail)
     if plain is not None:  # what dcgm-exporter writes: one check instead of the grammar's
         value = float(plain.group(1))
@@ -207,7 +219,7 @@ def _parse_sample(key: DeviceKey | None, tail: str) -> tuple[DeviceKey, float] |
             return None
     if not value >= 0.0 or value == float("inf"):  # NaN fails the first test
         return None
-    return key, value
+    return value
 
 
 def choose_readings(upstream: UpstreamPower, snapshot: GpuSnapshot) -> list[DeviceDraw]:

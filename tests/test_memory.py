@@ -175,6 +175,54 @@ def test_repeated_device_series_count_once(
     assert written == {key: (8192 + 512) * MIB}
 
 
+# dcgm-exporter 4.8.2 on with --kubernetes-virtual-gpus (internal/pkg/transformation/
+# kubernetes.go, Process, and process_metrics.go, isPerProcessMetric): FB_USED (and GPU_UTIL)
+# keep the device series, with no pod label, and add one copy per sharing pod holding *that
+# pod's* share (with pod_uid); FB_FREE and FB_RESERVED are copied once per pod with the device's
+# value and lose their device series. The figures are a shared 80 GiB GPU whose device series
+# says 31,288 MiB and whose two pods' copies say 22,528 and 7,680 MiB.
+SHARE_A = f'pod="a",namespace="team",container="main",pod_uid="{A.uid}"'
+SHARE_B = f'pod="b",namespace="team",container="main",pod_uid="{B.uid}"'
+
+
+@pytest.mark.parametrize("device_first", [True, False], ids=["device-series-first", "copies-first"])
+@pytest.mark.parametrize("gi", ["", "3"], ids=["whole-gpu", "mig-instance"])
+@pytest.mark.parametrize("replica", [False, True], ids=["no-vgpu", "vgpu-replicas"])
+def test_per_pod_shares_never_stand_for_the_device(
+    device_first: bool, gi: str, replica: bool
+) -> None:
+    """The device's memory is its own series' (31,288 MiB), never a pod's share, wherever the
+    copies come; the copied FB_FREE and FB_RESERVED count once; so the parts add up to the
+    device's FB_USED + FB_RESERVED, and the memory no listed process holds is what the
+    device holds beyond its processes (1,080 MiB), not a pod's share less them."""
+    dev = f'UUID="{U0}",gpu="0"' + (f',GPU_I_ID="{gi}"' if gi else "")
+    # A replica's copies also carry vgpu (getSharedGPU: <id>::<n>, GKE's <id>/vgpu<n>).
+    share_a, share_b = (
+        (f'{SHARE_A},vgpu="0"', f'{SHARE_B},vgpu="1"') if replica else (SHARE_A, SHARE_B)
+    )
+    used = [f"DCGM_FI_DEV_FB_USED{{{dev}}} 31288\n"]
+    copies = [
+        f"DCGM_FI_DEV_FB_USED{{{dev},{share_a}}} 22528\n",
+        f"DCGM_FI_DEV_FB_USED{{{dev},{share_b}}} 7680\n",
+    ]
+    text = "".join(used + copies if device_first else copies + used)
+    text += "".join(
+        f"DCGM_FI_DEV_{field}{{{dev},{share}}} {mib}\n"
+        for field, mib in (("FB_FREE", 49120), ("FB_RESERVED", 512))
+        for share in (share_a, share_b)
+    )
+    memory = parse_device_memory(watched_lines(text, MEMORY_NAMES))
+    key = (U0, gi)
+    assert memory == {key: DeviceMemory(31288 * MIB, 49120 * MIB, 512 * MIB)}
+    mig = {"uuid": U0, "gi": int(gi)} if gi else {}
+    atts = [att(1, A, 22528 * MIB, **mig), att(2, B, 7680 * MIB, **mig)]
+    parts = memory_parts(memory, atts)
+    assert parts[(key, "not_in_process_list")] == (31288 - 22528 - 7680) * MIB
+    text = render_families(atts, {}, RenderOptions(), memory=parts)
+    written, _ = by_device(text, (MEM, UNATTR))
+    assert written == {key: (31288 + 512) * MIB}
+
+
 # --------------------------------------------------------------------------- the invariant
 
 PODS = (A, B, PodInfo(uid="uid-c", namespace="infer", name="c"))
