@@ -28,6 +28,7 @@ from enricher.cli import parse_config
 from enricher.idle import LAST_ACTIVE, IdleLedger, render_last_active
 from enricher.labels import DeviceKey
 from enricher.model import GpuProcess, PodInfo, ProcInfo
+from enricher.promclient import LabelSets
 
 from .conftest import examples
 from .frozendemo import FrozenDemo
@@ -262,7 +263,8 @@ def test_never_overstates_idleness(collections: list) -> None:  # type: ignore[t
 def test_render_reads_back() -> None:
     ledger = run([(T, [att(1, A, sm=0.5), att(2, B, gi=5, sm=None)], [], {MIG: 0.0})])
     identities = {GPU: (("gpu", "0"), ("UUID", U0), ("Hostname", "h"))}
-    text = render_last_active(ledger.last_active, identities)
+    # The Scraper's memo, which writes the enricher's node label on every set.
+    text = render_last_active(ledger.last_active, identities, LabelSets(const=(("node", "n1"),)))
     (family,) = text_string_to_metric_families(text)
     assert family.name == LAST_ACTIVE
     got = {(s.labels.get("GPU_I_ID", ""), s.labels["pod"]): s.value for s in family.samples}
@@ -275,6 +277,7 @@ def test_render_reads_back() -> None:
         "namespace": "team",
         "pod": "a",
         "container": "main",
+        "node": "n1",
     }
 
 

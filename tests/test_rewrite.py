@@ -207,11 +207,15 @@ def test_every_series_leaves_with_the_node(host: str, owned: bool) -> None:
     got = samples(out)
     assert len(got) == 3
     upstream = dict(p.split("=") for p in host.rstrip(",").replace('"', "").split(",") if p)
+    # A line written without labels gets the guards and the node, as written exposition.
+    assert '\ndcgm_exporter_build_info{container="",namespace="",pod="",node="node-a"} 1\n' in out
     for sample_name, labels, _ in got:
         labels_d = dict(labels)
         assert labels_d["node"] == "node-a"
         if sample_name == "dcgm_exporter_build_info":
             continue  # written without labels
+        if sample_name == "DCGM_FI_DEV_GPU_UTIL":  # only the node's value was replaced
+            assert (labels_d["gpu"], labels_d["UUID"]) == ("0", UUID_A)
         for name, value in upstream.items():
             if name != "node":
                 assert labels_d[name] == value  # dcgm-exporter's own label, kept
