@@ -1005,13 +1005,41 @@ _OWNER = Owner("ns", "a", "c", uid="uid-a")
             {"pod": "a", "pod_uid": "uid-a"},
             id="the-same-pod-takes-the-watchs-uid",
         ),
+        # dcgm-exporter 4.8.4 writes pod_uid on the DRA path too (its #718, #738): it follows
+        # the enricher's decision there as everywhere, with the claim's labels.
+        pytest.param(
+            (
+                *_DEV,
+                ("container", "c"),
+                ("namespace", "ns"),
+                ("pod", "x"),
+                ("pod_uid", "uid-x"),
+                ("dra_claim_name", "x-gpu"),
+                ("dra_claim_namespace", "ns"),
+                ("dra_driver_name", "gpu.nvidia.com"),
+                ("dra_pool_name", "node-a"),
+                ("dra_device_name", "gpu-0"),
+            ),
+            _OWNER,
+            {},
+            {
+                "pod": "a",
+                "pod_uid": "uid-a",
+                "dra_claim_name": None,
+                "dra_claim_namespace": None,
+                "dra_driver_name": "gpu.nvidia.com",
+                "dra_pool_name": "node-a",
+                "dra_device_name": "gpu-0",
+            },
+            id="dra-series-moved-to-another-pod-takes-its-uid-and-drops-the-claim",
+        ),
     ],
 )
 def test_relabel_corners(
     pairs: tuple[tuple[str, str], ...],
     owner: Owner,
     pod_labels: dict[tuple[str, str], frozenset[str]],
-    expected: dict[str, str],
+    expected: dict[str, str | None],
 ) -> None:
     plan = RewritePlan(owners={(UUID_A, ""): owner}, pod_labels=pod_labels)
     out = dict(relabel(pairs, device_key(pairs), plan))
