@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .textformat import escape_label_value, unescape_label_value
+from .textformat import unescape_label_value
 
 GPU_I_ID = "GPU_I_ID"
 IDENTITY_LABELS = frozenset(
@@ -54,15 +54,6 @@ KEPT_LABELS = (
     | {POD_UID_LABEL, VGPU_LABEL, "dra_driver_name", "dra_pool_name", "dra_device_name"}
     | {"dra_mig_profile", "dra_mig_device_uuid"}
 )
-GUARD_BLOCK = "{" + ",".join(f'{n}=""' for n in POD_GUARD_LABELS) + "}"
-
-
-def bare_block(plan: RewritePlan) -> str:
-    """The label block of an upstream series that has none: the guards and the plan's node."""
-    if not plan.node:
-        return GUARD_BLOCK
-    return GUARD_BLOCK[:-1] + f',{NODE_LABEL}="{escape_label_value(plan.node)}"}}'
-
 
 DeviceKey = tuple[str, str]  # (GPU UUID, GPU_I_ID or "" for a whole GPU)
 

@@ -95,9 +95,9 @@ class Scraper:
         self.kubernetes = cast("PodSource | None", sources.get("kubernetes"))
         self._clock = clock
         # process_* and python_*, this Scraper's (never in prometheus_client's global registry).
-        self._runtime = RuntimeFamilies(
-            own_procfs, ((NODE_LABEL, config.node),) if config.node else ()
-        )
+        # The node label every series carries (none where no node name is known).
+        node_label = ((NODE_LABEL, config.node),) if config.node else ()
+        self._runtime = RuntimeFamilies(own_procfs, node_label)
         self._own_procfs = own_procfs
         self._own_cgroupfs = own_cgroupfs
         # The self-metrics of the last collection, written once (not per scrape).
@@ -193,7 +193,7 @@ class Scraper:
         # turn per collection) and the devices of the upstream's power lines (each head
         # parsed once): this Scraper's, so that another in the same process (tests, the
         # bench) neither turns nor fills them.
-        self._label_sets = LabelSets(const=((NODE_LABEL, config.node),) if config.node else ())
+        self._label_sets = LabelSets(const=node_label)
         self._power_line_devices = HeadDevices()
         self._memory_line_devices = HeadDevices()  # the same, for the framebuffer lines
         # The last collection accounted and the last power families written: a scrape of the

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .attribution import REASON_MPS_SERVER, AllocatedDevice, Attribution, attributed_to
 from .families import NO_POD, device_labels
-from .labels import DeviceKey, device_key
+from .labels import CURRENT_SCHEME, OLD_SCHEME, DeviceKey, device_key
 from .model import GpuSnapshot, PowerReading
 from .promclient import LabelSets, MetricWriter
 from .textformat import (
@@ -154,7 +154,7 @@ def upstream_power(
 # A line head's device, and whether the head names a pod (a non-empty pod label in either of
 # dcgm-exporter's schemes).
 _HeadDevice = tuple[DeviceKey, bool]
-_POD_NAMES = frozenset({"pod", "pod_name"})
+_POD_NAMES = frozenset({CURRENT_SCHEME[1], OLD_SCHEME[1]})
 
 
 def _head_device(name: str, head: str) -> _HeadDevice | None:

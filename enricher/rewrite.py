@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .labels import DeviceKey, RewritePlan, bare_block, device_identity, device_key, relabel
+from .labels import DeviceKey, RewritePlan, device_identity, device_key, relabel
 from .textformat import (
     BLANK,
     FAMILY_SUFFIXES,
@@ -417,7 +417,8 @@ class Rewriter:
         # upstream stopped sending (pods come and go), so its size follows the payload's.
         used: dict[str, _Block | None] = {}
         spaced_value = _SPACED_VALUE_RE.fullmatch
-        bare = bare_block(plan)  # the labels of a series the upstream wrote without any
+        # What a series the upstream wrote without labels leaves with (the guards, the node).
+        bare = render_labels(relabel((), None, plan))
 
         def family_for(name: str) -> _Family:
             fam = families.get(name)
