@@ -375,6 +375,29 @@ def test_real_captures_pass_through(path: object) -> None:
     assert sorted(out, key=repr) == sorted(with_guards(expected), key=repr)
 
 
+@pytest.mark.parametrize("path", shared_dcgm_fixtures(), ids=lambda p: p.name)
+def test_real_captures_carry_the_node_and_keep_their_host_label(path: object) -> None:
+    """Every real dcgm-exporter capture (old releases with Hostname, a 4.8.3-or-later one with
+    hostname, from NVIDIA's PR 736): every valid sample leaves with the node label, and the
+    upstream's own host label keeps its value."""
+    from pathlib import Path
+
+    assert isinstance(path, Path)
+    text = path.read_text()
+    try:
+        expected = samples(text)
+    except ValueError:
+        pytest.skip("not valid exposition as captured (test_real_captures_pass_through)")
+    out = samples(Rewriter().rewrite(text, RewritePlan(node="gpu-node-x")).text)
+    assert len(out) == len(expected) > 0
+    for _, labels, _ in out:
+        assert dict(labels)["node"] == "gpu-node-x"
+    hosts = {
+        (n, v) for _, labels, _ in expected for n, v in labels if n in ("Hostname", "hostname")
+    }
+    assert hosts <= {(n, v) for _, labels, _ in out for n, v in labels}
+
+
 # --------------------------------------------------------------------------- property test
 
 label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True).filter(
