@@ -15,7 +15,15 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .labels import DeviceKey, RewritePlan, device_identity, device_key, relabel
+from .labels import (
+    POD_UID_LABEL,
+    VGPU_LABEL,
+    DeviceKey,
+    RewritePlan,
+    device_identity,
+    device_key,
+    relabel,
+)
 from .textformat import (
     BLANK,
     FAMILY_SUFFIXES,
@@ -355,9 +363,21 @@ class Rewriter:
         if parsed is not None:
             pairs, key = parsed
             new_pairs = relabel(pairs, key, plan)
+            # On a device the plan gives an owner, a pod's copy (dcgm-exporter 4.8.2 on,
+            # --kubernetes-virtual-gpus, with pod_uid) and the device's own series (without)
+            # name the same pod once relabelled: one series, the first (the device's, which
+            # dcgm-exporter writes first), not a share beside the device to be summed with it.
+            # Copies marked vgpu keep their labels and stay apart.
+            ignored = (
+                POD_UID_LABEL
+                if key is not None and key in plan.owners and all(n != VGPU_LABEL for n, _ in pairs)
+                else ""
+            )
             # The output cuts values (render_labels), so the identity is that of the cut ones:
             # two values that agree in their first MAX_LABEL_VALUE_LENGTH characters are one.
-            canonical = "\xff".join(f"{n}\xfe{written_value(v)}" for n, v in sorted(new_pairs) if v)
+            canonical = "\xff".join(
+                f"{n}\xfe{written_value(v)}" for n, v in sorted(new_pairs) if v and n != ignored
+            )
             out = _Block(key, device_identity(pairs), render_labels(new_pairs), canonical)
         self._blocks[block] = out
         return out

@@ -277,6 +277,41 @@ def test_virtual_gpu_copies_of_a_shared_device_leave_as_one_device_series() -> N
     assert result.dropped_duplicates == 3
 
 
+def test_virtual_gpu_copy_of_a_device_with_one_owner_is_not_served_beside_it() -> None:
+    """The same 4.8.2-on body, on a device the enricher gives to one pod (pod b holds no
+    process, so a is the owner): the device series takes a's labels, and so do both copies once
+    relabelled, a's with its pod_uid. Served beside the device series, a's share would be a
+    second series of pod a, and `sum by (pod)` would count the pod twice: the device series
+    stays, with the device's value, and the copies leave as its repeats."""
+    dev = (
+        f'gpu="0",UUID="{UUID_A}",pci_bus_id="00000000:17:00.0",device="nvidia0",'
+        'modelName="A100",hostname="n"'
+    )
+    a = 'container="main",namespace="team",pod="a",pod_uid="uid-a"'
+    b = 'container="main",namespace="team",pod="b",pod_uid="uid-b"'
+    text = (
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev}}} 31288\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev},{a}}} 22528\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev},{b}}} 7680\n"
+        "# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
+        f"DCGM_FI_DEV_FB_FREE{{{dev},{a}}} 49120\n"
+        f"DCGM_FI_DEV_FB_FREE{{{dev},{b}}} 49120\n"
+    )
+    owner = Owner("team", "a", "main", uid="uid-a")
+    for templates in (False, True):
+        rewriter = Rewriter(templates=templates)
+        for _ in range(2):  # the template serves the second
+            result = rewriter.rewrite(text, RewritePlan(owners={(UUID_A, ""): owner}, node="n"))
+            got = samples(result.text)
+            assert [(name, value) for name, _, value in got] == [
+                ("DCGM_FI_DEV_FB_USED", 31288.0),
+                ("DCGM_FI_DEV_FB_FREE", 49120.0),
+            ]
+            assert [dict(labels)["pod"] for _, labels, _ in got] == ["a", "a"]
+            assert result.dropped_duplicates == 3
+
+
 def test_hostile_pod_names_are_escaped() -> None:
     evil = 'x"}\n y\\'
     out = rewrite(DEVICE_TEXT, {(UUID_A, ""): Owner(evil, evil, evil)})
@@ -501,7 +536,9 @@ def _expected(text: str, owners: Mapping[tuple[str, str], Owner]) -> list[Sample
             )
         key = (name, tuple(sorted(d.items())))
         # Prometheus's notion of one series: empty labels count as absent.
-        identity = (name, tuple(kv for kv in key[1] if kv[1]))
+        # On an owned device a pod's copy with pod_uid repeats the device's series.
+        ignored = "pod_uid" if owner is not None and "vgpu" not in d else ""
+        identity = (name, tuple(kv for kv in key[1] if kv[1] and kv[0] != ignored))
         if identity not in seen:
             seen.add(identity)
             out.append((*key, value))

@@ -134,7 +134,13 @@ local oneLine = utils.oneLine;
           {
             alert: 'GpuMemoryNearlyFull',
             expr: |||
-              DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} / (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} + DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s}) > %(memoryNearlyFullRatio)g
+              DCGM_FI_DEV_FB_USED{%(dcgmSelector)s, vgpu=""}
+              / on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) group_left ()
+              (
+                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
+                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
+              )
+              > %(memoryNearlyFullRatio)g
             ||| % $._config,
             'for': '15m',
             labels: { severity: 'warning' },

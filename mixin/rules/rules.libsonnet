@@ -265,9 +265,10 @@ local oneLine = utils.oneLine;
             // The share of each GPU's (or MIG instance's) memory in use: "Device memory used".
             record: 'device:gpu_memory_used:ratio',
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (
-                DCGM_FI_DEV_FB_USED{%(dcgmSelector)s}
-                / (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s} + DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
+              / (
+                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
+                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
               )
             ||| % $._config,
           },
