@@ -743,6 +743,15 @@ def rows() -> list[Row]:
                     Target(device("DCGM_FI_DEV_ROW_REMAP_FAILURE"), DEV_LEGEND + " failure"),
                 ),
                 _series(
+                    "Fabric health",
+                    "NVML's fabric health summary of GPUs on an NVLink fabric (NVSwitch "
+                    "systems, Hopper and later), where dcgm-exporter collects the opt-in "
+                    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY: 0 not supported, 1 healthy, 2 unhealthy, "
+                    "3 limited capacity. GpuFabricUnhealthy fires from 2 "
+                    "(docs/runbook.md#gpufabricunhealthy).",
+                    Target(device("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"), DEV_LEGEND),
+                ),
+                _series(
                     "PCIe replays",
                     "PCIe transfers the link had to retry, per second; GpuPcieReplaysHigh "
                     "fires above 8 a minute.",

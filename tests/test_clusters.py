@@ -221,6 +221,8 @@ _HEALTHY = {
     "ROW_REMAP_FAILURE": 0,
     "UNCORRECTABLE_REMAPPED_ROWS": 0,
     "PCIE_REPLAY_COUNTER": 0,
+    # Opt-in (a custom counters file): NVML's fabric health summary, 1 healthy.
+    "FABRIC_HEALTH_SUMMARY": 1,
 }
 _COUNTERS = ("UNCORRECTABLE_REMAPPED_ROWS", "PCIE_REPLAY_COUNTER")
 # On every server, for each cluster: node 2 seen before its faults come on (then they come
@@ -244,6 +246,7 @@ def sick_gpus(cluster: str, turned: bool) -> dict[str, dict[str, int]]:
             "FB_USED": 79360,
             "FB_FREE": 2048,
             "ROW_REMAP_FAILURE": 1,
+            "FABRIC_HEALTH_SUMMARY": 2 if east else 3,  # unhealthy, limited capacity
         },
         "2": {
             "XID_ERRORS": 43 if east else 31,
@@ -354,6 +357,7 @@ ACTIVE = {
     "GpuXidError": "node 2: GPU 2 gets a non-critical XID while the servers watch",
     "GpuTemperatureHigh": "node 2: GPU 0 is at 91 C (east) or 88 C (west)",
     "GpuRowRemapFailure": "node 2: GPU 0 failed a row remap",
+    "GpuFabricUnhealthy": "node 2: GPU 0's NVLink fabric is unhealthy (east) or limited (west)",
     "GpuUncorrectableRemappedRows": "node 2: GPU 2 remaps a row after an uncorrectable error",
     "GpuPcieReplaysHigh": "node 2: a burst of PCIe replays on GPU 2",
     "GpuNotReporting": "node 2: GPU 1 stops reporting while GPUs 0 and 2 report",

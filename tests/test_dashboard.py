@@ -304,6 +304,9 @@ NEEDS = {
     "DCGM_FI_DEV_ROW_REMAP_FAILURE) yet",
     "idle-holder": "the demo has no container that holds GPU memory at zero utilization "
     "(issue 4's 'held memory while idle') yet",
+    "fabric-health": "the demo's A100s have no NVLink fabric health to report (NVML has it "
+    "from Hopper on, and dcgm-exporter collects it only where enabled): GpuFabricUnhealthy's "
+    "promtool case and the two-cluster run in test_clusters.py read the field",
 }
 QUERY_NEEDS = {
     "Overview/Allocated but idle/A": "allocation",
@@ -313,6 +316,7 @@ QUERY_NEEDS = {
     "Device health/Remapped memory rows/A": "remapped-rows",
     "Device health/Remapped memory rows/B": "remapped-rows",
     "Device health/Remapped memory rows/C": "remapped-rows",
+    "Device health/Fabric health/A": "fabric-health",
 }
 RECORD_NEEDS = {
     "namespace:gpu_container_allocated:sum": "allocation",
@@ -384,6 +388,8 @@ def _needs_met(metrics_text: str) -> set[str]:
     # prometheus_client names a counter's samples <name>_total.
     if all(samples.get(name) or samples.get(name + "_total") for name in remap):
         met.add("remapped-rows")
+    if samples.get("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"):
+        met.add("fabric-health")
     memory = {
         tuple(sorted(lbl.items())): v
         for lbl, v in samples.get("gpu_container_memory_used_bytes", [])

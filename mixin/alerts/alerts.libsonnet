@@ -139,8 +139,7 @@ local oneLine = utils.oneLine;
               (
                 max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
                 + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
-              )
-              > %(memoryNearlyFullRatio)g
+              ) > %(memoryNearlyFullRatio)g
             ||| % $._config,
             'for': '15m',
             labels: { severity: 'warning' },
@@ -266,6 +265,25 @@ local oneLine = utils.oneLine;
                 GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.%(nodeLabel)s }} has run out of
                 spare memory rows. Take it out of service and have it replaced. Runbook:
                 docs/runbook.md#gpurowremapfailure.
+              ||| % $._config),
+            },
+          },
+          {
+            // DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY (opt-in in dcgm-exporter 4.8.4's counters) is
+            // NVML's healthSummary: 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity.
+            alert: 'GpuFabricUnhealthy',
+            expr: |||
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY{%(dcgmSelector)s}) >= 2
+            ||| % $._config,
+            'for': '5m',
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: "A GPU's NVLink fabric is unhealthy or at limited capacity.",
+              description: oneLine(|||
+                GPU {{ $labels.gpu }} ({{ $labels.UUID }}) of {{ $labels.%(nodeLabel)s }} reports its
+                NVLink fabric {{ if eq $value 3.0 }}at limited capacity{{ else }}unhealthy{{ end }}
+                (fabric health summary {{ $value }}) for 5 minutes: jobs that span its NVLink
+                domain will fail or slow down. Runbook: docs/runbook.md#gpufabricunhealthy.
               ||| % $._config),
             },
           },
