@@ -449,6 +449,7 @@ def test_gpu_identity_read_again_after_a_failure(fake: FakeNvml) -> None:
     ]
     assert [c[2] for c in fake.calls_of("nvmlDeviceGetHandleByIndex_v2")] == ["1"]
     assert fake.count("nvmlInitWithFlags") == 0
+    assert src.reinitializations_total == 0
 
 
 def test_fake_reload_changed_mode(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -648,6 +649,99 @@ def test_the_fake_fixes_its_gpus_at_init(fake: FakeNvml) -> None:
     finally:
         pynvml.nvmlShutdown()
     assert (count, found) == (3, [GPU_C, GPU_A, GPU_B])
+
+
+def test_a_gpu_that_leaves_and_comes_back(fake: FakeNvml) -> None:
+    """A GPU that leaves answers GPU_IS_LOST: that fetch drops it (an error, no process read
+    through its handle), the next initialises NVML again and numbers the GPUs left; while it
+    is missing NVML is initialised again once per retry interval, and the one after it comes
+    back lists it, without a restart."""
+    clock = FakeClock()
+    src = fake.source(retry_interval=30.0, clock=clock)
+    fake.write(gpus(GPU_A, GPU_B, GPU_C))
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B), (2, GPU_C)]
+
+    fake.write(gpus(GPU_A, GPU_C))  # B unbound: C's handle still reads C
+    snap = src.fetch()
+    assert seen(snap) == [(0, GPU_A), (2, GPU_C)]
+    assert len(snap.errors) == 1 and snap.errors[0].startswith("gpu 1: ")
+    assert "GPU is lost" in snap.errors[0]
+    assert (src.errors_total, src.reinitializations_total) == (1, 0)
+
+    reading = src.read()  # initialised again: the GPUs as they are now
+    assert reading.ok and seen(reading.value) == [(0, GPU_A), (1, GPU_C)]
+    assert (src.errors_total, src.reinitializations_total) == (1, 1)
+    assert fake.count("nvmlShutdown") == 1 and fake.count("nvmlInitWithFlags") == 2
+
+    fake.write(gpus(GPU_A, GPU_B, GPU_C, rebound=(GPU_B,)))  # B bound again, before C
+    clock.now += 29.0
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_C)]  # looked for once per interval, not now
+    assert fake.count("nvmlInitWithFlags") == 2
+    clock.now += 1.0
+    snap = src.fetch()
+    assert seen(snap) == [(0, GPU_A), (1, GPU_B), (2, GPU_C)] and snap.errors == ()
+    assert (src.errors_total, src.reinitializations_total) == (1, 2)
+    clock.now += 100.0
+    src.fetch()  # nothing missing: not initialised again
+    assert fake.count("nvmlInitWithFlags") == 3
+
+
+def test_gpus_that_swap_indices(fake: FakeNvml) -> None:
+    """Two GPUs unbound and bound again in the other order: their old handles are lost, so
+    the fetch that sees it lists neither (never one's processes under the other's UUID or
+    index), and the next lists each under its new index."""
+    clock = FakeClock()
+    src = fake.source(clock=clock)
+    fake.write(gpus(GPU_A, GPU_B))
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B)]
+    fake.write(gpus(GPU_B, GPU_A, rebound=(GPU_A, GPU_B)))
+    snap = src.fetch()
+    assert seen(snap) == [] and len(snap.errors) == 2
+    assert seen(src.fetch()) == [(0, GPU_B), (1, GPU_A)]
+    assert src.reinitializations_total == 1
+
+
+def test_a_gpu_that_arrives_while_another_is_missing(fake: FakeNvml) -> None:
+    """The count changes at a new init only: a GPU that takes the place of one that left is
+    found when NVML is initialised again to look for the missing one."""
+    clock = FakeClock()
+    src = fake.source(retry_interval=10.0, clock=clock)
+    fake.write(gpus(GPU_A, GPU_B))
+    src.fetch()
+    fake.write(gpus(GPU_A))
+    assert seen(src.fetch()) == [(0, GPU_A)]
+    assert seen(src.fetch()) == [(0, GPU_A)]
+    assert pynvml.nvmlDeviceGetCount() == 1
+    fake.write(gpus(GPU_A, GPU_C))
+    assert seen(src.fetch()) == [(0, GPU_A)]
+    clock.now += 10.0
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_C)]
+    assert src.reinitializations_total == 2
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param(nvmlfake.ERROR_GPU_IS_LOST, id="lost"),
+        pytest.param(nvmlfake.ERROR_UNINITIALIZED, id="uninitialized"),
+    ],
+)
+def test_a_gpu_lost_for_good_starts_nvml_over_once_per_interval(fake: FakeNvml, code: int) -> None:
+    """A GPU that stays enumerated but answers that it is lost (fallen off the bus) makes
+    NVML start over at most once per retry interval; each fetch meanwhile reports it, and it
+    is read again as soon as it answers."""
+    clock = FakeClock()
+    src = fake.source(retry_interval=30.0, clock=clock)
+    fake.write(gpus(GPU_A, GPU_B).fail("nvmlDeviceGetMigMode", code, gpu=1))
+    for _ in range(4):
+        snap = src.fetch()
+        assert seen(snap) == [(0, GPU_A)] and len(snap.errors) == 1
+        clock.now += 5.0
+    assert src.errors_total == 4
+    assert (fake.count("nvmlInitWithFlags"), src.reinitializations_total) == (2, 1)
+    fake.write(gpus(GPU_A, GPU_B))
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B)]
+    assert (fake.count("nvmlInitWithFlags"), src.reinitializations_total) == (2, 1)
 
 
 def test_mig_mode_changes_between_fetches(fake: FakeNvml) -> None:
