@@ -29,10 +29,12 @@ from .model import (
 from .nvmlparse import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
+    ERROR_GPU_IS_LOST,
     ERROR_INSUFFICIENT_SIZE,
     ERROR_NO_PERMISSION,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
+    ERROR_UNINITIALIZED,
     REASON_INIT_FAILED,
     REASON_LIBRARY_NOT_FOUND,
     REASON_READ_FAILED,
@@ -88,6 +90,12 @@ _LIST_SYMBOL = {
 }
 # A symbol that is absent, or present but built for another struct version: try an older one.
 _TRY_OLDER = frozenset({ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH})
+# NVML fixes the device count and each index's handle at nvmlInit. A GPU that leaves while it
+# runs (unbound from the driver, fallen off the bus, unplugged) answers GPU_IS_LOST through
+# its handle; one that arrives, or comes back at another index, is seen by a new init only.
+# These answers to a device call make the source initialise NVML again (UNINITIALIZED: the
+# library was shut down under us).
+_ENUMERATE_AGAIN = frozenset({ERROR_GPU_IS_LOST, ERROR_UNINITIALIZED})
 
 
 class NvmlUnavailable(Exception):
@@ -105,7 +113,12 @@ class NvmlUnavailable(Exception):
 
 
 class _DeviceError(Exception):
-    """One GPU could not be read; the message names the call."""
+    """One GPU could not be read; the message names the call, ``code`` is NVML's answer
+    (None for data NVML should not have given)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # The process lists and utilization samples are read through pynvml's function pointers into
@@ -171,6 +184,11 @@ def _code(err: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def _answer(err: BaseException) -> int | None:
+    """NVML's return code behind a failed device read (pynvml's or ours)."""
+    return err.code if isinstance(err, _DeviceError) else _code(err)
+
+
 def _describe(err: BaseException) -> str:
     code = _code(err)
     try:
@@ -200,6 +218,12 @@ class NvmlSource:
     resolves to it by soname; without it pynvml loads the system library. Init is lazy; after
     a failed init, or a read that shows NVML went away, the cached error is raised again
     until ``retry_interval`` seconds (by ``clock``) have passed.
+
+    GPUs that come and go: NVML fixes its devices at init, so a device call that answers
+    GPU_IS_LOST (or UNINITIALIZED) drops that GPU from the snapshot with an error, and the
+    next fetch shuts NVML down and initialises it again (``reinitializations_total``), every
+    cache with it; so does each fetch while a GPU listed before is missing since the last
+    re-initialisation, until it is back. Either happens at most once per ``retry_interval``.
     """
 
     name = "nvml"
@@ -214,6 +238,7 @@ class NvmlSource:
         self.library_path = library_path
         self.retry_interval = retry_interval
         self.errors_total = 0
+        self.reinitializations_total = 0  # NVML shut down and initialised again: GPUs changed
         self._clock = clock
         self._lock = threading.Lock()
         self._preloaded: ctypes.CDLL | None = None
@@ -234,6 +259,13 @@ class NvmlSource:
         self._max_migs: dict[int, int] = {}  # index -> MIG slots
         self._mig_info: dict[str, tuple[int, int, str]] = {}  # MIG uuid -> (gi, ci, profile)
         self._functions: dict[str, Any] = {}  # symbol -> pynvml function pointer
+        # GPUs that come and go (the class's docstring). index -> uuid of every GPU read since
+        # init, kept when its read fails (unlike _gpus): the GPUs this init enumerated.
+        self._enumerated: dict[int, str] = {}
+        self._lost: str | None = None  # a device call's answer that NVML must start over
+        self._missing: frozenset[str] = frozenset()  # listed before, not since the last init
+        self._before: frozenset[str] | None = None  # listed before the re-init just made
+        self._reinit_at = 0.0  # no re-initialisation before then
         # The first call's buffer of every list and sample read (the lock makes them one at a
         # time): room for _FIRST_CAPACITY rows of the largest layout, made once.
         self._first_buffer = (ctypes.c_ubyte * (_FIRST_CAPACITY * _LARGEST_ROW))()
@@ -246,6 +278,7 @@ class NvmlSource:
         with self._lock:
             try:
                 self._ensure_initialised()
+                self._reinitialise_if_due()
                 snapshot = self._read()
             except NvmlUnavailable:
                 self.errors_total += 1
@@ -289,8 +322,52 @@ class NvmlSource:
         self._list_version.clear()
         self._forget()
 
+    def _reinitialise_if_due(self) -> None:
+        """Start NVML over when a GPU answered that it is lost, or while one listed before is
+        missing: at most once per retry_interval (a GPU lost for good must not make every
+        fetch initialise NVML). The first read after it says what changed (_settle)."""
+        if self._lost is None and not self._missing:
+            return
+        now = self._clock()
+        if now < self._reinit_at:
+            return
+        self._reinit_at = now + self.retry_interval
+        why = self._lost or "looking for " + ", ".join(sorted(self._missing))
+        log.debug("initialising NVML again: %s", why)
+        self._before = frozenset((*self._enumerated.values(), *self._missing))
+        self._lost = None
+        self.reinitializations_total += 1
+        self._shutdown()
+        self._ensure_initialised()
+
+    def _settle(self) -> None:
+        """After the first read since a re-initialisation: the GPUs that left (looked for at
+        the next ones until they are back) and those that arrived."""
+        before, self._before = self._before, None
+        if before is None:
+            return
+        listed = frozenset(self._enumerated.values())
+        left, arrived = before - listed, listed - before
+        if arrived or left != self._missing:
+            log.warning(
+                "NVML's GPUs changed: %s left, %s arrived",
+                ", ".join(sorted(left)) or "none",
+                ", ".join(sorted(arrived)) or "none",
+            )
+        else:
+            log.debug("NVML initialised again; still missing: %s", ", ".join(sorted(left)))
+        self._missing = frozenset(sorted(left)[:MAX_DEVICES])
+
+    def _note_failure(self, index: int, err: BaseException, message: str) -> None:
+        """A GPU's read failed: forget what was cached about it, and start NVML over on the
+        next fetch when the answer says its handle is gone."""
+        self._forget_gpu(index)
+        if self._lost is None and _answer(err) in _ENUMERATE_AGAIN:
+            self._lost = message
+
     def _forget(self) -> None:
         self._driver = None
+        self._enumerated.clear()
         self._util_unsupported.clear()
         self._gpus.clear()
         self._max_migs.clear()
@@ -348,17 +425,18 @@ class NvmlSource:
             try:
                 reads.append(self._read_gpu(index))
             except (_DeviceError, pynvml.NVMLError, *_BAD_DATA) as err:
-                self._forget_gpu(index)
                 errors.append(f"gpu {index}: {_describe(err)}")
+                self._note_failure(index, err, errors[-1])
         taken_at = time.time()
+        self._settle()
 
         done: list[_GpuRead] = []
         for gpu in reads:
             try:
                 gpu.processes = self._with_utilization(gpu)
             except (_DeviceError, pynvml.NVMLError, *_BAD_DATA) as err:
-                self._forget_gpu(gpu.device.index)
                 errors.append(f"gpu {gpu.device.index}: {_describe(err)}")
+                self._note_failure(gpu.device.index, err, errors[-1])
                 continue
             done.append(gpu)
         self._prune_timestamps(done)
@@ -385,7 +463,7 @@ class NvmlSource:
         try:
             return fn(*args)
         except pynvml.NVMLError as err:
-            raise _DeviceError(f"{name}: {_describe(err)}") from err
+            raise _DeviceError(f"{name}: {_describe(err)}", _code(err)) from err
 
     def _forget_gpu(self, index: int) -> None:
         # A failing GPU may come back reset or replaced: read what was cached about it again.
@@ -403,6 +481,8 @@ class NvmlSource:
             uuid = str(self._call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle))
             name = str(self._call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle))
             entry = self._gpus[index] = (handle, uuid, name)
+            if len(self._enumerated) < MAX_DEVICES:
+                self._enumerated[index] = uuid
         return entry
 
     def _function(self, symbol: str) -> Any:
@@ -452,7 +532,7 @@ class NvmlSource:
         except pynvml.NVMLError as err:
             if _code(err) in _OPTIONAL_ABSENT:
                 return None
-            raise _DeviceError(f"{name}: {_describe(err)}") from err
+            raise _DeviceError(f"{name}: {_describe(err)}", _code(err)) from err
 
     def _mig_enabled(self, handle: Any) -> bool:
         try:
@@ -460,7 +540,7 @@ class NvmlSource:
         except pynvml.NVMLError as err:
             if _code(err) in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
                 return False
-            raise _DeviceError(f"nvmlDeviceGetMigMode: {_describe(err)}") from err
+            raise _DeviceError(f"nvmlDeviceGetMigMode: {_describe(err)}", _code(err)) from err
         return int(current) == _MIG_ENABLED
 
     def _read_migs(self, gpu: _GpuRead, handle: Any) -> None:
@@ -487,11 +567,12 @@ class NvmlSource:
             if ret != SUCCESS:
                 raise _DeviceError(
                     f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): "
-                    f"{_describe(pynvml.NVMLError(ret))}"
+                    f"{_describe(pynvml.NVMLError(ret))}",
+                    ret,
                 )
             ret = uuid_fn(mig_handle, uuid_buffer, _UUID_BUFFER_SIZE)
             if ret != SUCCESS:
-                raise _DeviceError(f"nvmlDeviceGetUUID: {_describe(pynvml.NVMLError(ret))}")
+                raise _DeviceError(f"nvmlDeviceGetUUID: {_describe(pynvml.NVMLError(ret))}", ret)
             uuid = uuid_buffer.value.decode()  # strict, as pynvml decodes: bad bytes fail the GPU
             info = self._mig_info.get(uuid)
             if info is None:
@@ -548,7 +629,7 @@ class NvmlSource:
                 continue
             if ret == ERROR_NOT_SUPPORTED:
                 return []
-            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
+            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}", ret)
         if self._list_version.get(key) != 0:
             log.warning("NVML has no usable %s for %s devices", _LIST_SYMBOLS[kind], target.kind)
             self._list_version[key] = 0
@@ -599,7 +680,7 @@ class NvmlSource:
         if ret == ERROR_NOT_FOUND:
             return []  # no sample newer than ``since``: idle, not unknown
         if ret != SUCCESS:
-            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}")
+            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}", ret)
         fresh, newest = newer_samples(parse_sample_rows(rows), since)
         self._last_seen[target.uuid] = newest
         return fresh

@@ -432,7 +432,7 @@ class Scraper:
         )
         draws = choose_readings(upstream, node.snapshot)
         parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
-        self._energy.advance(draws, parts)
+        self._energy.advance(draws, parts, answered=node.snapshot.taken_at > 0)
         self._idle.advance(
             node.snapshot.taken_at, node.attributions, node.allocated, upstream.activity
         )

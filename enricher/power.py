@@ -384,18 +384,26 @@ class EnergyLedger:
     counts nothing and the new reading is the baseline; an equal one adds nothing. A
     container that has no part on its GPU any more leaves the ledger (a later return starts
     again from 0, which Prometheus reads as a counter reset); while it stays, its total never
-    decreases. A GPU NVML does not list on a read keeps its containers and baseline, so a
-    brief NVML failure neither resets nor double-counts; a GPU whose energy counter was never
-    read has no entries.
+    decreases. A GPU NVML does not list leaves the ledger, containers and baseline, when NVML
+    listed other GPUs or ``answered`` (a GPU unbound or lost, the node's only one included);
+    a collection without NVML's answer (NVML down) keeps everything, so a brief NVML failure
+    neither resets nor double-counts. A GPU whose energy counter was never read has no
+    entries.
     """
 
     def __init__(self) -> None:
         self.totals: dict[EnergyKey, float] = {}
         self._baseline: dict[str, tuple[str, float]] = {}  # GPU uuid -> (source, mJ)
 
-    def advance(self, draws: Iterable[DeviceDraw], parts: Mapping[str, Sequence[Part]]) -> None:
+    def advance(
+        self,
+        draws: Iterable[DeviceDraw],
+        parts: Mapping[str, Sequence[Part]],
+        *,
+        answered: bool = False,
+    ) -> None:
         """Account one collection: ``draws`` from ``choose_readings``, ``parts`` from
-        ``split_power``."""
+        ``split_power``; ``answered``: NVML answered this collection (its snapshot was read)."""
         seen: set[str] = set()
         for draw in draws:
             uuid = draw.gpu_uuid
@@ -415,7 +423,7 @@ class EnergyLedger:
                 if p.who is not None:
                     k = (p.key, *p.who)
                     self.totals[k] += delta_j * p.share
-        if seen:
+        if seen or answered:
             for k in [k for k in self.totals if k[0][0] not in seen]:
                 del self.totals[k]
             for uuid in [u for u in self._baseline if u not in seen]:

@@ -9,6 +9,7 @@ GPUs between two scrapes. One record per line, fields separated by spaces::
     gpu INDEX UUID MIG NAME...            MIG: 1 on, 0 off, - not MIG-capable (NOT_SUPPORTED)
     mig GPU SLOT GI CI UUID NAME...       a MIG device in slot SLOT (0..7) of GPU
     power GPU MILLIWATTS MILLIJOULES      power draw and total energy (NOT_SUPPORTED without)
+    bind GPU GENERATION                   GPU was unbound and bound again that many times
     proc DEV PID MEMORY LIST              MEMORY: bytes or "na"; LIST: compute|graphics|mps
     util DEV PID TIMESTAMP SM [MEM]       one nvmlProcessUtilizationSample_t
     fail SYMBOL DEV CODE                  SYMBOL returns CODE for DEV
@@ -19,6 +20,16 @@ for ``fail``). A ``fail`` rule for ``G`` also hits that GPU's MIG devices. GPUs 
 in index order; an unparsable or oversized file makes init fail with NVML_ERROR_UNKNOWN (999)
 and prints the bad line to stderr. Limits: 64 GPUs, 8 MIG slots each, 4096 processes, 4096
 samples, 64 fail rules.
+
+GPUs come and go as in real NVML, where the device count and each index's handle are fixed at
+``nvmlInit``: the count and the GPU at each index are those the state had at the first init
+(the one with no init outstanding), and a handle stays bound to its GPU (its UUID) wherever
+a later state lists it. A GPU that a later state no longer lists, or lists with another
+``bind`` generation (unbound from the driver and bound again: ``gpu(binding=...)``), answers
+NVML_ERROR_GPU_IS_LOST (15) through its old handle, its MIG devices' handles and
+``nvmlDeviceGetHandleByIndex``; a GPU a later state adds is seen only after
+``nvmlShutdown`` and a new init, which numbers the GPUs as the state then lists them. ``DEV``
+and ``GPU`` in every record are indices in the state as it is now.
 
 When ``FAKE_NVML_LOG`` names a file, each call appends ``SYMBOL DEVICE [ARGS]`` to it
 (``DEVICE`` is ``-``, ``gpuN`` or ``gpuN/migS``); process lists and utilization log
@@ -172,11 +183,18 @@ class FakeNvmlState:
         uuid: str | None = None,
         name: str = "NVIDIA A100-SXM4-80GB",
         mig: bool | None = False,
+        binding: int = 0,
     ) -> FakeNvmlState:
-        """Add the next GPU (index = number added so far). ``mig=None``: not MIG-capable."""
+        """Add the next GPU (index = number added so far). ``mig=None``: not MIG-capable.
+        ``binding``: how many times it was unbound from the driver and bound again; handles
+        from an init that saw another generation answer GPU_IS_LOST."""
         index = len(self._gpus)
         if index >= MAX_GPUS:
             raise ValueError(f"at most {MAX_GPUS} GPUs")
+        if not 0 <= binding <= 1 << 20:
+            raise ValueError(f"binding out of range: {binding}")
+        if binding:
+            self._lines.append(f"bind {index} {binding}")
         mode = "-" if mig is None else str(int(mig))
         line = (
             f"gpu {index} {_token(uuid or default_gpu_uuid(index), 'uuid')} {mode} "

@@ -429,19 +429,27 @@ def test_mig_instances_recreated_while_running(fake: FakeNvml) -> None:
 
 
 def test_gpu_identity_read_again_after_a_failure(fake: FakeNvml) -> None:
+    """A GPU whose read fails (in a way that does not say it is lost) is forgotten: its
+    handle, UUID and name are read again on the next fetch, the other GPUs' are not, and
+    NVML is not initialised again."""
     state = FakeNvmlState().gpu().gpu().process(5, gpu=1)
     fake.write(state)
     src = fake.source()
     src.fetch()
     failing = FakeNvmlState().gpu().gpu().process(5, gpu=1)
-    failing.fail("nvmlDeviceGetMigMode", nvmlfake.ERROR_GPU_IS_LOST, gpu=1)
+    failing.fail("nvmlDeviceGetMigMode", nvmlfake.ERROR_UNKNOWN, gpu=1)
     fake.write(failing)
     assert [d.index for d in src.fetch().devices] == [0]
-    fake.write(FakeNvmlState().gpu().gpu(uuid="GPU-replaced", name="NVIDIA H200").process(5, gpu=1))
+    fake.write(state)
     fake.clear_log()
     snap = src.fetch()
-    assert [(d.uuid, d.name) for d in snap.devices][1] == ("GPU-replaced", "NVIDIA H200")
+    assert [(d.index, d.uuid) for d in snap.devices] == [
+        (0, nvmlfake.default_gpu_uuid(0)),
+        (1, nvmlfake.default_gpu_uuid(1)),
+    ]
     assert [c[2] for c in fake.calls_of("nvmlDeviceGetHandleByIndex_v2")] == ["1"]
+    assert fake.count("nvmlInitWithFlags") == 0
+    assert src.reinitializations_total == 0
 
 
 def test_fake_reload_changed_mode(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -580,6 +588,160 @@ def test_gpu_lost_on_one_device(fake: FakeNvml, symbol: str, gi: int | None) -> 
     assert src.errors_total == 1
     src.fetch()
     assert src.errors_total == 2
+
+
+# --------------------------------------------------------------------------- GPUs that come and go
+
+GPU_A, GPU_B, GPU_C = (nvmlfake.default_gpu_uuid(i) for i in range(3))
+PID = {GPU_A: 10, GPU_B: 11, GPU_C: 12}  # each GPU's own process
+
+
+def gpus(*uuids: str, rebound: tuple[str, ...] = ()) -> FakeNvmlState:
+    """A node whose GPUs are listed in this order (as an init would number them), each with
+    its own process; those ``rebound`` were unbound from the driver and bound again."""
+    state = FakeNvmlState()
+    for uuid in uuids:
+        state.gpu(uuid=uuid, binding=int(uuid in rebound))
+    for index, uuid in enumerate(uuids):
+        state.process(PID[uuid], gpu=index)
+    return state
+
+
+def seen(snap: Any) -> list[tuple[int, str]]:
+    """The snapshot's GPUs, after checking that every process is on the GPU it really runs on
+    (never one read through another GPU's handle) and under that GPU's index."""
+    index = {d.uuid: d.index for d in snap.devices}
+    for p in snap.processes:
+        assert p.gpu_uuid == next(u for u, pid in PID.items() if pid == p.pid), p
+        assert p.gpu_index == index[p.gpu_uuid], p
+    assert sorted(PID[u] for u in index) == sorted(p.pid for p in snap.processes)
+    return [(d.index, d.uuid) for d in snap.devices]
+
+
+def test_the_fake_fixes_its_gpus_at_init(fake: FakeNvml) -> None:
+    """As real NVML: the count and each index's handle are what init found; a handle follows
+    its GPU wherever the state lists it; a GPU bound to the driver again, or removed, answers
+    GPU_IS_LOST until the next init, which numbers the GPUs as they are then."""
+    fake.write(gpus(GPU_A, GPU_B))
+    src = fake.source()
+    src.fetch()
+    second = pynvml.nvmlDeviceGetHandleByIndex(1)
+    fake.write(gpus(GPU_A, GPU_C, GPU_B))  # C arrives before B
+    assert pynvml.nvmlDeviceGetCount() == 2
+    assert pynvml.nvmlDeviceGetUUID(second) == GPU_B
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(second)] == [PID[GPU_B]]
+    rebound, removed = gpus(GPU_A, GPU_C).gpu(uuid=GPU_B, binding=1), gpus(GPU_A, GPU_C)
+    for state in (rebound, removed):
+        fake.write(state)
+        assert pynvml.nvmlDeviceGetCount() == 2  # the fake reads its state again here
+        with pytest.raises(pynvml.NVMLError) as lost:
+            pynvml.nvmlDeviceGetUUID(second)
+        with pytest.raises(pynvml.NVMLError) as lost_index:
+            pynvml.nvmlDeviceGetHandleByIndex(1)
+        assert lost.value.value == lost_index.value.value == nvmlfake.ERROR_GPU_IS_LOST
+        assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == GPU_A
+    fake.write(gpus(GPU_C, GPU_A, GPU_B))
+    src.close()
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        found = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(3)]
+    finally:
+        pynvml.nvmlShutdown()
+    assert (count, found) == (3, [GPU_C, GPU_A, GPU_B])
+
+
+def test_a_gpu_that_leaves_and_comes_back(fake: FakeNvml) -> None:
+    """A GPU that leaves answers GPU_IS_LOST: that fetch drops it (an error, no process read
+    through its handle), the next initialises NVML again and numbers the GPUs left; while it
+    is missing NVML is initialised again once per retry interval, and the one after it comes
+    back lists it, without a restart."""
+    clock = FakeClock()
+    src = fake.source(retry_interval=30.0, clock=clock)
+    fake.write(gpus(GPU_A, GPU_B, GPU_C))
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B), (2, GPU_C)]
+
+    fake.write(gpus(GPU_A, GPU_C))  # B unbound: C's handle still reads C
+    snap = src.fetch()
+    assert seen(snap) == [(0, GPU_A), (2, GPU_C)]
+    assert len(snap.errors) == 1 and snap.errors[0].startswith("gpu 1: ")
+    assert "GPU is lost" in snap.errors[0]
+    assert (src.errors_total, src.reinitializations_total) == (1, 0)
+
+    reading = src.read()  # initialised again: the GPUs as they are now
+    assert reading.ok and seen(reading.value) == [(0, GPU_A), (1, GPU_C)]
+    assert (src.errors_total, src.reinitializations_total) == (1, 1)
+    assert fake.count("nvmlShutdown") == 1 and fake.count("nvmlInitWithFlags") == 2
+
+    fake.write(gpus(GPU_A, GPU_B, GPU_C, rebound=(GPU_B,)))  # B bound again, before C
+    clock.now += 29.0
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_C)]  # looked for once per interval, not now
+    assert fake.count("nvmlInitWithFlags") == 2
+    clock.now += 1.0
+    snap = src.fetch()
+    assert seen(snap) == [(0, GPU_A), (1, GPU_B), (2, GPU_C)] and snap.errors == ()
+    assert (src.errors_total, src.reinitializations_total) == (1, 2)
+    clock.now += 100.0
+    src.fetch()  # nothing missing: not initialised again
+    assert fake.count("nvmlInitWithFlags") == 3
+
+
+def test_gpus_that_swap_indices(fake: FakeNvml) -> None:
+    """Two GPUs unbound and bound again in the other order: their old handles are lost, so
+    the fetch that sees it lists neither (never one's processes under the other's UUID or
+    index), and the next lists each under its new index."""
+    clock = FakeClock()
+    src = fake.source(clock=clock)
+    fake.write(gpus(GPU_A, GPU_B))
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B)]
+    fake.write(gpus(GPU_B, GPU_A, rebound=(GPU_A, GPU_B)))
+    snap = src.fetch()
+    assert seen(snap) == [] and len(snap.errors) == 2
+    assert seen(src.fetch()) == [(0, GPU_B), (1, GPU_A)]
+    assert src.reinitializations_total == 1
+
+
+def test_a_gpu_that_arrives_while_another_is_missing(fake: FakeNvml) -> None:
+    """The count changes at a new init only: a GPU that takes the place of one that left is
+    found when NVML is initialised again to look for the missing one."""
+    clock = FakeClock()
+    src = fake.source(retry_interval=10.0, clock=clock)
+    fake.write(gpus(GPU_A, GPU_B))
+    src.fetch()
+    fake.write(gpus(GPU_A))
+    assert seen(src.fetch()) == [(0, GPU_A)]
+    assert seen(src.fetch()) == [(0, GPU_A)]
+    assert pynvml.nvmlDeviceGetCount() == 1
+    fake.write(gpus(GPU_A, GPU_C))
+    assert seen(src.fetch()) == [(0, GPU_A)]
+    clock.now += 10.0
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_C)]
+    assert src.reinitializations_total == 2
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param(nvmlfake.ERROR_GPU_IS_LOST, id="lost"),
+        pytest.param(nvmlfake.ERROR_UNINITIALIZED, id="uninitialized"),
+    ],
+)
+def test_a_gpu_lost_for_good_starts_nvml_over_once_per_interval(fake: FakeNvml, code: int) -> None:
+    """A GPU that stays enumerated but answers that it is lost (fallen off the bus) makes
+    NVML start over at most once per retry interval; each fetch meanwhile reports it, and it
+    is read again as soon as it answers."""
+    clock = FakeClock()
+    src = fake.source(retry_interval=30.0, clock=clock)
+    fake.write(gpus(GPU_A, GPU_B).fail("nvmlDeviceGetMigMode", code, gpu=1))
+    for _ in range(4):
+        snap = src.fetch()
+        assert seen(snap) == [(0, GPU_A)] and len(snap.errors) == 1
+        clock.now += 5.0
+    assert src.errors_total == 4
+    assert (fake.count("nvmlInitWithFlags"), src.reinitializations_total) == (2, 1)
+    fake.write(gpus(GPU_A, GPU_B))
+    assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B)]
+    assert (fake.count("nvmlInitWithFlags"), src.reinitializations_total) == (2, 1)
 
 
 def test_mig_mode_changes_between_fetches(fake: FakeNvml) -> None:

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
+from enricher.idle import LAST_ACTIVE
 from enricher.labels import DeviceKey, RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
 from enricher.power import (
@@ -56,7 +57,7 @@ from enricher.textformat import watched_lines
 
 from .conftest import assert_valid_exposition
 from .harness import MakeStack, cid, nvml_state_of, series
-from .nvmlfake import FakeNvml
+from .nvmlfake import FakeNvml, FakeNvmlState
 
 U0 = "GPU-00000000-0000-4000-8000-000000000000"
 U1 = "GPU-11111111-1111-4111-8111-111111111111"
@@ -572,6 +573,21 @@ def test_energy_counter_rules() -> None:
     assert ledger.totals == {}
 
 
+def test_energy_of_the_only_gpu_leaves_when_nvml_lists_none() -> None:
+    """A collection where NVML answered but listed no GPU (the node's only one unbound or
+    lost) drops that GPU's containers, as one where it listed others does; one without NVML's
+    answer (NVML down) keeps them."""
+    ledger = EnergyLedger()
+    parts = split_power(ONE_GPU, [att(1, A, sm=1.0)])
+    for mj in (1_000.0, 3_000.0):
+        ledger.advance([DeviceDraw(U0, None, SOURCE_NVML, mj, SOURCE_NVML)], parts)
+    assert list(ledger.totals.values()) == [2.0]
+    ledger.advance([], {})
+    assert list(ledger.totals.values()) == [2.0]
+    ledger.advance([], {}, answered=True)
+    assert ledger.totals == {}
+
+
 # --------------------------------------------------------------------------- the full stack
 
 NODE = "power-node"
@@ -713,6 +729,53 @@ async def test_nvml_power_when_the_upstream_has_none(
     # The node page shows each container's watts.
     page = await (await node.client.get("/")).text()
     assert "187.5 W" in page and "62.5 W" in page and "55.5 W" in page
+
+
+async def test_a_gpu_that_leaves_and_comes_back(full_stack: MakeStack, fake_nvml: FakeNvml) -> None:
+    """Through the real app: the collection that finds the shared GPU unbound (its handle
+    lost) writes none of its containers' series, read through the stale handle or kept from
+    before, and says so in the nvml source's self-metrics; the next initialises NVML again
+    and is up, the idle GPU read under its new index; bound again, the GPU and its containers
+    are back within the retry interval (0 here), without a restart."""
+    node = await full_stack(
+        upstream=lambda: upstream_text(400.0, 1_000_000),
+        nvml=nvml_at(2_000),
+        proc=lambda root: write_proc_tree(root, POWER_NODE, 1_700_000_000.0),
+        node=NODE,
+        pods=[pod_object(p, NODE) for p in POWER_NODE.pods],
+        gpu=fake_nvml.source(retry_interval=0.0),
+    )
+
+    def nvml_health(text: str) -> tuple[str, str]:
+        (up,) = [s for s in series(text, "dcgm_enricher_source_up") if s["source"] == "nvml"]
+        (errors,) = [
+            s for s in series(text, "dcgm_enricher_source_errors_total") if s["source"] == "nvml"
+        ]
+        return up["__value__"], errors["__value__"]
+
+    def containers(text: str) -> set[tuple[str, str]]:
+        return {
+            (s["UUID"], s["pod"])
+            for name in (POWER, ENERGY, LAST_ACTIVE, "gpu_container_memory_used_bytes")
+            for s in series(text, name)
+        }
+
+    on_shared = {(SHARED_GPU.uuid, "chat-0"), (SHARED_GPU.uuid, "embed-0")}
+    text = await node.scrape()
+    assert containers(text) == on_shared and nvml_health(text) == ("1.0", "0.0")
+
+    unbound = FakeNvmlState(driver=POWER_NODE.driver).gpu(uuid=IDLE_GPU.uuid, name=IDLE_GPU.name)
+    fake_nvml.write(unbound)
+    text = await node.scrape()
+    assert containers(text) == set() and nvml_health(text) == ("0.0", "1.0")
+    assert values(text, UNATTR_POWER) == {("1", "", REASON_IDLE): 60.0}
+    text = await node.scrape()
+    assert containers(text) == set() and nvml_health(text) == ("1.0", "1.0")
+    assert values(text, UNATTR_POWER) == {("1", "", REASON_IDLE): 60.0}
+
+    fake_nvml.write(nvml_at(3_000))
+    text = await node.scrape()
+    assert containers(text) == on_shared and nvml_health(text) == ("1.0", "1.0")
 
 
 def test_the_rewrites_watched_lines_give_the_whole_bodys_power() -> None:

@@ -20,6 +20,15 @@
  * A "hang SYMBOL DEV" line makes SYMBOL block forever for DEV (a wedged driver): it logs
  * "hang" and waits in pause(), so a test can check that nothing waits on it for good.
  *
+ * GPUs come and go as in real NVML: the device count and each index's handle are fixed when
+ * the library is first initialised (nvmlInit with no init outstanding), whatever the state
+ * file says later; a handle stays bound to its GPU (its UUID), wherever the state lists it
+ * now. A GPU the state no longer lists, or lists with another "bind" generation (unbound
+ * from the driver and bound again), answers NVML_ERROR_GPU_IS_LOST through its handle and
+ * its MIG devices' handles, and nvmlDeviceGetHandleByIndex answers it for its index; a GPU
+ * the state adds is seen by the next init only. Processes, samples, MIG instances, power and
+ * fail rules name GPUs by their index in the state as it is now.
+ *
  * Build variants: -DFAKE_NVML_NO_V3 / -DFAKE_NVML_NO_V2 / -DFAKE_NVML_NO_V1 leave out the
  * process-list symbols of that version, to exercise the real missing-symbol path.
  */
@@ -106,6 +115,7 @@ struct fake_gpu {
     char name[FAKE_STR];
     int mig; /* 0 off, 1 on, -1 not supported */
     int has_power; /* 0: power and energy readings are NOT_SUPPORTED (no "power" line) */
+    unsigned int binding; /* times bound to the driver again ("bind" line); 0 without */
     unsigned int power_mw;
     unsigned long long energy_mj;
 };
@@ -160,6 +170,12 @@ static struct fake_state g_next; /* parsed into first, so a bad file never leave
 static struct nvmlDevice_st g_gpu_handles[FAKE_MAX_GPUS];
 static struct nvmlDevice_st g_mig_handles[FAKE_MAX_GPUS][FAKE_MAX_MIGS];
 static int g_init_count;
+/* The GPUs as the first init found them: the count, each index's UUID and binding (see the
+ * top), and where each is in the current state (-1: lost). */
+static int g_bound_count;
+static char g_bound_uuid[FAKE_MAX_GPUS][FAKE_STR];
+static unsigned int g_bound_binding[FAKE_MAX_GPUS];
+static int g_where[FAKE_MAX_GPUS];
 
 /* ------------------------------------------------------------------ call log */
 
@@ -349,6 +365,17 @@ static int parse_line(struct fake_state *st, char *line)
         st->gpus[gpu].energy_mj = mj;
         return 0;
     }
+    if (strcmp(tok[0], "bind") == 0 && n == 3) {
+        /* bind GPU GENERATION: the GPU was unbound and bound again that many times */
+        int gpu;
+        unsigned long long gen;
+        if (parse_int(tok[1], FAKE_MAX_GPUS - 1, &gpu) != 0 || gpu >= st->ngpus ||
+            parse_uint(tok[2], 1 << 20, &gen) != 0) {
+            return -1;
+        }
+        st->gpus[gpu].binding = (unsigned int)gen;
+        return 0;
+    }
     if (strcmp(tok[0], "proc") == 0 && n == 5) {
         /* proc DEV PID MEM|na compute|graphics|mps */
         if (st->nprocs >= FAKE_MAX_PROCS) {
@@ -460,6 +487,22 @@ static int state_unchanged(void)
            st.st_mtim.tv_nsec == g_loaded.st_mtim.tv_nsec;
 }
 
+/* Where each GPU init found is in the current state: the GPU of the same UUID and binding,
+ * or -1 (lost). */
+static void locate(void)
+{
+    for (int b = 0; b < g_bound_count; b++) {
+        g_where[b] = -1;
+        for (int i = 0; i < g_state.ngpus; i++) {
+            if (strcmp(g_state.gpus[i].uuid, g_bound_uuid[b]) == 0 &&
+                g_state.gpus[i].binding == g_bound_binding[b]) {
+                g_where[b] = i;
+                break;
+            }
+        }
+    }
+}
+
 /* Re-read $FAKE_NVML_STATE; on any problem the state becomes "every call fails". */
 static void reload_state(void)
 {
@@ -502,6 +545,7 @@ static void reload_state(void)
         return;
     }
     memcpy(&g_state, &g_next, sizeof(g_state));
+    locate();
 }
 
 /* ------------------------------------------------------------------ helpers */
@@ -522,23 +566,40 @@ static int handle_gpu(nvmlDevice_t h)
     return 0;
 }
 
-/* 0 when h is a handle to something that exists in the current state. */
-static int handle_valid(nvmlDevice_t h)
+/* 1 when the GPU init found at `index` is gone: removed, or bound to the driver again. */
+static int gpu_lost(int index)
+{
+    return g_where[index] < 0;
+}
+
+/* The index in the current state of the GPU a handle (checked, not lost) is bound to. */
+static int at(nvmlDevice_t h)
+{
+    return g_where[h->gpu];
+}
+
+/* What a call through h answers before its own checks: INVALID_ARGUMENT for something that
+ * is not a handle init gave out (or a MIG slot that is empty now), GPU_IS_LOST for the handle
+ * of a GPU that left; SUCCESS for a handle to something that exists in the current state. */
+static nvmlReturn_t handle_check(nvmlDevice_t h)
 {
     int kind = handle_gpu(h);
-    if (kind == 0 || h->gpu >= g_state.ngpus) {
-        return -1;
+    if (kind == 0 || h->gpu >= g_bound_count) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (gpu_lost(h->gpu)) {
+        return NVML_ERROR_GPU_IS_LOST;
     }
     if (kind == 2 &&
-        (g_state.gpus[h->gpu].mig != 1 || !g_state.migs[h->gpu][h->slot].present)) {
-        return -1;
+        (g_state.gpus[at(h)].mig != 1 || !g_state.migs[at(h)][h->slot].present)) {
+        return NVML_ERROR_INVALID_ARGUMENT;
     }
-    return 0;
+    return NVML_SUCCESS;
 }
 
 static const struct fake_mig *handle_mig(nvmlDevice_t h)
 {
-    return h->slot < 0 ? NULL : &g_state.migs[h->gpu][h->slot];
+    return h->slot < 0 ? NULL : &g_state.migs[at(h)][h->slot];
 }
 
 static int sel_matches_handle(const struct dev_sel *d, nvmlDevice_t h)
@@ -546,7 +607,7 @@ static int sel_matches_handle(const struct dev_sel *d, nvmlDevice_t h)
     if (d->all) {
         return 1;
     }
-    if (h == NULL || d->gpu != h->gpu) {
+    if (h == NULL || d->gpu != at(h)) {
         return 0;
     }
     const struct fake_mig *m = handle_mig(h);
@@ -564,7 +625,7 @@ static int fail_matches_handle(const struct dev_sel *d, nvmlDevice_t h)
     if (d->all) {
         return 1;
     }
-    if (h == NULL || d->gpu != h->gpu) {
+    if (h == NULL || d->gpu != at(h)) {
         return 0;
     }
     const struct fake_mig *m = handle_mig(h);
@@ -601,8 +662,11 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t h, int needs_handle)
     if (g_state.status != NVML_SUCCESS) {
         return g_state.status;
     }
-    if (needs_handle && (h == NULL || handle_valid(h) != 0)) {
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (needs_handle) {
+        nvmlReturn_t rc = h == NULL ? NVML_ERROR_INVALID_ARGUMENT : handle_check(h);
+        if (rc != NVML_SUCCESS) {
+            return rc;
+        }
     }
     return forced(fn, h);
 }
@@ -646,6 +710,15 @@ static nvmlReturn_t do_init(const char *fn)
     }
     if (g_state.status != NVML_SUCCESS) {
         return g_state.status;
+    }
+    if (g_init_count == 0) {
+        /* Real NVML enumerates on the first init only; a nested one only counts. */
+        g_bound_count = g_state.ngpus;
+        for (int i = 0; i < g_state.ngpus; i++) {
+            strcpy(g_bound_uuid[i], g_state.gpus[i].uuid);
+            g_bound_binding[i] = g_state.gpus[i].binding;
+        }
+        locate();
     }
     g_init_count++;
     return NVML_SUCCESS;
@@ -724,7 +797,7 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
     if (deviceCount == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    *deviceCount = (unsigned int)g_state.ngpus;
+    *deviceCount = (unsigned int)g_bound_count; /* what init found, not what the state says */
     return NVML_SUCCESS;
 }
 
@@ -732,8 +805,11 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 {
     fake_log("nvmlDeviceGetHandleByIndex_v2", NULL, "%u", index);
     ENTER("nvmlDeviceGetHandleByIndex_v2", NULL, 0);
-    if (device == NULL || index >= (unsigned int)g_state.ngpus) {
+    if (device == NULL || index >= (unsigned int)g_bound_count) {
         return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (gpu_lost((int)index)) {
+        return NVML_ERROR_GPU_IS_LOST; /* as nvidia-smi shows a GPU that fell off the bus */
     }
     /* A forced failure for one GPU ("fail nvmlDeviceGetHandleByIndex_v2 1 15"). */
     nvmlReturn_t rc = forced("nvmlDeviceGetHandleByIndex_v2", &g_gpu_handles[index]);
@@ -749,7 +825,7 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     fake_log("nvmlDeviceGetUUID", device, NULL);
     ENTER("nvmlDeviceGetUUID", device, 1);
     const struct fake_mig *m = handle_mig(device);
-    return copy_out(uuid, length, m ? m->uuid : g_state.gpus[device->gpu].uuid);
+    return copy_out(uuid, length, m ? m->uuid : g_state.gpus[at(device)].uuid);
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
@@ -757,7 +833,7 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
     fake_log("nvmlDeviceGetName", device, NULL);
     ENTER("nvmlDeviceGetName", device, 1);
     const struct fake_mig *m = handle_mig(device);
-    return copy_out(name, length, m ? m->name : g_state.gpus[device->gpu].name);
+    return copy_out(name, length, m ? m->name : g_state.gpus[at(device)].name);
 }
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
@@ -779,10 +855,10 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
     if (currentMode == NULL || pendingMode == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    if (handle_mig(device) != NULL || g_state.gpus[device->gpu].mig < 0) {
+    if (handle_mig(device) != NULL || g_state.gpus[at(device)].mig < 0) {
         return NVML_ERROR_NOT_SUPPORTED;
     }
-    *currentMode = (unsigned int)g_state.gpus[device->gpu].mig;
+    *currentMode = (unsigned int)g_state.gpus[at(device)].mig;
     *pendingMode = *currentMode;
     return NVML_SUCCESS;
 }
@@ -794,7 +870,7 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *c
     if (count == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    if (handle_mig(device) != NULL || g_state.gpus[device->gpu].mig < 0) {
+    if (handle_mig(device) != NULL || g_state.gpus[at(device)].mig < 0) {
         return NVML_ERROR_NOT_SUPPORTED;
     }
     *count = FAKE_MAX_MIGS;
@@ -809,10 +885,10 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
     if (migDevice == NULL || handle_mig(device) != NULL || index >= FAKE_MAX_MIGS) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    if (g_state.gpus[device->gpu].mig != 1) {
+    if (g_state.gpus[at(device)].mig != 1) {
         return NVML_ERROR_NOT_SUPPORTED;
     }
-    if (!g_state.migs[device->gpu][index].present) {
+    if (!g_state.migs[at(device)][index].present) {
         return NVML_ERROR_NOT_FOUND;
     }
     *migDevice = &g_mig_handles[device->gpu][index];
@@ -888,7 +964,7 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
     if (power == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    const struct fake_gpu *g = &g_state.gpus[device->gpu];
+    const struct fake_gpu *g = &g_state.gpus[at(device)];
     if (handle_mig(device) != NULL || !g->has_power) {
         return NVML_ERROR_NOT_SUPPORTED;
     }
@@ -903,7 +979,7 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
     if (energy == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    const struct fake_gpu *g = &g_state.gpus[device->gpu];
+    const struct fake_gpu *g = &g_state.gpus[at(device)];
     if (handle_mig(device) != NULL || !g->has_power) {
         return NVML_ERROR_NOT_SUPPORTED;
     }
