@@ -326,6 +326,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, server=True)
     p = sub.add_parser("demo", help="run the real pipeline on a simulated node (no GPU needed)")
     _add_common(p, server=True)
+    from .simnode.dialects import ALIASES, DIALECTS, NEWEST
+
+    p.add_argument(
+        "--demo.exporter-version",
+        dest="demo_exporter_version",
+        metavar="VERSION",
+        choices=sorted(DIALECTS) + sorted(ALIASES),
+        default=_env("--demo.exporter-version", NEWEST),
+        help="the dcgm-exporter release whose /metrics the simulated exporter writes: "
+        f"{', '.join(sorted(DIALECTS))} (or a release tag such as 4.6.1-4.8.4, or 3.3, 4.2); "
+        "default: %(default)s",
+    )
+    p.add_argument(
+        "--demo.kubernetes-virtual-gpus",
+        dest="demo_virtual_gpus",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("--demo.kubernetes-virtual-gpus", False),
+        help="the simulated exporter runs with dcgm-exporter's --kubernetes-virtual-gpus "
+        "(4.2 on): a shared device's series once per pod",
+    )
     p = sub.add_parser("resolve", help="print what the cgroup of each PID says, as JSON lines")
     _add_common(p, server=False)
     _add_demo_flag(p)
@@ -470,8 +490,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ps(config, sys.stdout, pods=pods, gpu=gpu)
     if command == "demo":
         from .demo import run_demo
+        from .simnode.dialects import DIALECTS, dialect
 
-        return asyncio.run(run_demo(config))
+        version = dialect(ns.demo_exporter_version).version
+        if ns.demo_virtual_gpus and DIALECTS[version].virtual == "none":
+            print(
+                f"dcgm-enricher demo: dcgm-exporter {version} has no --kubernetes-virtual-gpus "
+                "(it came in 4.0.3)",
+                file=sys.stderr,
+            )
+            return 2
+        return asyncio.run(run_demo(config, version, bool(ns.demo_virtual_gpus)))
     from .commands import run_server
 
     return asyncio.run(run_server(config))

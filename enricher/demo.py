@@ -39,19 +39,25 @@ from .simnode.api import (
     resource_slices,
     static_slice_lister,
 )
+from .simnode.dialects import (
+    NEWEST,
+    PER_PROCESS_FIELDS,
+    VIRTUAL_COPIES,
+    VIRTUAL_NONE,
+    VIRTUAL_SHARES,
+    Row,
+    dialect,
+    render,
+)
 from .simnode.fakeproc import write_proc_tree
 from .simnode.gpus import MIG_PROCESS_LOAD, SimulatedGpus, collected_at, wave
 from .simnode.kubelet import SimulatedKubelet, allocations, list_response
 from .simnode.node import SimNode, SimPod, SimProc
-from .textformat import FamilyWriter
 
 NODE = "demo-gpu-node-1"
 # The simulated dcgm-exporter's host label holds its pod's name, as dcgm-exporter writes it
 # where the manifest sets no NODE_NAME; the enricher's node label names the node.
 EXPORTER_POD = "dcgm-exporter-demo"
-# dcgm-exporter's name for that label since 4.8.3 (NVIDIA's commit d5e5f51; Hostname before),
-# the spelling of 4.8.4, the release the install docs pin.
-HOST_LABEL = "hostname"
 
 
 def _cid(n: int) -> str:
@@ -286,43 +292,16 @@ TAINTS = {GPUS[7].uuid: (DeviceTaint("gpu.nvidia.com/unmonitored", "", "NoSchedu
 
 # --------------------------------------------------------------------------- fake dcgm-exporter
 
-_FIELDS = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", False),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", False),
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", False),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", False),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "counter",
-        "Total energy consumption since boot (in mJ).",
-        False,
-    ),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", False),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", False),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", False),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", False),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", True),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", True),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", True),
-    (
+# The fields of the simulated exporter's counters file, and whether a MIG GPU reports each per
+# GPU instance (memory and profiling) or for the whole GPU. Which of them a release writes, in
+# which order and with which HELP text: enricher.simnode.dialects.
+_PER_INSTANCE = frozenset(
+    {
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_RESERVED",
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        "gauge",
-        "Ratio of time the graphics engine is active.",
-        True,
-    ),
-    (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "counter",
-        "Rows remapped after uncorrectable memory errors.",
-        False,
-    ),
-    (
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "counter",
-        "Rows remapped after correctable memory errors.",
-        False,
-    ),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether a row remapping has failed.", False),
+    }
 )
 
 
@@ -353,85 +332,185 @@ def device_usage(
     return used, busy
 
 
-def render_upstream(gpus: SimulatedGpus, t: float) -> str:
-    """The SIMULATED dcgm-exporter's /metrics: its label names and order, moving values."""
+def _device_labels(gpu: GpuDevice, mig: MigDevice | None) -> tuple[tuple[str, str], ...]:
+    labels = [
+        ("gpu", str(gpu.index)),
+        ("UUID", gpu.uuid),
+        ("pci_bus_id", f"00000000:{0x17 + gpu.index * 0x10:02X}:00.0"),
+        ("device", f"nvidia{gpu.index}"),
+        ("modelName", gpu.name),
+    ]
+    if mig is not None:
+        labels += [("GPU_I_PROFILE", mig.profile), ("GPU_I_ID", str(mig.gi_id))]
+    return tuple(labels)
+
+
+def _pod_attributes(pod: SimPod, mig: MigDevice | None, dra: bool) -> list[tuple[str, str]]:
+    attributes = [("container", pod.container), ("namespace", pod.namespace), ("pod", pod.name)]
+    for c in pod.claims if dra else ():
+        attributes += [
+            ("dra_claim_name", c.claim_name),
+            ("dra_claim_namespace", c.claim_namespace),
+            ("dra_driver_name", c.driver),
+            ("dra_pool_name", c.pool),
+            ("dra_device_name", c.device),
+        ]
+        if mig is not None:
+            attributes += [("dra_mig_profile", mig.profile), ("dra_mig_device_uuid", mig.uuid)]
+    return attributes
+
+
+def sharing_pods() -> dict[tuple[int, int | None], list[tuple[SimPod, str]]]:
+    """What dcgm-exporter's PodResources mapping for --kubernetes-virtual-gpus holds: per
+    device (GPU, GPU instance), each pod the kubelet gives it to, with the replica number the
+    device ID ends in (``vgpu``; empty for a whole device), in the kubelet's order."""
+    out: dict[tuple[int, int | None], list[tuple[SimPod, str]]] = {}
+    by_uuid = {g.uuid: (g.index, None) for g in GPUS} | {
+        m.uuid: (m.gpu_index, m.gi_id) for m in MIGS
+    }
+    for pod in PODS:
+        for device in pod.devices:
+            uuid, _, replica = device.partition("::")
+            key = by_uuid.get(uuid)
+            if key is not None:
+                out.setdefault(key, []).append((pod, replica))
+    return out
+
+
+def _pod_share(
+    gpus: SimulatedGpus, t: float, name: str, pod: SimPod, key: tuple[int, int | None]
+) -> int:
+    """The value 4.8.2 on writes for ``pod`` on device ``key``: its processes' FB_USED (each
+    one's bytes in whole MiB, process_metrics.go@691c927:88-100) or SM utilization (NVML's
+    per-process %, none on a MIG instance), summed per pod (buildPodValueMap, formatted %d)."""
+    total = 0
+    for p in PROCS:
+        if p.pod is not pod or (p.gpu, p.gi) != key:
+            continue
+        if name == "DCGM_FI_DEV_FB_USED":
+            total += (gpus.proc_memory(p, t) or 0) // 2**20
+        else:
+            util = gpus.proc_util(p, t)
+            total += 0 if util is None else round(100 * util)
+    return total
+
+
+def render_upstream(
+    gpus: SimulatedGpus,
+    t: float,
+    version: str = NEWEST,
+    virtual_gpus: bool = False,
+) -> str:
+    """The SIMULATED dcgm-exporter's /metrics at ``t``, in the dialect of dcgm-exporter
+    ``version`` (enricher.simnode.dialects), in Kubernetes mode, with or without
+    ``--kubernetes-virtual-gpus``."""
+    dia = dialect(version)
+    if virtual_gpus and dia.virtual == VIRTUAL_NONE:
+        raise ValueError(f"dcgm-exporter {dia.version} has no --kubernetes-virtual-gpus")
     used, busy = device_usage(gpus, t)
-    w = FamilyWriter()
-    for name, typ, help_text, per_instance in _FIELDS:
-        w.family(name, help_text, typ)
+    sharing = sharing_pods() if virtual_gpus else {}
+    rows: list[Row] = []
+    for name, _typ, _help in dia.counters:
         for gpu in GPUS:
             instances: list[MigDevice | None] = (
                 [m for m in MIGS if m.gpu_index == gpu.index]
-                if gpu.mig_enabled and per_instance
+                if gpu.mig_enabled and name in _PER_INSTANCE
                 else [None]
             )
             for mig in instances:
                 gi = mig.gi_id if mig else None
-                labels = [
-                    ("gpu", str(gpu.index)),
-                    ("UUID", gpu.uuid),
-                    ("pci_bus_id", f"00000000:{0x17 + gpu.index * 0x10:02X}:00.0"),
-                    ("device", f"nvidia{gpu.index}"),
-                    ("modelName", gpu.name),
-                ]
-                if mig is not None:
-                    labels += [("GPU_I_PROFILE", mig.profile), ("GPU_I_ID", str(gi))]
-                labels.append((HOST_LABEL, EXPORTER_POD))
-                pod = UPSTREAM_PODS.get((gpu.index, gi))
+                key = (gpu.index, gi)
+                device = _device_labels(gpu, mig)
+                value = _field_value(name, gpus, t, gpu, mig, used, busy)
+                xid: list[tuple[str, str]] = []
+                if name == "DCGM_FI_DEV_XID_ERRORS" and dia.xid_attributes:
+                    xid = [("err_code", str(value)), ("err_msg", "No Error")]
+                pod = UPSTREAM_PODS.get(key)
+                if pod is not None and pod.claims and not dia.dra:
+                    pod = None  # a ResourceClaim's device: this release cannot see its pod
+                on_device = sharing.get(key, []) if pod is None or not pod.claims else []
+                if on_device:
+                    if dia.virtual == VIRTUAL_SHARES and name in PER_PROCESS_FIELDS:
+                        rows.append(Row(name, device, tuple(xid), value))
+                        rows.extend(
+                            Row(
+                                name,
+                                device,
+                                (
+                                    *_pod_attributes(p, mig, False),
+                                    ("pod_uid", p.uid),
+                                    *((("vgpu", replica),) if replica else ()),
+                                ),
+                                _pod_share(gpus, t, name, p, key),
+                            )
+                            for p, replica in on_device
+                        )
+                    else:
+                        rows.extend(
+                            Row(
+                                name,
+                                device,
+                                (
+                                    *xid,
+                                    *_pod_attributes(p, mig, False),
+                                    *((("vgpu", replica),) if replica else ()),
+                                ),
+                                value,
+                            )
+                            for p, replica in on_device
+                        )
+                    continue
+                if virtual_gpus and dia.virtual == VIRTUAL_COPIES and pod is None:
+                    continue  # 4.2.0: a device no pod holds loses its series
+                attributes = list(xid)
                 if pod is not None:
-                    labels += [
-                        ("container", pod.container),
-                        ("namespace", pod.namespace),
-                        ("pod", pod.name),
-                    ]
-                    for c in pod.claims:
-                        labels += [
-                            ("dra_claim_name", c.claim_name),
-                            ("dra_claim_namespace", c.claim_namespace),
-                            ("dra_driver_name", c.driver),
-                            ("dra_pool_name", c.pool),
-                            ("dra_device_name", c.device),
-                        ]
-                        if mig is not None:
-                            labels += [
-                                ("dra_mig_profile", mig.profile),
-                                ("dra_mig_device_uuid", mig.uuid),
-                            ]
-                total = (
-                    40_960
-                    if mig and mig.profile == "3g.40gb"
-                    else (
-                        20_480 if mig and mig.profile == "2g.20gb" else (10_240 if mig else 81_920)
-                    )
-                )
-                # Whole MiB, as DCGM writes them: rounded up, so the processes never list more
-                # than FB_USED says the device holds.
-                mem = math.ceil(used.get((gpu.index, gi), 0.0))
-                reserved = 0 if mig else DRIVER_RESERVED_MIB
-                load = min(1.0, busy.get((gpu.index, gi), 0.0))
-                value = {
-                    "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
-                    "DCGM_FI_DEV_MEM_CLOCK": 1593,
-                    "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * wave(t, 300, gpu.index)),
-                    "DCGM_FI_DEV_POWER_USAGE": round(gpus.power_watts(gpu.index, t), 3),
-                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(
-                        gpus.energy_millijoules(gpu.index, t)
-                    ),
-                    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
-                    "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
-                    "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),
-                    "DCGM_FI_DEV_XID_ERRORS": 0,
-                    "DCGM_FI_DEV_FB_FREE": max(0, total - mem - reserved),
-                    "DCGM_FI_DEV_FB_USED": mem,
-                    "DCGM_FI_DEV_FB_RESERVED": reserved,
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(load, 6),
-                    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
-                    # One GPU has had a few correctable errors, as aging HBM does.
-                    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2 if gpu.index == 3 else 0,
-                    "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
-                }[name]
-                w.sample(name, labels, value)
-    return w.render()
+                    attributes += _pod_attributes(pod, mig, dia.dra)
+                elif dia.empty_pod_labels:
+                    attributes += [("container", ""), ("namespace", ""), ("pod", "")]
+                rows.append(Row(name, device, tuple(attributes), value))
+    return render(dia, EXPORTER_POD, rows)
+
+
+def _field_value(
+    name: str,
+    gpus: SimulatedGpus,
+    t: float,
+    gpu: GpuDevice,
+    mig: MigDevice | None,
+    used: dict[tuple[int, int | None], float],
+    busy: dict[tuple[int, int | None], float],
+) -> int | float:
+    gi = mig.gi_id if mig else None
+    total = (
+        40_960
+        if mig and mig.profile == "3g.40gb"
+        else (20_480 if mig and mig.profile == "2g.20gb" else (10_240 if mig else 81_920))
+    )
+    # Whole MiB, as DCGM writes them: rounded up, so the processes never list more than
+    # FB_USED says the device holds.
+    mem = math.ceil(used.get((gpu.index, gi), 0.0))
+    reserved = 0 if mig else DRIVER_RESERVED_MIB
+    load = min(1.0, busy.get((gpu.index, gi), 0.0))
+    values: dict[str, int | float] = {
+        "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
+        "DCGM_FI_DEV_MEM_CLOCK": 1593,
+        "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * wave(t, 300, gpu.index)),
+        "DCGM_FI_DEV_POWER_USAGE": round(gpus.power_watts(gpu.index, t), 3),
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(gpus.energy_millijoules(gpu.index, t)),
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
+        "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
+        "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),
+        "DCGM_FI_DEV_XID_ERRORS": 0,
+        "DCGM_FI_DEV_FB_FREE": max(0, total - mem - reserved),
+        "DCGM_FI_DEV_FB_USED": mem,
+        "DCGM_FI_DEV_FB_RESERVED": reserved,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(load, 6),
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+        # One GPU has had a few correctable errors, as aging HBM does.
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2 if gpu.index == 3 else 0,
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+    }
+    return values[name]
 
 
 # Like dcgm-exporter, the simulated one collects on an interval and serves the same body
@@ -440,11 +519,18 @@ UPSTREAM_COLLECT_INTERVAL = 5.0
 
 
 def make_upstream_app(
-    gpus: SimulatedGpus, collect_interval: float = UPSTREAM_COLLECT_INTERVAL
+    gpus: SimulatedGpus,
+    collect_interval: float = UPSTREAM_COLLECT_INTERVAL,
+    version: str = NEWEST,
+    virtual_gpus: bool = False,
 ) -> web.Application:
+    render_upstream(gpus, 0.0, version, virtual_gpus)  # an unknown version fails here, at start
+
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(
-            text=render_upstream(gpus, collected_at(gpus.clock(), collect_interval)),
+            text=render_upstream(
+                gpus, collected_at(gpus.clock(), collect_interval), version, virtual_gpus
+            ),
             content_type="text/plain",
             charset="utf-8",
         )
@@ -478,16 +564,24 @@ def demo_pods(config: Config) -> StaticPods:
 
 
 async def start_demo(
-    config: Config, proc_root: Path, socket_path: Path, clock: Callable[[], float] = time.time
+    config: Config,
+    proc_root: Path,
+    socket_path: Path,
+    clock: Callable[[], float] = time.time,
+    *,
+    exporter_version: str = NEWEST,
+    virtual_gpus: bool = False,
 ) -> tuple[Scraper, list[web.AppRunner], SimulatedKubelet]:
     """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them.
-    ``clock``: the simulated node's time (tests freeze it)."""
+    ``clock``: the simulated node's time (tests freeze it); ``exporter_version`` and
+    ``virtual_gpus``: the dialect the simulated dcgm-exporter speaks (ValueError if unknown)."""
     gpus = demo_gpus(clock)
+    upstream_app = make_upstream_app(gpus, version=exporter_version, virtual_gpus=virtual_gpus)
     write_proc_tree(proc_root, DEMO, clock())
     response = list_response(allocations(PODS))
     kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
     kubelet.start()
-    upstream = await serve(make_upstream_app(gpus), "127.0.0.1:0", max_header_bytes=8190)
+    upstream = await serve(upstream_app, "127.0.0.1:0", max_header_bytes=8190)
     port = upstream.addresses[0][1]
     pods = demo_pods(config)
     demo_config = replace(
@@ -545,14 +639,22 @@ def resolve_command(proc_root: Path) -> str:
     return f"dcgm-enricher resolve --demo --path.procfs {proc_root} {pids}"
 
 
-async def run_demo(config: Config) -> int:
+async def run_demo(
+    config: Config, exporter_version: str = NEWEST, virtual_gpus: bool = False
+) -> int:
     """``dcgm-enricher demo``: serve until interrupted."""
     with tempfile.TemporaryDirectory(prefix="dcgm-enricher-demo-") as tmp:
         proc_root = Path(tmp) / "proc"
         socket_path = Path(tmp) / "pod-resources" / "kubelet.sock"
         socket_path.parent.mkdir()
         try:
-            _scraper, runners, kubelet = await start_demo(config, proc_root, socket_path)
+            _scraper, runners, kubelet = await start_demo(
+                config,
+                proc_root,
+                socket_path,
+                exporter_version=exporter_version,
+                virtual_gpus=virtual_gpus,
+            )
         except OSError as exc:
             print(
                 f"dcgm-enricher demo: cannot listen on {config.listen_address}: {exc}",
@@ -570,7 +672,9 @@ async def run_demo(config: Config) -> int:
             "held by a finished job that keeps its memory at zero utilization, one given to a\n"
             "pod through a DRA ResourceClaim).\n"
             "The GPUs, the dcgm-exporter, the kubelet's PodResources API, the ResourceSlices,\n"
-            "/proc and the pods are simulated; the enricher is the real one.\n"
+            "/proc and the pods are simulated; the enricher is the real one. The simulated\n"
+            f"dcgm-exporter speaks {dialect(exporter_version).version}'s dialect"
+            f"{' with --kubernetes-virtual-gpus' if virtual_gpus else ''}.\n"
             f"\n  enriched metrics:  {url}/metrics\n"
             f"  who is on the GPUs: {url}/\n"
             f"\n  try: curl -s {url}/metrics | grep -E '^gpu_(container|pod|unattr)'\n"

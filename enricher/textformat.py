@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 
 # The text format's grammar, as Prometheus's own parsers read it (the scrape parser of
 # model/textparse and the expfmt parser behind ``promtool check metrics``); where the two
@@ -71,11 +70,6 @@ def written_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
     U+FFFD for what cannot be written (the series identity for dedupe)."""
     value = value[:limit]
     return _UNWRITABLE.sub("\ufffd", value) if _UNWRITABLE.search(value) else value
-
-
-def escape_help(text: str) -> str:
-    """Escape HELP text (backslash and newline)."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 _BLANKS = re.compile(r"[ \t]+")
@@ -186,36 +180,6 @@ def first_blank(line: str) -> int:
     if tab < 0:
         return space if space >= 0 else len(line)
     return tab if space < 0 else min(space, tab)
-
-
-@dataclass(slots=True)
-class FamilyWriter:
-    """Collects the enricher's own families and renders them as text exposition."""
-
-    _families: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
-
-    def family(self, name: str, help_text: str, typ: str = "gauge") -> None:
-        if name not in self._families:
-            self._families[name] = (help_text, typ, [])
-
-    def sample(
-        self,
-        name: str,
-        labels: Iterable[tuple[str, str]],
-        value: float,
-        sample_name: str | None = None,
-    ) -> None:
-        self._families[name][2].append(
-            f"{sample_name or name}{render_labels(labels)} {format_value(value)}"
-        )
-
-    def render(self, sort_key: Callable[[str], str] | None = None) -> str:
-        out: list[str] = []
-        for name, (help_text, typ, lines) in self._families.items():
-            out.append(f"# HELP {name} {escape_help(help_text)}")
-            out.append(f"# TYPE {name} {typ}")
-            out.extend(sorted(lines, key=sort_key) if sort_key else lines)
-        return "\n".join(out) + "\n" if out else ""
 
 
 # A sample line of a watched family, split for its reader: (name, head, tail), where

@@ -16,6 +16,7 @@ from typing import Any
 
 from enricher import demo
 from enricher.config import Config
+from enricher.simnode.dialects import NEWEST
 
 T0 = 1_800_000_000.0  # the stopped clock: the start of one of the simulated collections
 
@@ -24,8 +25,18 @@ class FrozenDemo:
     """``FrozenDemo(tmp)`` serves on 127.0.0.1:``port`` until ``close()``; ``clock``: the
     simulated node's time instead of the stopped T0 (a test that moves it)."""
 
-    def __init__(self, tmp: Path, clock: Callable[[], float] = lambda: T0) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        clock: Callable[[], float] = lambda: T0,
+        *,
+        exporter_version: str = NEWEST,
+        virtual_gpus: bool = False,
+    ) -> None:
+        """``exporter_version``, ``virtual_gpus``: the simulated dcgm-exporter's dialect."""
         self.clock = clock
+        self.exporter_version = exporter_version
+        self.virtual_gpus = virtual_gpus
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -36,7 +47,12 @@ class FrozenDemo:
         socket_path = self.tmp / "pod-resources" / "kubelet.sock"
         socket_path.parent.mkdir(parents=True)
         _scraper, self.runners, self.kubelet = await demo.start_demo(
-            Config(listen_address="127.0.0.1:0"), self.tmp / "proc", socket_path, clock=self.clock
+            Config(listen_address="127.0.0.1:0"),
+            self.tmp / "proc",
+            socket_path,
+            clock=self.clock,
+            exporter_version=self.exporter_version,
+            virtual_gpus=self.virtual_gpus,
         )
         return int(self.runners[0].addresses[0][1])
 

@@ -191,15 +191,20 @@ def memory_gaps(text: str) -> dict[tuple[str, str], float]:
     every device where the memory adds up. A MIG GPU's own reading is left out where its
     instances have theirs."""
 
-    def by_device(name: str, scale: float = 1.0) -> dict[tuple[str, str], float]:
+    def by_device(
+        name: str, scale: float = 1.0, device: bool = False
+    ) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
         for s in series(text, name):
             key = (s["UUID"], s.get("GPU_I_ID", ""))
-            out[key] = out.get(key, 0.0) + float(s["__value__"]) * scale
+            value = float(s["__value__"]) * scale
+            # A device's own reading is its largest series: dcgm-exporter's per-pod copies
+            # (--kubernetes-virtual-gpus) repeat it or hold a pod's share of it.
+            out[key] = max(out.get(key, 0.0), value) if device else out.get(key, 0.0) + value
         return out
 
-    used = by_device("DCGM_FI_DEV_FB_USED", MIB)
-    reserved = by_device("DCGM_FI_DEV_FB_RESERVED", MIB)
+    used = by_device("DCGM_FI_DEV_FB_USED", MIB, device=True)
+    reserved = by_device("DCGM_FI_DEV_FB_RESERVED", MIB, device=True)
     held = by_device("gpu_container_memory_used_bytes")
     for key, value in by_device("gpu_unattributed_memory_used_bytes").items():
         held[key] = held.get(key, 0.0) + value

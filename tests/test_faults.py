@@ -41,9 +41,9 @@ from enricher.simnode.api import make_pod, pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode as DemoNode
 from enricher.simnode.node import SimPod, SimProc
-from enricher.textformat import FamilyWriter
 
 from .conftest import assert_valid_exposition
+from .exposition import FamilyWriter
 from .harness import MakeStack, Stack, Upstream, assert_memory_adds_up, nvml_state_of, who
 from .kubeapi import KubeApiStandIn
 from .nvmlfake import (

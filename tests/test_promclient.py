@@ -39,10 +39,11 @@ from enricher.promclient import (
     render_metrics,
 )
 from enricher.rewrite import Rewriter
-from enricher.textformat import FamilyWriter, written_value
+from enricher.textformat import written_value
 from tests.scraping import PER_SCRAPE, NoProcs
 
 from .conftest import as_prometheus_client_writes, promtool_check_metrics
+from .exposition import FamilyWriter
 
 PROCESS_FAMILIES = (
     "process_virtual_memory_bytes",

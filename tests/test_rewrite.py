@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.labels import SHARED, Owner, RewritePlan, device_key, relabel
 from enricher.rewrite import _COMMON_VALUES_RE, _FAST_VALUES_RE, Rewriter, RewriteResult
 from enricher.textformat import (
-    FamilyWriter,
     escape_label_value,
     format_value,
     parse_label_block,
@@ -23,6 +22,7 @@ from enricher.textformat import (
 )
 
 from .conftest import shared_dcgm_fixtures
+from .exposition import FamilyWriter
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
