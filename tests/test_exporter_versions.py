@@ -36,7 +36,7 @@ from .conftest import SHARED_DCGM
 from .frozendemo import T0, FrozenDemo
 from .harness import MIB, assert_memory_adds_up, check_golden, free_port, stop_process
 from .promreleases import PromRelease
-from .test_dashboard import QUERY_NEEDS, RULES, interpolate, queries
+from .test_dashboard import QUERY_NEEDS, RULES, interpolate, queries, variables
 
 COMBOS = [(v, False) for v in DIALECTS] + [
     (v, True) for v, d in DIALECTS.items() if d.virtual != VIRTUAL_NONE
@@ -389,3 +389,40 @@ def test_every_dashboard_query_answers_for_every_release(prometheus: str, query:
 def test_every_record_keeps_every_release(prometheus: str, record: str) -> None:
     got = _clusters(prometheus, record, set(IDS))
     assert got >= set(IDS), f"{record}: no series for {sorted(set(IDS) - got)}"
+
+
+def test_the_node_variable_lists_the_node_on_every_release(prometheus: str) -> None:
+    """The dashboard's Node variable, per cluster (one per release and mode), lists the node."""
+    query = variables()["node"]["query"]["query"]
+    found = re.fullmatch(r"label_values\((.*), node\)", interpolate(query, ""))
+    assert found is not None, query
+    got = _query(prometheus, f"count by (cluster, node) ({found[1]})")
+    assert {(s["metric"].get("cluster"), s["metric"].get("node")) for s in got} == {
+        (name, demo.NODE) for name in IDS
+    }
+
+
+def test_every_record_that_keeps_the_node_keeps_it_on_every_release(prometheus: str) -> None:
+    kept = 0
+    for record in _records():
+        result = _query(prometheus, record)
+        if any("node" in s["metric"] for s in result):
+            kept += 1
+            assert all(s["metric"].get("node") == demo.NODE for s in result), record
+    assert kept >= 8
+
+
+def test_no_alert_describes_a_blank_node_on_any_release(prometheus: str) -> None:
+    """Every alert the demo's situations set off (pending or firing) names the node, on every
+    release and mode."""
+    deadline = time.monotonic() + 20
+    alerts: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        alerts = [s["metric"] for s in _query(prometheus, "ALERTS")]
+        if {a.get("cluster") for a in alerts} >= set(IDS):
+            break
+        time.sleep(0.5)
+    assert {a.get("cluster") for a in alerts} >= set(IDS)
+    assert all(a.get("node") == demo.NODE for a in alerts), [
+        a for a in alerts if a.get("node") != demo.NODE
+    ]

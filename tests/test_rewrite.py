@@ -312,6 +312,35 @@ def test_virtual_gpu_copy_of_a_device_with_one_owner_is_not_served_beside_it() -
             assert result.dropped_duplicates == 3
 
 
+@pytest.mark.parametrize(
+    ("owner", "want"),
+    [
+        pytest.param(Owner("", "", "lab-train-1"), ["lab-train-1"], id="one-container"),
+        pytest.param(SHARED, [""], id="shared"),
+        # No process on the GPU: the enricher has no answer and the upstream's stands.
+        pytest.param(None, ["", "lab-train-1", "notebook"], id="idle"),
+    ],
+)
+def test_container_runtime_copies_on_a_docker_host(owner: Owner | None, want: list[str]) -> None:
+    """dcgm-exporter 4.8.3 on, on a Docker host with its container runtime socket
+    (internal/pkg/transformation/container.go, containerMapper.Process, at 7ad5832): each series
+    is kept and a copy follows for each container the runtime assigns the GPU to (its
+    DeviceRequests or NVIDIA_VISIBLE_DEVICES, `all` included), with container="<name>". Where
+    the enricher attributes the GPU, the copies name its container (or none, shared) once
+    relabelled and leave as repeats of the device series: one series, the enricher's answer."""
+    dev = f'gpu="0",UUID="{UUID_A}",device="nvidia0",modelName="A100",hostname="lab-box"'
+    text = (
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f"DCGM_FI_DEV_FB_USED{{{dev}}} 11264\n"
+        f'DCGM_FI_DEV_FB_USED{{{dev},container="lab-train-1"}} 11264\n'
+        f'DCGM_FI_DEV_FB_USED{{{dev},container="notebook"}} 11264\n'
+    )
+    owners = {} if owner is None else {(UUID_A, ""): owner}
+    got = samples(Rewriter().rewrite(text, RewritePlan(owners=owners, node="lab-box")).text)
+    assert [dict(labels)["container"] for _, labels, _ in got] == want
+    assert {value for _, _, value in got} == {11264.0}
+
+
 def test_hostile_pod_names_are_escaped() -> None:
     evil = 'x"}\n y\\'
     out = rewrite(DEVICE_TEXT, {(UUID_A, ""): Owner(evil, evil, evil)})
