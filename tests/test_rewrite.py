@@ -242,6 +242,25 @@ def test_no_node_label_without_a_node_name() -> None:
     assert "node=" not in out
 
 
+# A device shared by pods a and b, as dcgm-exporter 4.8.2 on writes it with
+# --kubernetes-virtual-gpus: the device's FB_USED, then each pod's share; FB_FREE per pod only.
+_VGPU_DEV = (
+    f'gpu="0",UUID="{UUID_A}",pci_bus_id="00000000:17:00.0",device="nvidia0",'
+    'modelName="A100",hostname="n"'
+)
+_VGPU_A = 'container="main",namespace="team",pod="a",pod_uid="uid-a"'
+_VGPU_B = 'container="main",namespace="team",pod="b",pod_uid="uid-b"'
+VGPU_TEXT = (
+    "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+    f"DCGM_FI_DEV_FB_USED{{{_VGPU_DEV}}} 31288\n"
+    f"DCGM_FI_DEV_FB_USED{{{_VGPU_DEV},{_VGPU_A}}} 22528\n"
+    f"DCGM_FI_DEV_FB_USED{{{_VGPU_DEV},{_VGPU_B}}} 7680\n"
+    "# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
+    f"DCGM_FI_DEV_FB_FREE{{{_VGPU_DEV},{_VGPU_A}}} 49120\n"
+    f"DCGM_FI_DEV_FB_FREE{{{_VGPU_DEV},{_VGPU_B}}} 49120\n"
+)
+
+
 def test_virtual_gpu_copies_of_a_shared_device_leave_as_one_device_series() -> None:
     """dcgm-exporter 4.8.2 on, --kubernetes-virtual-gpus (internal/pkg/transformation/
     kubernetes.go, Process): FB_USED keeps the device series (no pod label, written first) and
@@ -249,21 +268,7 @@ def test_virtual_gpu_copies_of_a_shared_device_leave_as_one_device_series() -> N
     value and has no device series. On a device the enricher finds shared, each family leaves
     as one series with the pod labels cleared and the device's value: the shares are never
     served as the device (nor beside it, to be summed with it)."""
-    dev = (
-        f'gpu="0",UUID="{UUID_A}",pci_bus_id="00000000:17:00.0",device="nvidia0",'
-        'modelName="A100",hostname="n"'
-    )
-    a = 'container="main",namespace="team",pod="a",pod_uid="uid-a"'
-    b = 'container="main",namespace="team",pod="b",pod_uid="uid-b"'
-    text = (
-        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
-        f"DCGM_FI_DEV_FB_USED{{{dev}}} 31288\n"
-        f"DCGM_FI_DEV_FB_USED{{{dev},{a}}} 22528\n"
-        f"DCGM_FI_DEV_FB_USED{{{dev},{b}}} 7680\n"
-        "# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
-        f"DCGM_FI_DEV_FB_FREE{{{dev},{a}}} 49120\n"
-        f"DCGM_FI_DEV_FB_FREE{{{dev},{b}}} 49120\n"
-    )
+    text = VGPU_TEXT
     result = Rewriter().rewrite(text, RewritePlan(owners={(UUID_A, ""): SHARED}, node="n"))
     got = samples(result.text)
     assert [(name, value) for name, _, value in got] == [
@@ -283,21 +288,7 @@ def test_virtual_gpu_copy_of_a_device_with_one_owner_is_not_served_beside_it() -
     relabelled, a's with its pod_uid. Served beside the device series, a's share would be a
     second series of pod a, and `sum by (pod)` would count the pod twice: the device series
     stays, with the device's value, and the copies leave as its repeats."""
-    dev = (
-        f'gpu="0",UUID="{UUID_A}",pci_bus_id="00000000:17:00.0",device="nvidia0",'
-        'modelName="A100",hostname="n"'
-    )
-    a = 'container="main",namespace="team",pod="a",pod_uid="uid-a"'
-    b = 'container="main",namespace="team",pod="b",pod_uid="uid-b"'
-    text = (
-        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
-        f"DCGM_FI_DEV_FB_USED{{{dev}}} 31288\n"
-        f"DCGM_FI_DEV_FB_USED{{{dev},{a}}} 22528\n"
-        f"DCGM_FI_DEV_FB_USED{{{dev},{b}}} 7680\n"
-        "# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
-        f"DCGM_FI_DEV_FB_FREE{{{dev},{a}}} 49120\n"
-        f"DCGM_FI_DEV_FB_FREE{{{dev},{b}}} 49120\n"
-    )
+    text = VGPU_TEXT
     owner = Owner("team", "a", "main", uid="uid-a")
     for templates in (False, True):
         rewriter = Rewriter(templates=templates)
