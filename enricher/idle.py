@@ -30,7 +30,7 @@ from .attribution import AllocatedDevice, Attribution, attributed_to
 from .families import device_labels
 from .labels import DeviceKey
 from .promclient import LabelSets, MetricWriter
-from .textformat import MAX_LABEL_VALUE_LENGTH
+from .textformat import cut_values
 
 LAST_ACTIVE = "gpu_container_last_active_timestamp_seconds"
 
@@ -49,14 +49,6 @@ class _Seen:
     newest_start: float | None
 
 
-def _cut(ns: str, pod: str, container: str) -> tuple[str, str, str]:
-    return (
-        ns[:MAX_LABEL_VALUE_LENGTH],
-        pod[:MAX_LABEL_VALUE_LENGTH],
-        container[:MAX_LABEL_VALUE_LENGTH],
-    )
-
-
 def containers_on_devices(
     attributions: Iterable[Attribution], allocated: Iterable[AllocatedDevice]
 ) -> dict[IdleKey, _Seen]:
@@ -69,13 +61,15 @@ def containers_on_devices(
         who = attributed_to(a)
         if who is None:
             continue
-        key: IdleKey = (a.device_key, *_cut(*who))
+        key: IdleKey = (a.device_key, *cut_values(who))
         with_process.add(key)
         if a.process.sm_util_ratio is not None:
             util[key] = util.get(key, 0.0) + a.process.sm_util_ratio
         if a.info is not None:
             starts[key] = max(starts.get(key, a.info.start_time), a.info.start_time)
-    keys = with_process | {(d.key, *_cut(d.namespace, d.pod, d.container)) for d in allocated}
+    keys = with_process | {
+        (d.key, *cut_values((d.namespace, d.pod, d.container))) for d in allocated
+    }
     return {k: _Seen(k in with_process, util.get(k), starts.get(k)) for k in keys}
 
 

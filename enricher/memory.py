@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from .attribution import Attribution
 from .labels import DeviceKey
-from .power import HeadDevices, watched_samples
 from .textformat import WatchedLine
+from .upstreamlines import SeriesDevices, watched_samples
 
 MIB = 2**20
 # dcgm-exporter's framebuffer gauges (MiB). DCGM 3.x fills them from NVML's v2 memory info:
@@ -59,7 +59,7 @@ class DeviceMemory:
 
 
 def parse_device_memory(
-    lines: Iterable[WatchedLine], heads_memo: HeadDevices | None = None
+    lines: Iterable[WatchedLine], memo: SeriesDevices | None = None
 ) -> dict[DeviceKey, DeviceMemory]:
     """Each device's memory from the upstream's ``MEMORY_NAMES`` sample lines
     (``RewriteResult.watched``; other watched names are skipped). A device needs FB_USED;
@@ -70,11 +70,11 @@ def parse_device_memory(
     share, while FB_FREE and FB_RESERVED are copied once per pod with the device's value and
     lose their device series. So the line that names no pod is the device's; where every line
     names a pod, the first one stands for the device (a copy is never summed, and never read
-    over the device's own series). ``heads_memo``: the caller's memo of line heads
-    (``power.watched_samples``)."""
+    over the device's own series). ``memo``: the caller's memo of the lines' series
+    (``upstreamlines.watched_samples``)."""
     seen: dict[DeviceKey, dict[str, float]] = {}
     own: set[tuple[DeviceKey, str]] = set()  # (device, name) read from the device's own series
-    for name, key, value, names_pod in watched_samples(lines, MEMORY_NAMES, heads_memo):
+    for name, key, value, names_pod in watched_samples(lines, MEMORY_NAMES, memo):
         values = seen.setdefault(key, {})
         if (key, name) in own or (names_pod and name in values):
             continue

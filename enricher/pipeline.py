@@ -35,7 +35,6 @@ from .power import (
     UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
-    HeadDevices,
     Part,
     UpstreamPower,
     choose_readings,
@@ -52,6 +51,7 @@ from .sources import Measured, Outcome, Source, close_all
 from .sourcetable import SOURCES, SourceEntry
 from .textformat import WatchedLine
 from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
+from .upstreamlines import SeriesDevices
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -190,12 +190,12 @@ class Scraper:
         # When each container last used each device it holds, advanced with the energy.
         self._idle = IdleLedger(config.idle_threshold)
         # The label blocks of our own families (a set formatted once while it is in use, one
-        # turn per collection) and the devices of the upstream's power lines (each head
+        # turn per collection) and the devices of the upstream's power lines (each series
         # parsed once): this Scraper's, so that another in the same process (tests, the
         # bench) neither turns nor fills them.
         self._label_sets = LabelSets(const=node_label)
-        self._power_line_devices = HeadDevices()
-        self._memory_line_devices = HeadDevices()  # the same, for the framebuffer lines
+        self._power_line_devices = SeriesDevices()
+        self._memory_line_devices = SeriesDevices()  # the same, for the framebuffer lines
         # The last collection accounted and the last power families written: a scrape of the
         # same collection (the same upstream text and node view) reuses them.
         self._power_accounted: PowerAccounted | None = None

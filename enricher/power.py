@@ -16,21 +16,16 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .attribution import REASON_MPS_SERVER, AllocatedDevice, Attribution, attributed_to
 from .families import NO_POD, device_labels
-from .labels import CURRENT_SCHEME, OLD_SCHEME, DeviceKey, device_key
+from .labels import DeviceKey
 from .model import GpuSnapshot, PowerReading
 from .promclient import LabelSets, MetricWriter
-from .textformat import (
-    MAX_LABEL_VALUE_LENGTH,
-    WatchedLine,
-    first_blank,
-    parse_label_block,
-    valid_value,
-)
+from .textformat import WatchedLine, cut_values
+from .upstreamlines import MAX_UPSTREAM_DEVICES, SeriesDevices, watched_samples
 
 UPSTREAM_POWER = "DCGM_FI_DEV_POWER_USAGE"  # W
 UPSTREAM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since boot
@@ -51,7 +46,6 @@ SOURCE_UPSTREAM = "upstream"
 SOURCE_NVML = "nvml"
 
 # Bounds on what a hostile or broken upstream can make us keep.
-MAX_UPSTREAM_DEVICES = 4096
 _MIG_SLICES = re.compile(r"(\d{1,2})g\.")
 
 Who = tuple[str, str, str]  # (namespace, pod, container) as written
@@ -102,24 +96,13 @@ RULE_IDLE = "idle"
 # --------------------------------------------------------------------------- parsing
 
 
-class HeadDevices:
-    """upstream_power's memo: the line heads of its previous call and the devices they name.
-    The heads are the same from one collection to the next (the Rewriter's template hands
-    over the same strings), so each is parsed once; only the last call's are kept, so a head
-    of a pod that left (the upstream's pod labels follow the pods) does not stay. Its owner
-    (each Scraper has one) passes it to every call."""
-
-    def __init__(self) -> None:
-        self.last: dict[tuple[str, str], _HeadDevice | None] = {}
-
-
 def upstream_power(
-    lines: Iterable[WatchedLine], heads_memo: HeadDevices | None = None
+    lines: Iterable[WatchedLine], series_memo: SeriesDevices | None = None
 ) -> UpstreamPower:
     """The power, energy and per-instance activity samples among ``lines``: the upstream's
     sample lines of ``UPSTREAM_NAMES`` (``RewriteResult.watched`` of a Rewriter that watches
-    them, or ``textformat.watched_lines``), each name's in the body's order. ``heads_memo``:
-    the heads' devices from the previous call, updated to this call's (None: parse each).
+    them, or ``textformat.watched_lines``), each name's in the body's order. ``series_memo``:
+    the series' devices from the previous call, updated to this call's (None: parse each).
 
     A line that is not valid exposition, or names no GPU, is skipped, and so are non-finite
     and negative values. Power and energy are device fields: the GPU's sample without
@@ -136,7 +119,7 @@ def upstream_power(
     # dcgm-exporter's virtual-GPU mode copies these families once per sharing pod, with the
     # device's value (only GPU_UTIL and FB_USED get per-pod values): the first copy is the
     # device's reading.
-    for name, (uuid, gi), value, _ in watched_samples(lines, UPSTREAM_NAMES, heads_memo):
+    for name, (uuid, gi), value, _ in watched_samples(lines, UPSTREAM_NAMES, series_memo):
         if name == UPSTREAM_GR_ACTIVE:
             if len(activity) < MAX_UPSTREAM_DEVICES:
                 activity[(uuid, gi)] = min(1.0, value)
@@ -149,77 +132,6 @@ def upstream_power(
             if uuid not in level and len(level) < MAX_UPSTREAM_DEVICES:
                 level[uuid] = value
     return UpstreamPower(power, energy, activity)
-
-
-# A line head's device, and whether the head names a pod (a non-empty pod label in either of
-# dcgm-exporter's schemes).
-_HeadDevice = tuple[DeviceKey, bool]
-_POD_NAMES = frozenset({CURRENT_SCHEME[1], OLD_SCHEME[1]})
-
-
-def _head_device(name: str, head: str) -> _HeadDevice | None:
-    """The device a sample line's head (its name and label block) names, and whether it names a
-    pod (None: not valid exposition, or no device)."""
-    if not head.startswith(name + "{"):
-        return None  # a device field without labels names no GPU
-    pairs = parse_label_block(head[len(name) + 1 : -1])
-    if pairs is None:
-        return None
-    key = device_key(pairs)
-    if key is None or not key[0]:
-        return None
-    return key, any(n in _POD_NAMES and v for n, v in pairs)
-
-
-# A value as exporters write it (an integer or a %f float), alone after the label block: every
-# string it matches is one valid_value accepts as it is.
-_PLAIN_TAIL = re.compile(r" (-?[0-9]{1,200}(?:\.[0-9]+)?)")
-
-
-def watched_samples(
-    lines: Iterable[WatchedLine], names: Collection[str], heads_memo: HeadDevices | None = None
-) -> Iterator[tuple[str, DeviceKey, float, bool]]:
-    """The name, device and value of each sample line of ``names`` among ``lines``, and
-    whether the line names a pod, as ``upstream_power`` reads its own: a line that is not
-    valid exposition, names no GPU, or has a non-finite or negative value is skipped.
-    ``heads_memo``: the heads' devices from the previous call (each head parsed once while it
-    stays), updated to this call's."""
-    known = heads_memo.last if heads_memo is not None else {}
-    heads: dict[tuple[str, str], _HeadDevice | None] = {}
-    for name, head, tail in lines:
-        if name not in names:
-            continue
-        line_head = (name, head)
-        if line_head in heads:
-            key = heads[line_head]
-        else:
-            key = known[line_head] if line_head in known else _head_device(name, head)
-            if len(heads) < 2 * MAX_UPSTREAM_DEVICES:
-                heads[line_head] = key
-        if key is None:
-            continue
-        value = _parse_value(tail)
-        if value is not None:
-            yield name, key[0], value, key[1]
-    if heads_memo is not None:
-        heads_memo.last = heads
-
-
-def _parse_value(tail: str) -> float | None:
-    plain = _PLAIN_TAIL.fullmatch(tail)
-    if plain is not None:  # what dcgm-exporter writes: one check instead of the grammar's
-        value = float(plain.group(1))
-    else:
-        checked = valid_value(tail)
-        if checked is None:
-            return None
-        try:
-            value = float(checked[: first_blank(checked)])
-        except ValueError:
-            return None
-    if not value >= 0.0 or value == float("inf"):  # NaN fails the first test
-        return None
-    return value
 
 
 def choose_readings(upstream: UpstreamPower, snapshot: GpuSnapshot) -> list[DeviceDraw]:
@@ -258,12 +170,7 @@ def who_of(a: Attribution) -> Who | None:
     written, so two names that only differ past the cut are one container; None when the
     process is unattributed."""
     who = attributed_to(a)
-    return None if who is None else _cut(*who)
-
-
-def _cut(namespace: str, pod: str, container: str) -> Who:
-    n = MAX_LABEL_VALUE_LENGTH
-    return (namespace[:n], pod[:n], container[:n])
+    return None if who is None else cut_values(who)
 
 
 def split_power(
@@ -360,7 +267,7 @@ def _split_scope(
     if allocs:
         held: dict[Who, int] = {}
         for d in allocs:
-            who = _cut(d.namespace, d.pod, d.container)
+            who = cut_values((d.namespace, d.pod, d.container))
             held[who] = held.get(who, 0) + 1
         count = sum(held.values())
         return [Part(key, who, "", weight * n / count, RULE_ALLOCATED) for who, n in held.items()]

@@ -65,6 +65,13 @@ def escape_label_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
     return value
 
 
+def cut_values(values: tuple[str, str, str]) -> tuple[str, str, str]:
+    """(namespace, pod, container) cut as their labels are written: two names that differ only
+    past the cut are one."""
+    n = MAX_LABEL_VALUE_LENGTH
+    return (values[0][:n], values[1][:n], values[2][:n])
+
+
 def written_value(value: str, limit: int = MAX_LABEL_VALUE_LENGTH) -> str:
     """The label value a reader gets back from ``escape_label_value(value)``: cut, and with
     U+FFFD for what cannot be written (the series identity for dedupe)."""

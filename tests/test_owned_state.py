@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from enricher import power, promclient
+from enricher import promclient, upstreamlines
 from enricher.procfs import ProcfsSource
 from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
@@ -101,18 +101,18 @@ async def test_two_scrapers_in_one_process_keep_to_their_own(
     # families, written by render_metrics on every collection, do not go through it).
     blocks: list[str] = []
     heads: list[str] = []
-    written_value, head_device = promclient.written_value, power._head_device
+    written_value, series_device = promclient.written_value, upstreamlines._series_device
 
     def counted_block(value: str) -> str:
         blocks.append(value)
         return written_value(value)
 
-    def counted_head(name: str, head: str) -> Any:
-        heads.append(head)
-        return head_device(name, head)
+    def counted_head(name: str, series: str) -> Any:
+        heads.append(series)
+        return series_device(name, series)
 
     monkeypatch.setattr(promclient, "written_value", counted_block)
-    monkeypatch.setattr(power, "_head_device", counted_head)
+    monkeypatch.setattr(upstreamlines, "_series_device", counted_head)
     stacks = {which: await _start(full_stack, which, tmp_path) for which in "ab"}
     together: dict[str, list[str]] = {"a": [], "b": []}
     for which in ORDER[:-1]:

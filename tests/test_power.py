@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import payloads
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
 from enricher.idle import LAST_ACTIVE
-from enricher.labels import DeviceKey, RewritePlan
+from enricher.labels import RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
 from enricher.power import (
     ENERGY,
@@ -41,7 +41,6 @@ from enricher.power import (
     UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
-    HeadDevices,
     UpstreamPower,
     choose_readings,
     mig_slices,
@@ -54,6 +53,7 @@ from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode, SimPod, SimProc
 from enricher.textformat import watched_lines
+from enricher.upstreamlines import SeriesDevices
 
 from .conftest import assert_valid_exposition
 from .harness import MakeStack, cid, nvml_state_of, series
@@ -199,10 +199,10 @@ def test_upstream_power(
 
 def test_the_parse_memo_follows_the_payload_not_the_uptime() -> None:
     """The upstream's pod labels follow the pods: after 2,000 pods came and went, the devices
-    of only the last text's line heads are kept (white box: a bound of a fixed size would
-    fill with departed pods' heads and show as growth under churn), and each reading is
+    of only the last text's series are kept (white box: a bound of a fixed size would
+    fill with departed pods' series and show as growth under churn), and each reading is
     still the one of its own text."""
-    memo = HeadDevices()
+    memo = SeriesDevices()
     for epoch in range(2_000):
         text = (
             f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-{epoch}"}} {epoch}\n'
@@ -217,22 +217,22 @@ def test_the_parse_memo_follows_the_payload_not_the_uptime() -> None:
 
 
 def test_each_parse_memo_is_its_owners(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A head is parsed once while its memo's owner reads it again; another memo (another
+    """A series is parsed once while its memo's owner reads it again; another memo (another
     Scraper's, over another node) neither uses nor replaces it, and a call without a memo
     touches none."""
-    import enricher.power as power_module
+    import enricher.upstreamlines as lines_module
 
     parsed: list[str] = []
-    head_device = power_module._head_device
+    series_device = lines_module._series_device
 
-    def counted(name: str, head: str) -> DeviceKey | None:
-        parsed.append(head)
-        return head_device(name, head)
+    def counted(name: str, series: str) -> Any:
+        parsed.append(series)
+        return series_device(name, series)
 
-    monkeypatch.setattr(power_module, "_head_device", counted)
+    monkeypatch.setattr(lines_module, "_series_device", counted)
     a_text = f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}"}} 100\n'
     b_text = f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} 50\n'
-    a, b = HeadDevices(), HeadDevices()
+    a, b = SeriesDevices(), SeriesDevices()
     for _ in range(2):
         assert upstream_power(watched_lines(a_text, UPSTREAM_NAMES), a).power_watts == {U0: 100}
         assert upstream_power(watched_lines(b_text, UPSTREAM_NAMES), b).power_watts == {U1: 50}
