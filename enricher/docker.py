@@ -254,11 +254,6 @@ class DockerSource:
 
     # ------------------------------------------------------------------ public
 
-    @property
-    def cached(self) -> int:
-        """IDs in the cache (found or gone)."""
-        return len(self._cache)
-
     async def lookup(self, container_ids: Iterable[str]) -> dict[str, DockerContainer | None]:
         """Who each container ID is: a ``DockerContainer`` (``resolved`` False when only the
         short ID is known), or None when Docker says there is no such container (or the ID is

@@ -69,10 +69,6 @@ class Owner:
     container: str
     uid: str = ""
 
-    @property
-    def shared(self) -> bool:
-        return self.pod == ""
-
 
 SHARED = Owner("", "", "")
 

@@ -175,7 +175,6 @@ class Scraper:
         # The head of the newest collection: what scrapes serve before their self-metrics.
         self._newest_head: Head | None = None
         self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
-        self.gzip_heads_total = 0
         self._options = RenderOptions(
             node_name=config.node,
             label_keys=config.kube_pod_labels,
@@ -371,7 +370,6 @@ class Scraper:
                 gz = await self._rewrite_worker.run(lambda: GzipHead(*head.chunks))
             if head.gzip is None:
                 head.gzip = gz
-                self.gzip_heads_total += 1
         return head.gzip
 
     async def gzip_body(self, result: ScrapeResult) -> bytes:

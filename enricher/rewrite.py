@@ -337,10 +337,6 @@ class Rewriter:
         self.repeated_rewrites = 0  # the same text and plan as the previous call
         self.templates_built = 0
 
-    def cache_sizes(self) -> tuple[int, int]:
-        """(rewritten blocks, parsed blocks) held: both follow the last text's blocks."""
-        return len(self._blocks), len(self._parsed)
-
     def _parse(self, block: str) -> tuple[list[tuple[str, str]], DeviceKey | None] | None:
         hit = self._parsed.get(block, False)
         if hit is not False:

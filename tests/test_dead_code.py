@@ -1,5 +1,6 @@
 """No dead or test-only code in the package: every top-level name a module of enricher/
-defines is used somewhere in enricher/ besides its definition.
+defines is used somewhere in enricher/ besides its definition, and every method, field and
+attribute a class of it defines is read somewhere in enricher/.
 
 A helper only the tests call belongs in tests/, and a constant nothing reads (a second copy of
 a default, a list of names nobody consults) drifts from the one in use. The check reads the
@@ -14,6 +15,7 @@ import io
 import re
 import tokenize
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "enricher"
@@ -78,3 +80,99 @@ def test_the_check_finds_an_unused_name() -> None:
         "UNUSED_DEFAULT",
         "f",
     ]
+
+
+# Members nothing in the package reads, kept on purpose. Each is a count or a check that the
+# tests (and the bench) read to see which path ran, or a name a library calls.
+READ_OUTSIDE = {
+    ("enricher/kube.py", "get_return_type"): "the kubernetes client's Watch calls it",
+    ("enricher/docker.py", "ping"): "the Docker source's health check, for its tests",
+    ("enricher/episodes.py", "episodes_total"): "how many episodes were logged (tests)",
+    ("enricher/nvml.py", "reinitializations_total"): "how often NVML was set up again (tests)",
+    ("enricher/podresources.py", "calls_total"): "kubelet calls made (tests: coalescing)",
+    ("enricher/refresh.py", "runs"): "refreshes run (tests: the rhythm)",
+    ("enricher/refresh.py", "polls"): "upstream polls made (tests: the follower's cost)",
+    ("enricher/rewrite.py", "fast_rewrites"): "which rewrite path served (tests, bench)",
+    ("enricher/rewrite.py", "slow_rewrites"): "which rewrite path served (tests, bench)",
+    ("enricher/rewrite.py", "repeated_rewrites"): "which rewrite path served (tests, bench)",
+    ("enricher/rewrite.py", "templates_built"): "templates made (tests: no rebuild storm)",
+    ("enricher/simnode/kubelet.py", "calls"): "the simulated kubelet's calls (tests)",
+    ("enricher/webconfig.py", "bcrypt_checks"): "bcrypt runs (tests: the credential cache)",
+    ("enricher/power.py", "power_source"): "which reading a draw came from (tests)",
+    ("enricher/model.py", "driver_version"): "NVML's driver version (tests; ps may show it)",
+}
+
+
+def loaded_names(texts: Iterable[str]) -> Counter[str]:
+    """How often each name is read in ``texts``: as an attribute, as a name, or as a string
+    that is one (getattr, __slots__)."""
+    loads: Counter[str] = Counter()
+    for text in texts:
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                loads[node.attr] += 1
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                loads[node.id] += 1
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.isidentifier()
+            ):
+                loads[node.value] += 1
+    return loads
+
+
+def members(tree: ast.Module) -> Iterator[str]:
+    """The methods, fields and ``self.`` attributes of every class in ``tree``."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield item.name
+            elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                yield item.target.id
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                for t in targets:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    ):
+                        yield t.attr
+
+
+def unread_members(texts: Mapping[str, str]) -> list[str]:
+    loads = loaded_names(texts.values())
+    return sorted(
+        {
+            f"{where}: {name}"
+            for where, text in texts.items()
+            for name in members(ast.parse(text))
+            if not (name.startswith("__") and name.endswith("__"))
+            and loads[name] == 0
+            and (where, name) not in READ_OUTSIDE
+        }
+    )
+
+
+def test_every_member_of_the_packages_classes_is_read_in_it() -> None:
+    texts = {str(p.relative_to(PACKAGE.parent)): p.read_text() for p in package_files()}
+    unread = unread_members(texts)
+    assert unread == [], "defined on a class in the package, read nowhere in it:\n" + "\n".join(
+        unread
+    )
+    defined = {(where, name) for where, text in texts.items() for name in members(ast.parse(text))}
+    stale = sorted(set(READ_OUTSIDE) - defined)
+    assert stale == [], f"READ_OUTSIDE names what no longer exists: {stale}"
+
+
+def test_the_check_finds_an_unread_member() -> None:
+    text = (
+        "class A:\n    size: int\n    def __init__(self) -> None:\n        self.count = 0\n"
+        "        self.kept = 1\n    def used(self) -> int:\n        return self.kept\n"
+        "    def unused(self) -> None:\n        self.count += 1\n\n\nA().used()\n"
+    )
+    assert unread_members({"m.py": text}) == ["m.py: count", "m.py: size", "m.py: unused"]

@@ -593,13 +593,13 @@ async def test_vanished_container_is_remembered_then_evicted(
     assert (await source.lookup([gone]))[gone] is None
     assert dockerd.inspects(gone) == 2
     # No longer asked about: dropped once twice its TTL old.
-    assert source.cached == 1
+    assert len(source._cache) == 1
     clock.now += 119
     await source.lookup([CID])
-    assert source.cached == 2
+    assert len(source._cache) == 2
     clock.now += 1
     await source.lookup([CID])
-    assert source.cached == 1
+    assert len(source._cache) == 1
 
 
 async def test_a_404_that_is_not_about_the_container_is_an_error(
@@ -609,7 +609,7 @@ async def test_a_404_that_is_not_about_the_container_is_an_error(
     source = make_source()
     assert (await source.lookup([CID]))[CID] == DockerContainer.from_id(CID)
     assert source.errors_total == 1 and not source.up
-    assert source.cached == 0  # not remembered as gone
+    assert len(source._cache) == 0  # not remembered as gone
 
 
 async def test_slow_daemon_times_out_without_holding_others(
@@ -755,7 +755,7 @@ async def test_bounds(dockerd: DockerAPI, make_source: MakeSource) -> None:
     assert [names(got)[i] for i in ids[:4]] == [f"job-{i}" for i in range(4)]
     assert got[ids[4]] == DockerContainer.from_id(ids[4])  # over max_ids: not asked this time
     assert dockerd.inspects() == 4
-    assert source.cached == 2
+    assert len(source._cache) == 2
 
 
 async def test_close_cancels_requests_in_flight(
