@@ -6,7 +6,9 @@ From this table alone the Scraper builds its ``sources.Measured`` wrappers, the 
 soon as the sources it depends on have answered: NVML, then procfs for NVML's PIDs, then
 Docker for the containers procfs found outside pods; the kubelet's PodResources beside them,
 then the ResourceSlices of the DRA devices it reported; the pod index last, so it is at least
-as new as the PIDs. A new source is one module plus one entry here (docs/sources.md).
+as new as the PIDs. A new source that is read, timed and reported is one module plus one
+entry here (docs/sources.md); one whose value the attribution uses is also named in
+``node.NodeSide.read``, which hands each source's value to ``attribution`` by name.
 
 An entry's name is the source's one name: the Scraper's keyword, the ``source`` label value
 (a contract) and the name the source itself reports.
