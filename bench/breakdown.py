@@ -37,7 +37,7 @@ FUNCTIONS: tuple[tuple[str, str, str], ...] = (
     ("gzip of each scrape's tail", "enricher.compress", "GzipHead.finish"),
     ("self-metrics of a collection", "enricher.pipeline", "Scraper._collection_metrics"),
     ("self-metrics of each scrape", "enricher.pipeline", "Scraper._scrape_metrics"),
-    ("process_* and python_*", "enricher.promclient", "RuntimeFamilies.render"),
+    ("process_* and python_*", "enricher.selfmetrics", "RuntimeFamilies.render"),
     ("NVML read", "enricher.nvml", "NvmlSource.fetch"),
     ("procfs read", "enricher.procfs", "ProcfsSource.read_many"),
     ("attribution", "enricher.node", "attribute"),

@@ -1,9 +1,9 @@
 """The families the enricher writes of an attribution, pure: per container, per process,
-unattributed, allocated, pod info, Docker container info, the DRA driver's device taints, and
-the enricher's own health.
+unattributed, allocated, pod info, Docker container info and the DRA driver's device taints.
+The enricher's own health is ``selfmetrics``'.
 
-No I/O: ``render_families`` and ``self_metrics`` take the attribution (``attribution``) and the
-sources' statuses and return exposition text or a writer.
+No I/O: ``render_families`` takes the attribution (``attribution``) and returns exposition
+text.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from .model import (
     DraDevice,
     MigInfo,
     PodInfo,
-    SourceStatus,
 )
 from .promclient import LabelSets, MetricWriter
 from .textformat import MAX_LABEL_VALUE_LENGTH
@@ -304,72 +303,3 @@ def _unique_sanitized(prefix: str, keys: Sequence[str]) -> list[tuple[str, str]]
         taken.add(name)
         out.append((key, name))
     return out
-
-
-def self_metrics(
-    statuses: Sequence[SourceStatus],
-    attributions: Sequence[Attribution],
-    *,
-    version: str | None,
-    extra: Mapping[str, tuple[str, str, float]] | None = None,
-) -> MetricWriter:
-    """The dcgm_enricher_* families: per-source health, process counts and build info (none
-    when ``version`` is None). ``extra`` maps a metric name to (help, type, value) for
-    single-value gauges and counters."""
-    w = MetricWriter()
-    w.family(
-        "dcgm_enricher_source_up",
-        "Whether a data source worked in the last collection (1) or failed (0); absent when "
-        "disabled.",
-    )
-    w.family(
-        "dcgm_enricher_source_enabled", "Whether a data source is configured (1) or disabled (0)."
-    )
-    w.family(
-        "dcgm_enricher_source_duration_seconds",
-        "Time the source took in the last collection.",
-    )
-    w.family(
-        "dcgm_enricher_source_errors_total",
-        "Errors a data source has had since the enricher started.",
-        "counter",
-    )
-    for st in statuses:
-        src = (("source", st.name),)
-        w.sample("dcgm_enricher_source_enabled", src, 1 if st.enabled else 0)
-        if not st.enabled:
-            continue
-        w.sample("dcgm_enricher_source_up", src, 1 if st.up else 0)
-        w.sample("dcgm_enricher_source_duration_seconds", src, st.duration_seconds)
-        w.sample("dcgm_enricher_source_errors_total", src, st.errors_total)
-    w.family(
-        "dcgm_enricher_gpu_processes",
-        "GPU processes on this node in the last collection, by whether a pod (or, without "
-        "Kubernetes, a Docker container) was found for them.",
-    )
-    attributed = sum(1 for a in attributions if a.attributed)
-    w.sample("dcgm_enricher_gpu_processes", (("state", "attributed"),), attributed)
-    w.sample(
-        "dcgm_enricher_gpu_processes",
-        (("state", "unattributed"),),
-        len(attributions) - attributed,
-    )
-    return value_families(extra or {}, version=version, writer=w)
-
-
-def value_families(
-    extra: Mapping[str, tuple[str, str, float]],
-    *,
-    version: str | None = None,
-    writer: MetricWriter | None = None,
-) -> MetricWriter:
-    """Single-value families (``extra``: name -> (help, type, value)), then
-    dcgm_enricher_build_info when ``version`` is given, added to ``writer`` (or a new one)."""
-    w = writer if writer is not None else MetricWriter()
-    for name, (help_text, typ, value) in extra.items():
-        w.family(name, help_text, typ)
-        w.sample(name, (), value)
-    if version is not None:
-        w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
-        w.sample("dcgm_enricher_build_info", (("version", version),), 1)
-    return w

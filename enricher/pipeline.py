@@ -43,10 +43,10 @@ from .power import (
     split_power,
     upstream_power,
 )
-from .promclient import OWN_PROCFS, LabelSets, MetricWriter, RuntimeFamilies
+from .promclient import OWN_PROCFS, LabelSets, MetricWriter
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
-from .selfmetrics import collection_families, scrape_families
+from .selfmetrics import RuntimeFamilies, collection_self_metrics, scrape_self_metrics
 from .sources import Measured, Outcome, Source, close_all
 from .sourcetable import SOURCES, SourceEntry
 from .textformat import WatchedLine
@@ -573,7 +573,7 @@ class Scraper:
         memory_limit: int | None,
     ) -> tuple[MetricWriter, MetricWriter]:
         """The self-metrics of one node view and upstream answer (enricher.selfmetrics)."""
-        return collection_families(
+        return collection_self_metrics(
             statuses,
             node.attributions,
             samples=samples,
@@ -586,7 +586,7 @@ class Scraper:
 
     def _scrape_metrics(self) -> MetricWriter:
         """The self-metrics that move with every scrape (enricher.selfmetrics)."""
-        return scrape_families(
+        return scrape_self_metrics(
             upstream_requests=self.upstream.requests_total,
             upstream_collections=self.upstream_collections_total,
             scrapes=self.scrapes_total,

@@ -14,12 +14,9 @@ import functools
 from collections.abc import Iterable
 
 from prometheus_client.exposition import generate_latest
-from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _float_to_go_string
 
 from .textformat import written_value
@@ -28,7 +25,7 @@ from .textformat import written_value
 # PID namespace shows it. Never --path.procfs: that is the host's /proc (or a fake tree in the
 # demo and tests), read for the GPU processes' PIDs.
 OWN_PROCFS = "/proc"
-# The name prefixes of the families RuntimeFamilies writes.
+# The name prefixes of the runtime families (selfmetrics.RuntimeFamilies).
 RUNTIME_PREFIXES = ("process_", "python_")
 
 
@@ -178,46 +175,6 @@ def _label_block(labels: dict[str, str]) -> str:
         + '"'
         for k, v in sorted(labels.items())
     )
-
-
-class RuntimeFamilies(Collector):
-    """prometheus_client's process (from ``procfs``/self), platform and garbage collector
-    families, registered nowhere (never in prometheus_client's global registry): a Collector
-    for a registry, and :meth:`render`, which writes the platform's (fixed at start) once."""
-
-    def __init__(self, procfs: str = OWN_PROCFS, const: tuple[tuple[str, str], ...] = ()) -> None:
-        self._const = dict(const)  # labels written on every sample (the enricher's node)
-        self._process = ProcessCollector(proc=procfs, registry=None)
-        self._platform = PlatformCollector(registry=None)
-        # GCCollector registers itself (it needs a registry), and only on CPython.
-        holder = CollectorRegistry(auto_describe=False)
-        collector = GCCollector(registry=holder)
-        self._gc: Collector | None = collector if list(holder.collect()) else None
-        self._platform_text = render_metrics(self._labelled(self._platform.collect()))
-
-    def _labelled(self, metrics: Iterable[Metric]) -> list[Metric]:
-        """``metrics`` with the constant labels on every sample (a sample's own win)."""
-        if not self._const:
-            return list(metrics)
-        out = []
-        for metric in metrics:
-            copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
-            copy.samples = [s._replace(labels={**self._const, **s.labels}) for s in metric.samples]
-            out.append(copy)
-        return out
-
-    def collect(self) -> Iterable[Metric]:
-        out = [*self._process.collect(), *self._platform.collect()]
-        if self._gc is not None:
-            out.extend(self._gc.collect())
-        return self._labelled(out)
-
-    def render(self) -> bytes:
-        """What ``render_metrics(self.collect())`` writes, as UTF-8."""
-        gc = self._labelled(self._gc.collect()) if self._gc is not None else []
-        text = render_metrics(self._labelled(self._process.collect()))
-        text += self._platform_text + render_metrics(gc)
-        return text.encode("utf-8")
 
 
 # The families the fast path writes; any other (histograms, summaries, OpenMetrics-only

@@ -1,21 +1,31 @@
-"""The enricher's own families, pure, beside the container families of ``families``: those
-that change once per collection and those that move with every scrape.
+"""The enricher's own families (self-metrics), beside the container families of
+``families``: per-source health, process counts and build info (``self_metrics``), those that
+change once per collection (``collection_self_metrics``) and those that move with every scrape
+(``scrape_self_metrics``), and this process's runtime families (``RuntimeFamilies``:
+process_*, python_*).
 
-No I/O: the pipeline hands in the figures and gets writers back (``promclient.MetricWriter``).
+No I/O but the runtime families' (prometheus_client reads /proc/self): the pipeline hands in
+the figures and gets writers back (``promclient.MetricWriter``). The enricher's memory limit
+comes from its own data source, ``cgroupmem``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import __version__
 from .attribution import Attribution
-from .families import self_metrics, value_families
 from .model import SourceStatus
-from .promclient import MetricWriter
+from .promclient import OWN_PROCFS, MetricWriter, render_metrics
 
 
-def collection_families(
+def collection_self_metrics(
     statuses: Sequence[SourceStatus],
     attributions: Sequence[Attribution],
     *,
@@ -81,7 +91,7 @@ def collection_families(
     return before, value_families(extra, version=__version__)
 
 
-def scrape_families(
+def scrape_self_metrics(
     *,
     upstream_requests: int,
     upstream_collections: int,
@@ -146,3 +156,112 @@ def scrape_families(
     for encoding, sent in response_bytes.items():
         writer.sample(name, (("encoding", encoding),), sent)
     return writer
+
+
+def self_metrics(
+    statuses: Sequence[SourceStatus],
+    attributions: Sequence[Attribution],
+    *,
+    version: str | None,
+    extra: Mapping[str, tuple[str, str, float]] | None = None,
+) -> MetricWriter:
+    """The dcgm_enricher_* families: per-source health, process counts and build info (none
+    when ``version`` is None). ``extra`` maps a metric name to (help, type, value) for
+    single-value gauges and counters."""
+    w = MetricWriter()
+    w.family(
+        "dcgm_enricher_source_up",
+        "Whether a data source worked in the last collection (1) or failed (0); absent when "
+        "disabled.",
+    )
+    w.family(
+        "dcgm_enricher_source_enabled", "Whether a data source is configured (1) or disabled (0)."
+    )
+    w.family(
+        "dcgm_enricher_source_duration_seconds",
+        "Time the source took in the last collection.",
+    )
+    w.family(
+        "dcgm_enricher_source_errors_total",
+        "Errors a data source has had since the enricher started.",
+        "counter",
+    )
+    for st in statuses:
+        src = (("source", st.name),)
+        w.sample("dcgm_enricher_source_enabled", src, 1 if st.enabled else 0)
+        if not st.enabled:
+            continue
+        w.sample("dcgm_enricher_source_up", src, 1 if st.up else 0)
+        w.sample("dcgm_enricher_source_duration_seconds", src, st.duration_seconds)
+        w.sample("dcgm_enricher_source_errors_total", src, st.errors_total)
+    w.family(
+        "dcgm_enricher_gpu_processes",
+        "GPU processes on this node in the last collection, by whether a pod (or, without "
+        "Kubernetes, a Docker container) was found for them.",
+    )
+    attributed = sum(1 for a in attributions if a.attributed)
+    w.sample("dcgm_enricher_gpu_processes", (("state", "attributed"),), attributed)
+    w.sample(
+        "dcgm_enricher_gpu_processes",
+        (("state", "unattributed"),),
+        len(attributions) - attributed,
+    )
+    return value_families(extra or {}, version=version, writer=w)
+
+
+def value_families(
+    extra: Mapping[str, tuple[str, str, float]],
+    *,
+    version: str | None = None,
+    writer: MetricWriter | None = None,
+) -> MetricWriter:
+    """Single-value families (``extra``: name -> (help, type, value)), then
+    dcgm_enricher_build_info when ``version`` is given, added to ``writer`` (or a new one)."""
+    w = writer if writer is not None else MetricWriter()
+    for name, (help_text, typ, value) in extra.items():
+        w.family(name, help_text, typ)
+        w.sample(name, (), value)
+    if version is not None:
+        w.family("dcgm_enricher_build_info", "Build information of the running dcgm-enricher; 1.")
+        w.sample("dcgm_enricher_build_info", (("version", version),), 1)
+    return w
+
+
+class RuntimeFamilies(Collector):
+    """prometheus_client's process (from ``procfs``/self), platform and garbage collector
+    families, registered nowhere (never in prometheus_client's global registry): a Collector
+    for a registry, and :meth:`render`, which writes the platform's (fixed at start) once."""
+
+    def __init__(self, procfs: str = OWN_PROCFS, const: tuple[tuple[str, str], ...] = ()) -> None:
+        self._const = dict(const)  # labels written on every sample (the enricher's node)
+        self._process = ProcessCollector(proc=procfs, registry=None)
+        self._platform = PlatformCollector(registry=None)
+        # GCCollector registers itself (it needs a registry), and only on CPython.
+        holder = CollectorRegistry(auto_describe=False)
+        collector = GCCollector(registry=holder)
+        self._gc: Collector | None = collector if list(holder.collect()) else None
+        self._platform_text = render_metrics(self._labelled(self._platform.collect()))
+
+    def _labelled(self, metrics: Iterable[Metric]) -> list[Metric]:
+        """``metrics`` with the constant labels on every sample (a sample's own win)."""
+        if not self._const:
+            return list(metrics)
+        out = []
+        for metric in metrics:
+            copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            copy.samples = [s._replace(labels={**self._const, **s.labels}) for s in metric.samples]
+            out.append(copy)
+        return out
+
+    def collect(self) -> Iterable[Metric]:
+        out = [*self._process.collect(), *self._platform.collect()]
+        if self._gc is not None:
+            out.extend(self._gc.collect())
+        return self._labelled(out)
+
+    def render(self) -> bytes:
+        """What ``render_metrics(self.collect())`` writes, as UTF-8."""
+        gc = self._labelled(self._gc.collect()) if self._gc is not None else []
+        text = render_metrics(self._labelled(self._process.collect()))
+        text += self._platform_text + render_metrics(gc)
+        return text.encode("utf-8")

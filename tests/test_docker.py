@@ -43,7 +43,6 @@ from enricher.families import (
     RenderOptions,
     render_container_info,
     render_families,
-    self_metrics,
 )
 from enricher.labels import SHARED, Owner
 from enricher.model import (
@@ -57,6 +56,7 @@ from enricher.model import (
     Runtime,
     short_id,
 )
+from enricher.selfmetrics import self_metrics
 from tests.conftest import assert_valid_exposition, examples
 from tests.dockerapi import DockerAPI, FakeContainer, compose_labels, container_id, inspect_document
 

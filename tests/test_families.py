@@ -16,9 +16,9 @@ from enricher.families import (
     UTIL,
     RenderOptions,
     render_families,
-    self_metrics,
 )
 from enricher.model import GpuProcess, PodInfo, SourceStatus
+from enricher.selfmetrics import self_metrics
 
 from .conftest import assert_valid_exposition
 

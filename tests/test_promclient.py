@@ -34,11 +34,11 @@ from enricher.pipeline import Scraper
 from enricher.promclient import (
     LabelSets,
     MetricWriter,
-    RuntimeFamilies,
     label_text,
     render_metrics,
 )
 from enricher.rewrite import Rewriter
+from enricher.selfmetrics import RuntimeFamilies
 from enricher.textformat import written_value
 from tests.scraping import PER_SCRAPE, NoProcs
 
