@@ -3,7 +3,7 @@
 No I/O, no event loop, no globals. ``attribute`` decides who owns each GPU process (``pod_of``
 reads a cgroup's pod evidence, the ``resolve`` command too), ``resolve_allocations`` puts the
 kubelet's allocations on devices, ``device_taints`` the DRA driver's taints, ``plan_devices``
-decides what each device series names, and ``fallback_identity`` gives NVML's devices
+decides what each device series names, and ``nvml_identities`` gives NVML's devices
 dcgm-exporter's labels where the upstream has none.
 What the enricher writes of it is in ``families``.
 
@@ -427,7 +427,7 @@ def plan_devices(
     )
 
 
-def fallback_identity(
+def nvml_identities(
     snapshot: GpuSnapshot, node_name: str
 ) -> dict[DeviceKey, tuple[tuple[str, str], ...]]:
     """Device labels in dcgm-exporter's current scheme (4.8.3 on: ``hostname``, no longer

@@ -15,7 +15,7 @@ from .attribution import (
     Attribution,
     attribute,
     device_taints,
-    fallback_identity,
+    nvml_identities,
     plan_devices,
     resolve_allocations,
 )
@@ -52,7 +52,8 @@ class NodeView:
     allocated: list[AllocatedDevice]
     unmapped: int
     plan: RewritePlan
-    fallback: dict[DeviceKey, tuple[tuple[str, str], ...]]  # device labels from NVML
+    # Device labels from NVML, for devices the upstream did not show (nvml_identities).
+    nvml_identities: dict[DeviceKey, tuple[tuple[str, str], ...]]
     # The DRA driver's taints on each device (its ResourceSlices): gpu_device_taint.
     taints: dict[DeviceKey, tuple[DeviceTaint, ...]] = field(default_factory=dict)
 
@@ -133,7 +134,7 @@ class NodeSide:
                 frozenset(self.config.upstream_pod_labels),
                 node=self.config.node,
             ),
-            fallback=fallback_identity(snapshot, self.config.node),
+            nvml_identities=nvml_identities(snapshot, self.config.node),
             taints=device_taints(slice_index.taints, slice_index.uuids, snapshot),
         )
 

@@ -297,7 +297,7 @@ class Scraper:
             head is not None
             and head.text is text
             and head.node is node
-            and head.identities == {**node.fallback, **self._upstream_device_labels}
+            and head.identities == {**node.nvml_identities, **self._upstream_device_labels}
         ):
             return head
         if text is not None and (head is None or text is not head.text):
@@ -311,7 +311,7 @@ class Scraper:
         if text is not None:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
             self._remember(rewritten.identities)
-        identities = {**node.fallback, **self._upstream_device_labels}
+        identities = {**node.nvml_identities, **self._upstream_device_labels}
         # Each device's memory and the parts of it no listed process holds (enricher.memory).
         memory = (
             parse_device_memory(rewritten.watched, self._memory_line_devices)
