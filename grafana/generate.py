@@ -54,7 +54,8 @@ SCHEMA_VERSION = 39  # Grafana 11.0; newer Grafanas migrate it on load
 DS_JSON = {"type": "prometheus", "uid": "${datasource}"}
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 THRESHOLD_COLORS = dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS)
-USER = "annotation_hub_jupyter_org_username"
+# The label that names the JupyterHub user on gpu_pod_info: the mixin's _config.userLabel.
+USER = "%(userLabel)s"
 
 # Pod label names as Prometheus stored them (see the module docstring).
 NS = "${label_prefix}namespace"
@@ -398,7 +399,8 @@ def rows() -> list[Row]:
                 _stat(
                     "Allocated but idle",
                     "Devices the kubelet allocated to a container that has no process on them "
-                    "or uses them under 1% right now (needs the PodResources source).",
+                    "or uses them under %(idleUtilizationPercent)s%% right now (needs the "
+                    "PodResources source).",
                     f"count by (%(clusterLabel)s) ({ALLOCATED_IDLE})",
                 ),
             ],
@@ -563,7 +565,8 @@ def rows() -> list[Row]:
                 _table(
                     "Allocated but idle",
                     "Devices allocated to a container that has no process on them, or only "
-                    "processes under 1% SM utilization, right now (GpuAllocatedIdle fires "
+                    "processes under %(idleUtilizationPercent)s%% SM utilization, right now "
+                    "(GpuAllocatedIdle fires "
                     "after two hours). Needs the PodResources source.",
                     [Target(ALLOCATED_IDLE, table=True)],
                     {"Value": "allocated", "%(nodeLabel)s": "node", "GPU_I_ID": "MIG instance"},
@@ -574,7 +577,8 @@ def rows() -> list[Row]:
                 ),
                 _table(
                     "Memory held while idle",
-                    "Containers holding over 1 GiB of GPU memory with no SM use for the last "
+                    "Containers holding over %(idleMemoryGiB)s GiB of GPU memory with no SM use "
+                    "for the last "
                     "hour: finished jobs and notebooks that kept their CUDA context.",
                     [
                         Target(
@@ -696,7 +700,7 @@ def rows() -> list[Row]:
             [
                 _series(
                     "Temperature",
-                    "GPU temperature; GpuTemperatureHigh fires above 85 °C.",
+                    "GPU temperature; GpuTemperatureHigh fires above %(temperatureCelsius)g °C.",
                     Target(device("DCGM_FI_DEV_GPU_TEMP"), DEV_LEGEND),
                     unit="celsius",
                 ),
@@ -709,7 +713,7 @@ def rows() -> list[Row]:
                 _series(
                     "Device memory used",
                     "Share of each GPU's (or MIG instance's) memory in use; "
-                    "GpuMemoryNearlyFull fires above 95%.",
+                    "GpuMemoryNearlyFull fires above %(memoryNearlyFullPercent)s%%.",
                     Target(
                         f"max by ({DEVICE}) ({device_record('device:gpu_memory_used:ratio')})",
                         DEV_LEGEND + " {{GPU_I_ID}}",

@@ -22,6 +22,12 @@
     // renames the enricher's label (metric relabelings).
     nodeLabel: 'node',
 
+    // The label of gpu_pod_info that names the JupyterHub user: the enricher writes each pod
+    // annotation named in --kube.pod-annotations as annotation_<name> (sanitised), and
+    // hub.jupyter.org/username, kubespawner's, is in its default list. Change it where your
+    // hub writes the user elsewhere (a pod label: label_<name>).
+    userLabel: 'annotation_hub_jupyter_org_username',
+
     // Below this SM utilization (a ratio) an allocated or memory-holding GPU counts as idle
     // (GpuAllocatedIdle, GpuMemoryHeldWhileIdle, the dashboard's waste panels).
     idleUtilizationThreshold: 0.01,
@@ -53,5 +59,7 @@
     // Percentages for the annotations, from the ratios above.
     idleUtilizationPercent: '%g' % (self.idleUtilizationThreshold * 100),
     memoryNearlyFullPercent: '%g' % (self.memoryNearlyFullRatio * 100),
+    // And the idle memory, in GiB, for the dashboard's descriptions.
+    idleMemoryGiB: '%g' % (self.idleMemoryBytes / 1073741824),
   },
 }

@@ -47,6 +47,7 @@ OVERRIDE = {
     "temperatureCelsius": 90,
     "enricherMemoryLimitRatio": 0.8,
     "heldIdleSeconds": 7200,
+    "userLabel": "label_hub_jupyter_org_user",
     "runbookURLPattern": "https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md#%s",
     "dashboardUid": "gpu-workloads",
     "dashboardTitle": "GPU workloads (prod)",
@@ -327,14 +328,68 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
     assert texts == [t.replace("{{node}}", "{{kubernetes_node}}") for t in default_texts]
     assert any("{{node}}" in t for t in default_texts)
     columns, default_columns = renamed_columns(board), renamed_columns(default)
-    assert columns == [
-        {("kubernetes_node" if k == "node" else k): v for k, v in c.items()}
-        for c in default_columns
-    ]
+    renamed = {
+        "node": "kubernetes_node",
+        "annotation_hub_jupyter_org_username": OVERRIDE["userLabel"],
+    }
+    assert columns == [{renamed.get(k, k): v for k, v in c.items()} for c in default_columns]
     assert any("node" in c for c in default_columns)
     idle = [q for q in queries if "> 0.05 or" in q]
     held = [q for q in queries if "> 2147483648 and" in q and "< 0.05" in q]
     assert idle and held
+
+
+# The _config fields worked out from others (the texts' percentages and GiB), not set.
+DERIVED = {"idleUtilizationPercent", "memoryNearlyFullPercent", "idleMemoryGiB"}
+
+
+def test_every_config_field_is_overridden_by_the_tests() -> None:
+    """Each field mixin/config.libsonnet offers is in OVERRIDE, so the tests above move it."""
+    fields = set(re.findall(r"^    (\w+): ", (MIXIN / "config.libsonnet").read_text(), re.M))
+    assert fields - DERIVED == set(OVERRIDE)
+
+
+# What each panel description says of a threshold: (the default's words, the override's).
+DESCRIBED = {
+    "idleUtilizationThreshold": ("under 1%", "under 5%"),
+    "idleMemoryBytes": ("over 1 GiB", "over 2 GiB"),
+    "temperatureCelsius": ("above 85 °C", "above 90 °C"),
+    "memoryNearlyFullRatio": ("above 95%", "above 90%"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(DESCRIBED))
+def test_override_reaches_the_panel_descriptions(overridden: dict[str, str], field: str) -> None:
+    """A threshold moved in _config moves in the text that tells the user about it: no panel
+    keeps saying the default."""
+    old, new = DESCRIBED[field]
+    board = json.loads(overridden["dashboards_out/dcgm-enricher.json"])
+    default = json.loads(DASHBOARD.read_text())
+    before = [p.get("description", "") for p in _panels(default)]
+    after = [p.get("description", "") for p in _panels(board)]
+    said = [i for i, text in enumerate(before) if old in text]
+    assert said, (field, old)
+    assert [i for i, text in enumerate(after) if new in text] == said
+    assert not [text for text in after if old in text]
+
+
+def test_override_moves_the_user_label_everywhere(
+    overridden: dict[str, str], defaults: dict[str, str]
+) -> None:
+    """The user label of _config, in every rule, alert text, query and column that names it."""
+    old, new = "annotation_hub_jupyter_org_username", OVERRIDE["userLabel"]
+    default_board = json.loads(DASHBOARD.read_text())
+    texts = {
+        "rules": overridden[build.RULES] + overridden[build.ALERTS],
+        "dashboard": overridden["dashboards_out/dcgm-enricher.json"],
+    }
+    before = {
+        "rules": defaults[build.RULES] + defaults[build.ALERTS],
+        "dashboard": json.dumps(default_board),
+    }
+    for where, text in texts.items():
+        assert old not in text, where
+        assert text.count(new) == before[where].count(old) > 0, where
 
 
 def _panels(board: dict[str, Any]) -> list[dict[str, Any]]:
@@ -416,7 +471,7 @@ def test_overridden_held_idle_waits_the_overridden_time(
         series.append({"series": last_active, "values": "0x150"})  # idle since time 0
         if user is not None:
             info = f'gpu_pod_info{{job="gpu-metrics",k8s_cluster="c1",namespace="{ns}",'
-            info += f'pod="{pod}",annotation_hub_jupyter_org_username="{user}"}}'
+            info += f'pod="{pod}",{OVERRIDE["userLabel"]}="{user}"}}'
             series.append({"series": info, "values": "1x150"})
         labels = {"severity": "warning", "k8s_cluster": "c1", "kubernetes_node": "node-a"}
         labels |= {"namespace": ns, "pod": pod, "container": container}

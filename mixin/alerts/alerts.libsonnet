@@ -80,7 +80,7 @@ local oneLine = utils.oneLine;
               )
               * on (%(clusterLabel)s, namespace, pod) group_left (user)
               max by (%(clusterLabel)s, namespace, pod, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "%(userLabel)s", "(.*)")
               )
               or on (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container)
               min by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
@@ -106,8 +106,8 @@ local oneLine = utils.oneLine;
               sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
                 gpu_container_memory_used_bytes{%(dcgmSelector)s}
               )
-              * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name, annotation_hub_jupyter_org_username)
-              max by (%(clusterLabel)s, namespace, pod, workload_kind, workload_name, annotation_hub_jupyter_org_username) (
+              * on (%(clusterLabel)s, namespace, pod) group_left (workload_kind, workload_name, %(userLabel)s)
+              max by (%(clusterLabel)s, namespace, pod, workload_kind, workload_name, %(userLabel)s) (
                 gpu_pod_info{%(dcgmSelector)s, gpu_requested="false"}
               )
               unless on (%(clusterLabel)s, namespace, pod) gpu_container_allocated{%(dcgmSelector)s}
@@ -118,7 +118,7 @@ local oneLine = utils.oneLine;
               summary: 'A pod uses a GPU it never requested.',
               description: oneLine(|||
                 Pod
-                {{ $labels.namespace }}/{{ $labels.pod }}{{ with $labels.annotation_hub_jupyter_org_username }}
+                {{ $labels.namespace }}/{{ $labels.pod }}{{ with $labels.%(userLabel)s }}
                 (user {{ . }}){{ end }} holds {{ $value | humanize1024 }}B on GPU {{ $labels.gpu }} of
                 {{ $labels.%(nodeLabel)s }} but requested no nvidia.com resource, so the scheduler does not
                 count it. Make it request a GPU, or stop exposing all GPUs to it

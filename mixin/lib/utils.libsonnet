@@ -34,8 +34,8 @@
   named(text, config):: if std.length(std.findSubstr('%(', text)) > 0 then text % config else text,
 
   // The dashboard's template with `_config` in every query (panel targets, variable
-  // definitions and queries, annotation queries) and in the legends, annotation texts and
-  // table column names that name a label of it.
+  // definitions and queries, annotation queries) and in the descriptions, legends, annotation
+  // texts and table column names that name a threshold or a label of it.
   dashboard(template, config)::
     local named(text) = $.named(text, config);
     local target(t) = t
@@ -49,6 +49,7 @@
     );
     local transformation(x) = x + (if x.id == 'organize' then { options: organize(x.options) } else {});
     local panel(p) = p
+                     + (if 'description' in p then { description: named(p.description) } else {})
                      + (if 'targets' in p then { targets: std.map(target, p.targets) } else {})
                      + (if 'transformations' in p then { transformations: std.map(transformation, p.transformations) } else {})
                      + (if 'panels' in p then { panels: std.map(panel, p.panels) } else {});

@@ -13,7 +13,7 @@ local oneLine = utils.oneLine;
             record: 'namespace_pod:gpu_pod_info:max',
             expr: |||
               max by (%(clusterLabel)s, namespace, pod, workload_kind, workload_name, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "%(userLabel)s", "(.*)")
               )
             ||| % $._config,
           },
@@ -190,7 +190,7 @@ local oneLine = utils.oneLine;
               )
               * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
               max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "%(userLabel)s", "(.*)")
               )
             ||| % $._config,
           },
@@ -202,7 +202,7 @@ local oneLine = utils.oneLine;
               )
               * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
               max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "%(userLabel)s", "(.*)")
               )
             ||| % $._config,
           },
@@ -217,7 +217,7 @@ local oneLine = utils.oneLine;
               )
               * on (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod) group_left (workload_kind, workload_name, user)
               max by (%(clusterLabel)s, namespace, pod, exported_namespace, exported_pod, workload_kind, workload_name, user) (
-                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "annotation_hub_jupyter_org_username", "(.*)")
+                label_replace(gpu_pod_info{%(dcgmSelector)s}, "user", "$1", "%(userLabel)s", "(.*)")
               )
               or on (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container)
               max by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
