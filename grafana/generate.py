@@ -48,8 +48,6 @@ DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
 TEMPLATE = ROOT / "mixin" / "dashboards" / "dcgm-enricher.json"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 
-UID = "dcgm-enricher-gpu"
-TITLE = "dcgm-enricher / GPU workloads"
 SCHEMA_VERSION = 39  # Grafana 11.0; newer Grafanas migrate it on load
 DS_JSON = {"type": "prometheus", "uid": "${datasource}"}
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -1099,10 +1097,21 @@ def variables() -> list[dict[str, Any]]:
     ]
 
 
+def _dashboard_defaults() -> dict[str, str]:
+    """The uid, title and refresh of mixin/config.libsonnet's _config: defined there once."""
+    text = _mixin_build().evaluate(
+        "{uid: mixin._config.dashboardUid, title: mixin._config.dashboardTitle,"
+        " refresh: mixin._config.dashboardRefresh}"
+    )
+    loaded: dict[str, str] = json.loads(text)
+    return loaded
+
+
 def build() -> dict[str, Any]:
+    defaults = _dashboard_defaults()
     board = (
-        dashboard.Dashboard(TITLE)
-        .uid(UID)
+        dashboard.Dashboard(defaults["title"])
+        .uid(defaults["uid"])
         .description(
             "Who uses the GPUs: per-pod, namespace, workload and user GPU memory and "
             "utilization, shared GPUs, waste and device health, from dcgm-exporter as rewritten "
@@ -1113,7 +1122,7 @@ def build() -> dict[str, Any]:
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
         .version(1)
         .time("now-6h", "now")
-        .refresh("30s")
+        .refresh(defaults["refresh"])
         .timezone("")
         .fiscal_year_start_month(0)
         .live_now(False)
@@ -1150,7 +1159,9 @@ def build() -> dict[str, Any]:
                 "enable": True,
                 "iconColor": "red",
                 "name": "GPU alerts",
-                "expr": 'ALERTS{alertname=~"Gpu.*", alertstate="firing"}',
+                # The cluster's alerts only, where one Prometheus (Thanos, Mimir) holds many.
+                "expr": 'ALERTS{alertname=~"Gpu.*", alertstate="firing", '
+                '%(clusterLabel)s=~"$cluster"}',
                 "step": "60s",
                 "titleFormat": "{{alertname}}",
                 "textFormat": "{{%(nodeLabel)s}} {{gpu}} {{namespace}}/{{pod}}",
