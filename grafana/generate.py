@@ -134,22 +134,10 @@ UTIL_DEV = sel("gpu_container_utilization_ratio", *DEV_FILTER)
 CONTAINER_DEVICE = f"{DEVICE}, UUID, {NS}, {POD}, {CTR}"
 
 
-def used_by_pods_on(memory: str, utilization: str) -> str:
-    """Containers' devices in use: utilization over 1%, or a process where NVML gives no
-    per-process utilization (MIG)."""
-    return (
-        f"({utilization} > {IDLE_UTILIZATION} or "
-        f"({memory} unless on ({CONTAINER_DEVICE}) {utilization}))"
-    )
-
-
+# Allocated but idle (recorded: mixin/rules, where GpuAllocatedIdle reads the same record).
 ALLOCATED_IDLE = (
-    f"max by ({CONTAINER_DEVICE}) ({sel('gpu_container_allocated', *POD_FILTER)}) "
-    f"unless on ({CONTAINER_DEVICE}) "
-    + used_by_pods_on(
-        sel("gpu_container_memory_used_bytes", *POD_FILTER),
-        sel("gpu_container_utilization_ratio", *POD_FILTER),
-    )
+    f"max by ({CONTAINER_DEVICE}) "
+    f"({record_sel('namespace_pod_container_device:gpu_allocated_idle:max', *POD_FILTER)})"
 )
 NOT_REQUESTED = (
     f"sum by ({CONTAINER_DEVICE}, {USER}) ("

@@ -66,7 +66,10 @@ DEFAULTS = {
 # Where each threshold is compared: (alert or dashboard, the comparison with the value).
 THRESHOLD_USES = {
     "idleUtilizationThreshold": [
-        ("GpuAllocatedIdle", "gpu_container_utilization_ratio{{{sel}}} > {v}"),
+        (
+            "namespace_pod_container_device:gpu_allocated_idle:max",
+            "gpu_container_utilization_ratio{{{sel}}} > {v}",
+        ),
         ("GpuMemoryHeldWhileIdle", ") < {v}"),
     ],
     "idleMemoryBytes": [("GpuMemoryHeldWhileIdle", ") > {v}")],
@@ -266,8 +269,8 @@ def test_override_reaches_every_rule_expression(
 def test_override_moves_every_threshold(
     overridden: dict[str, str], defaults: dict[str, str], key: str
 ) -> None:
-    default_rules = {r.get("alert"): r for r in rules_of(defaults)}
-    rules = {r.get("alert"): r for r in rules_of(overridden)}
+    default_rules = {r.get("alert", r.get("record")): r for r in rules_of(defaults)}
+    rules = {r.get("alert", r.get("record")): r for r in rules_of(overridden)}
     for alert, pattern in THRESHOLD_USES[key]:
         sel = OVERRIDE["dcgmSelector"]
         old = pattern.format(v=DEFAULTS[key], sel="").replace("{}", "")
@@ -334,9 +337,9 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
     }
     assert columns == [{renamed.get(k, k): v for k, v in c.items()} for c in default_columns]
     assert any("node" in c for c in default_columns)
-    idle = [q for q in queries if "> 0.05 or" in q]
     held = [q for q in queries if "> 2147483648 and" in q and "< 0.05" in q]
-    assert idle and held
+    idle = [q for q in queries if "namespace_pod_container_device:gpu_allocated_idle:max" in q]
+    assert idle and held  # the allocated-but-idle threshold: in its record (above)
 
 
 # The _config fields worked out from others (the texts' percentages and GiB), not set.

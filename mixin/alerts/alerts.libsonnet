@@ -8,25 +8,12 @@ local oneLine = utils.oneLine;
         name: 'dcgm-enricher.waste',
         rules: [
           {
-            // Allocated devices of a container with no process on them, or with processes below 1%
-            // SM utilization. On MIG, where NVML has no per-process utilization, a process counts
-            // as use.
+            // Allocated devices of a container with no process on them, or with processes below
+            // idleUtilizationThreshold (the record, mixin/rules: the dashboard reads it too).
             alert: 'GpuAllocatedIdle',
             expr: |||
               count by (%(clusterLabel)s, %(nodeLabel)s, namespace, pod, container) (
-                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container) (
-                  gpu_container_allocated{%(dcgmSelector)s}
-                )
-                unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container)
-                (
-                  gpu_container_utilization_ratio{%(dcgmSelector)s} > %(idleUtilizationThreshold)g
-                  or
-                  (
-                    gpu_container_memory_used_bytes{%(dcgmSelector)s}
-                    unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container)
-                    gpu_container_utilization_ratio{%(dcgmSelector)s}
-                  )
-                )
+                namespace_pod_container_device:gpu_allocated_idle:max
               )
             ||| % $._config,
             'for': '2h',

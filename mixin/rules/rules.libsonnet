@@ -8,6 +8,30 @@ local oneLine = utils.oneLine;
         name: 'dcgm-enricher.records',
         rules: [
           {
+            // Allocated but idle, defined once for GpuAllocatedIdle and the dashboard's panels:
+            // each device the kubelet allocated to a container that has no process on it, or
+            // only processes under idleUtilizationThreshold of SM (on MIG, where NVML has no
+            // per-process utilization, a process counts as use). It keeps exported_namespace,
+            // exported_pod and exported_container for the panels where Prometheus scrapes with
+            // honor_labels: false.
+            record: 'namespace_pod_container_device:gpu_allocated_idle:max',
+            expr: |||
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container) (
+                gpu_container_allocated{%(dcgmSelector)s}
+              )
+              unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container)
+              (
+                gpu_container_utilization_ratio{%(dcgmSelector)s} > %(idleUtilizationThreshold)g
+                or
+                (
+                  gpu_container_memory_used_bytes{%(dcgmSelector)s}
+                  unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID, namespace, pod, container, exported_namespace, exported_pod, exported_container)
+                  gpu_container_utilization_ratio{%(dcgmSelector)s}
+                )
+              )
+            ||| % $._config,
+          },
+          {
             // One series per pod with a GPU process: its workload and its JupyterHub user (the
             // allow-listed annotation on gpu_pod_info, renamed `user`), for joins below.
             record: 'namespace_pod:gpu_pod_info:max',
