@@ -538,11 +538,11 @@ local oneLine = utils.oneLine;
             annotations: {
               summary: 'No dcgm-enricher is being scraped.',
               description: oneLine(|||
-                Prometheus has had no reachable dcgm-enricher target for 15 minutes: no GPU metrics at
-                all. Check that the DaemonSet runs, that its ServiceMonitor, PodMonitor or scrape job is
+                Prometheus{{ with $externalLabels.%(clusterLabel)s }} of cluster {{ . }}{{ end }} has had no
+                reachable dcgm-enricher target for 15 minutes: no GPU metrics at all. Check that the DaemonSet runs, that its ServiceMonitor, PodMonitor or scrape job is
                 loaded, and that it sets the job label dcgm-enricher. Runbook:
                 docs/runbook.md#gpuenricherabsent.
-              |||),
+              ||| % $._config),
             },
           },
         ],
