@@ -162,6 +162,58 @@ def selectors(expr: str) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- the layout
 
 
+def _doc_block(heading: str, lang: str) -> str:
+    """The first ``lang`` code block under ``heading`` in docs/alerts.md."""
+    text = (ROOT / "docs" / "alerts.md").read_text()
+    section = text[text.index(heading) :]
+    found = re.search(rf"^```{lang}\n(.*?)^```", section, re.M | re.S)
+    assert found is not None, (heading, lang)
+    return found.group(1)
+
+
+def test_the_worked_kube_prometheus_example_builds_beside_etcds_mixin(tmp_path: Path) -> None:
+    """docs/alerts.md's jsonnetfile and worked override, built in the layout jsonnet-bundler
+    makes of them in a kube-prometheus project: this mixin under the `name` its jsonnetfile
+    entry gives it, and kube-prometheus's etcd mixin under the legacy name `mixin` beside it.
+    kube-prometheus and etcd's mixin are STAND-INS (nothing is downloaded here): each a file of
+    the shape and path the example imports, so the test proves the import paths do not
+    collide and the example evaluates with the real jsonnet."""
+    import _jsonnet
+
+    entry = json.loads(_doc_block("### Vendoring it with jsonnet-bundler", "json"))
+    (dependency,) = entry["dependencies"]
+    assert dependency["source"]["git"]["subdir"] == "mixin"
+    name = dependency["name"]
+    assert name != "mixin"
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    (vendor / name).symlink_to(MIXIN, target_is_directory=True)
+    etcd = vendor / "mixin"  # kube-prometheus's etcd contrib/mixin, by its legacy name
+    etcd.mkdir()
+    (etcd / "mixin.libsonnet").write_text(
+        "{ prometheusAlerts+:: { groups+: [{ name: 'etcd', rules: [] }] } }\n"
+    )
+    (vendor / "kube-prometheus").mkdir()
+    (vendor / "kube-prometheus" / "main.libsonnet").write_text(
+        "{ values:: { common: { namespace: 'default' }, grafana: { dashboards: {} } },\n"
+        "  etcdMixin:: (import 'mixin/mixin.libsonnet') }\n"
+    )
+    example = _doc_block("### A worked override: kube-prometheus", "jsonnet")
+    # The example's last line is the manifest it adds; keep etcd's alerts in view too.
+    example = example.replace(
+        "{ 'dcgm-enricher-prometheusRule': kp.dcgmEnricher.prometheusRule }",
+        "{ rule: kp.dcgmEnricher.prometheusRule, etcd: kp.etcdMixin.prometheusAlerts,"
+        " dashboards: std.objectFields(kp.values.grafana.dashboards) }",
+    )
+    out = json.loads(_jsonnet.evaluate_snippet("example.jsonnet", example, jpathdir=[str(vendor)]))
+    groups = out["rule"]["spec"]["groups"]
+    assert {g["name"] for g in groups} >= {"dcgm-enricher.records", "dcgm-enricher.memory"}
+    exprs = " ".join(r["expr"] for g in groups for r in g["rules"])
+    assert 'job="dcgm-enricher"' in exprs and "k8s_cluster" in exprs
+    assert out["etcd"]["groups"] == [{"name": "etcd", "rules": []}]
+    assert out["dashboards"] == ["dcgm-enricher.json"]
+
+
 def test_mixin_has_the_four_fields_and_a_jsonnetfile() -> None:
     fields = json.loads(
         build.evaluate(
