@@ -31,8 +31,9 @@ from typing import Any
 # fails the install (tests/test_bench.py runs it), so the list follows the code.
 FUNCTIONS: tuple[tuple[str, str, str], ...] = (
     ("rewrite", "enricher.rewrite", "Rewriter.rewrite"),
-    ("power split and its families", "enricher.pipeline", "Scraper._power"),
-    ("container families", "enricher.pipeline", "Scraper._families"),
+    ("power split and its families", "enricher.stages", "PowerStage.write"),
+    ("container families", "enricher.stages", "ContainerFamiliesStage.write"),
+    ("idle ledger and last-active family", "enricher.stages", "IdleStage.write"),
     ("gzip of a collection's body", "enricher.compress", "GzipHead.__init__"),
     ("gzip of each scrape's tail", "enricher.compress", "GzipHead.finish"),
     ("self-metrics of a collection", "enricher.pipeline", "Scraper._collection_metrics"),

@@ -17,7 +17,7 @@ from .labels import DeviceKey
 from .memory import DeviceMemory, parse_device_memory
 from .model import GpuSnapshot, SourceStatus
 from .node import NodeView
-from .power import DeviceDraw, Part, Who
+from .power import Who
 from .promclient import MetricWriter
 from .sources import Outcome
 from .textformat import WatchedLine
@@ -44,16 +44,15 @@ class Head:
     text: str | None  # the upstream body it was made from (compared by identity)
     node: NodeView
     identities: DeviceLabels
-    # The body in parts (the rewritten upstream, our families, the power families), encoded:
+    # The body in parts (the rewritten upstream, then each stage's chunk), encoded:
     # gzip reads them in turn and an identity body joins them with its tail, so the whole
     # body is never copied into one buffer of its own.
     chunks: tuple[bytes, ...]
     samples: int
     invalid_lines: int
     rewritten: str | None  # the rewritten upstream body (the Rewriter's, compared by identity)
-    families: str
-    power_body: bytes  # the power families, as written
-    power: PowerView | None  # the power split they were written from
+    stage_chunks: tuple[bytes, ...]  # what the stages wrote after it (enricher.stages)
+    power: PowerView | None  # the power split the power stage wrote them from
     watched: tuple[WatchedLine, ...] = ()  # the upstream's lines the rewrite handed over
     gzip: GzipHead | None = None
     memory: dict[DeviceKey, DeviceMemory] | None = None  # parse_device_memory(watched), once
@@ -132,9 +131,9 @@ class ScrapeResult:
         return self.memory
 
 
-# --------------------------------------------------------------------------- the Scraper's caches
-# What each cache of the Scraper (enricher.pipeline) holds, named: a scrape of the same
-# collection finds them by identity instead of working them out again.
+# --------------------------------------------------------------------------- the Scraper's cache
+# of a collection's self-metrics (enricher.pipeline): a scrape of the same collection finds
+# them instead of writing them again.
 
 
 class CollectionTail(NamedTuple):
@@ -150,33 +149,3 @@ class CollectionTail(NamedTuple):
     after_text: bytes
     runtime_text: bytes
     memory_limit: int | None
-
-
-class ContainerFamilies(NamedTuple):
-    """The container families as written for a node view, the device labels they carry and
-    the memory no listed process holds (``memory.memory_parts``)."""
-
-    node: NodeView
-    identities: DeviceLabels
-    memory: dict[tuple[DeviceKey, str], float]
-    text: str
-
-
-class PowerAccounted(NamedTuple):
-    """The collection (upstream text and node view) whose energy was last accounted, and the
-    draws and parts it was split into."""
-
-    text: str | None
-    node: NodeView
-    draws: list[DeviceDraw]
-    parts: dict[str, list[Part]]
-
-
-class PowerWritten(NamedTuple):
-    """The power families as written for (draws, device labels): the body and the node page's
-    view."""
-
-    draws: list[DeviceDraw]
-    identities: DeviceLabels
-    body: bytes
-    view: PowerView

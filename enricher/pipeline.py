@@ -13,43 +13,22 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from .cgroupmem import CGROUPFS, read_limit
-from .collection import (
-    CollectionTail,
-    ContainerFamilies,
-    DeviceLabels,
-    Head,
-    PowerAccounted,
-    PowerView,
-    PowerWritten,
-    ScrapeResult,
-)
+from .collection import CollectionTail, DeviceLabels, Head, ScrapeResult
 from .compress import GzipHead
 from .config import Config
-from .families import RenderOptions, render_families
-from .idle import IdleLedger, render_last_active
-from .labels import NODE_LABEL, DeviceKey, RewritePlan
-from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
+from .families import RenderOptions
+from .labels import NODE_LABEL, RewritePlan
+from .memory import MEMORY_NAMES, parse_device_memory
 from .model import SourceStatus
 from .node import NodeSide, NodeView, PodSource
-from .power import (
-    UPSTREAM_NAMES,
-    DeviceDraw,
-    EnergyLedger,
-    Part,
-    UpstreamPower,
-    choose_readings,
-    power_families,
-    render_power,
-    split_power,
-    upstream_power,
-)
+from .power import UPSTREAM_NAMES, UpstreamPower, upstream_power
 from .promclient import OWN_PROCFS, LabelSets, MetricWriter
 from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
 from .selfmetrics import RuntimeFamilies, collection_self_metrics, scrape_self_metrics
 from .sources import Measured, Outcome, Source, close_all
 from .sourcetable import SOURCES, SourceEntry
-from .textformat import WatchedLine
+from .stages import Chunk, Collection, Stage, make_stages
 from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
 from .upstreamlines import SeriesDevices
 from .worker import Worker
@@ -169,9 +148,6 @@ class Scraper:
             if config.upstream_follow_step > 0
             else None
         )
-        # The container families last written, with the node view and device labels they
-        # were written for.
-        self._container_families: ContainerFamilies | None = None
         # The head of the newest collection: what scrapes serve before their self-metrics.
         self._newest_head: Head | None = None
         self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
@@ -183,11 +159,6 @@ class Scraper:
             docker=self.node.given("docker") is not None,
             device_taints=self.node.given("resourceslices") is not None,
         )
-        # Energy per container, from each GPU's energy counter: advanced on every upstream
-        # collection (when following) and every scrape; a repeated reading adds nothing.
-        self._energy = EnergyLedger()
-        # When each container last used each device it holds, advanced with the energy.
-        self._idle = IdleLedger(config.idle_threshold)
         # The label blocks of our own families (a set formatted once while it is in use, one
         # turn per collection) and the devices of the upstream's power lines (each series
         # parsed once): this Scraper's, so that another in the same process (tests, the
@@ -195,10 +166,13 @@ class Scraper:
         self._label_sets = LabelSets(const=node_label)
         self._power_line_devices = SeriesDevices()
         self._memory_line_devices = SeriesDevices()  # the same, for the framebuffer lines
-        # The last collection accounted and the last power families written: a scrape of the
-        # same collection (the same upstream text and node view) reuses them.
-        self._power_accounted: PowerAccounted | None = None
-        self._power_written: PowerWritten | None = None
+        # The parts of the body after the rewritten upstream, in order (enricher.stages): the
+        # container families, the power split and energy, the idle ledger. Each keeps its
+        # ledger; the Scraper keeps each one's last chunk with what it read.
+        self.stages: list[Stage] = make_stages(
+            self._options, config.idle_threshold, self._label_sets
+        )
+        self._stage_chunks: dict[Stage, tuple[tuple[object, ...], Chunk]] = {}
 
     async def close(self) -> None:
         """Stop the background work, then close every source (each bounded: a hung NVML call
@@ -312,30 +286,27 @@ class Scraper:
             rewritten, _ = await self._rewrite(text, node.plan, encode=False)
             self._remember(rewritten.identities)
         identities = {**node.nvml_identities, **self._upstream_device_labels}
-        # Each device's memory and the parts of it no listed process holds (enricher.memory).
-        memory = (
-            parse_device_memory(rewritten.watched, self._memory_line_devices)
-            if rewritten is not None
-            else {}
+        watched = rewritten.watched if rewritten is not None else ()
+        collection = Collection(
+            text,
+            node,
+            identities,
+            # Each device's memory (enricher.memory) and the upstream's power readings, read
+            # from the lines the rewrite handed over.
+            parse_device_memory(watched, self._memory_line_devices) if text is not None else {},
+            upstream_power(watched, self._power_line_devices)
+            if text is not None
+            else UpstreamPower(),
         )
-        families = self._families(
-            node, identities, self._options, memory_parts(memory, node.attributions)
-        )
-        # The power split of this collection (its energy accounted once) and its families.
-        power_body, power = self._power(
-            text, rewritten.watched if rewritten is not None else (), node, identities
-        )
+        chunks = [self._run_stage(stage, collection) for stage in self.stages]
+        stage_chunks = tuple(chunk.body for chunk in chunks)
+        power = next((chunk.view for chunk in chunks if chunk.view is not None), None)
         out = rewritten.text if rewritten is not None else None
-        if (
-            head is not None
-            and head.rewritten is out
-            and head.families == families
-            and head.power_body == power_body
-        ):
+        if head is not None and head.rewritten is out and head.stage_chunks == stage_chunks:
             # Read again (every scrape without following), but the same bytes: keep the
             # encoded body and its gzip.
             head.text, head.node, head.identities, head.power = text, node, identities, power
-            head.memory = memory
+            head.memory = collection.memory
             return head
         encoded = b""
         if out is not None:
@@ -348,15 +319,14 @@ class Scraper:
             text,
             node,
             identities,
-            (encoded, families.encode("utf-8"), power_body),
+            (encoded, *stage_chunks),
             rewritten.samples if rewritten is not None else 0,
             rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten is not None else 0,
             out,
-            families,
-            power_body,
+            stage_chunks,
             power,
-            rewritten.watched if rewritten is not None else (),
-            memory=memory,
+            watched,
+            memory=collection.memory,
         )
         self._newest_head = head
         return head
@@ -413,99 +383,16 @@ class Scraper:
             return answer
         return await self._fetch_upstream()
 
-    def _account_power(
-        self, text: str | None, watched: tuple[WatchedLine, ...], node: NodeView
-    ) -> tuple[list[DeviceDraw], dict[str, list[Part]]]:
-        """Split each GPU's power for this collection and add its energy-counter increase to
-        the containers (enricher.power); returns the draws and the parts. The same collection
-        again is not accounted twice (it would add nothing: its energy reading is the same).
-        ``watched``: the rewrite's lines of the upstream power families in ``text``."""
-        last = self._power_accounted
-        if last is not None and last.text is text and last.node is node:
-            return last.draws, last.parts
-        upstream = (
-            upstream_power(watched, self._power_line_devices)
-            if text is not None
-            else UpstreamPower()
-        )
-        draws = choose_readings(upstream, node.snapshot)
-        parts = split_power(node.snapshot, node.attributions, node.allocated, upstream.activity)
-        self._energy.advance(draws, parts, answered=node.snapshot.taken_at > 0)
-        self._idle.advance(
-            node.snapshot.taken_at, node.attributions, node.allocated, upstream.activity
-        )
-        self._power_accounted = PowerAccounted(text, node, draws, parts)
-        return draws, parts
-
-    def _power(
-        self,
-        text: str | None,
-        watched: tuple[WatchedLine, ...],
-        node: NodeView,
-        identities: DeviceLabels,
-    ) -> tuple[bytes, PowerView]:
-        """The power families of this scrape and their values for the node page."""
-        draws, parts = self._account_power(text, watched, node)
-        last = self._power_written
-        if last is not None and last.draws is draws and last.identities == identities:
-            return last.body, last.view
-        container_watts, unattributed_watts = power_families(draws, parts)
-        body = render_power(
-            draws,
-            parts,
-            self._energy.totals,
-            identities,
-            families=(container_watts, unattributed_watts),
-            label_sets=self._label_sets,
-        ).encode("utf-8")
-        body += render_last_active(self._idle.last_active, identities, self._label_sets).encode(
-            "utf-8"
-        )
-        view = PowerView(
-            {d.gpu_uuid: d.power_watts for d in draws if d.power_watts is not None},
-            container_watts,
-            unattributed_watts,
-        )
-        self._power_written = PowerWritten(draws, identities, body, view)
-        return body, view
-
-    def _families(
-        self,
-        node: NodeView,
-        identities: DeviceLabels,
-        options: RenderOptions,
-        memory: dict[tuple[DeviceKey, str], float],
-    ) -> str:
-        last = self._container_families
-        if (
-            last is not None
-            and last.identities == identities
-            and last.memory == memory
-            and (
-                last.node is node
-                # A new read that found the same processes, owners and memory (a MIG node
-                # has no per-process utilization; memory held by a training job rarely
-                # moves): the same text, without rendering it again.
-                or (
-                    last.node.attributions == node.attributions
-                    and last.node.allocated == node.allocated
-                    and last.node.taints == node.taints
-                )
-            )
-        ):
-            self._container_families = ContainerFamilies(node, identities, memory, last.text)
-            return last.text
-        text = render_families(
-            node.attributions,
-            identities,
-            options,
-            node.allocated,
-            self._label_sets,
-            node.taints,
-            memory,
-        )
-        self._container_families = ContainerFamilies(node, identities, memory, text)
-        return text
+    def _run_stage(self, stage: Stage, collection: Collection) -> Chunk:
+        """``stage``'s chunk of this collection: its last one while what it reads is the same
+        (one rule for every stage: enricher.stages), else a new one."""
+        reads = stage.reads(collection)
+        last = self._stage_chunks.get(stage)
+        if last is not None and last[0] == reads:
+            return last[1]
+        chunk = stage.write(collection)
+        self._stage_chunks[stage] = (reads, chunk)
+        return chunk
 
     async def _scrape_once(self) -> ScrapeResult:
         started = self._clock()

@@ -270,11 +270,12 @@ async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     latest, _started = await follower.latest()
     assert latest.value is head.text
     repeated = env.scraper._rewriter.repeated_rewrites
-    power = env.scraper._power_accounted  # the power split worked out for the prepared head
+    (power_stage,) = [s for s in env.scraper.stages if s.name == "power"]
+    power = power_stage.accounted  # type: ignore[attr-defined]  # the prepared head's split
     assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
     assert env.scraper._newest_head is head
     assert env.scraper._rewriter.repeated_rewrites == repeated
-    assert env.scraper._power_accounted is power
+    assert power_stage.accounted is power  # type: ignore[attr-defined]
 
     # A new collection is a new body: prepared anew, and kept from then on.
     env.exporter.collection = 2
