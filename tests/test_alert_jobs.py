@@ -37,8 +37,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.ports import closed_port
+from devkit.upstream import TextServer
+
 from .conftest import GOLDEN
-from .harness import TextServer, closed_port
 from .helmreleases import releases as helm_releases
 from .helmreleases import require as require_helm
 from .promreleases import PromRelease, Server, serve

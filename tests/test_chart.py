@@ -41,11 +41,12 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.ports import free_port
+from devkit.processes import stop_process
 from enricher.cli import build_parser
 
 from .certs import bcrypt_hash, make_pki
 from .conftest import DEEP
-from .harness import free_port, stop_process
 from .helmreleases import HelmRelease, releases, require
 from .promreleases import PromRelease, serve
 from .test_alert_jobs import operator_job, relabel_config

@@ -39,12 +39,12 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.dashboard import interpolate, queries
+from devkit.upstream import TextServer
 from enricher.demo import EXPORTER_POD, NODE
 
 from .frozendemo import FrozenDemo
-from .harness import TextServer
 from .promreleases import PromRelease, Server, releases, require, serve
-from .test_dashboard import interpolate, queries
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from .harness import free_port, stop_process
+from devkit.ports import free_port
+from devkit.processes import stop_process
+
 from .promreleases import Server, releases, require, serve
 
 ROOT = Path(__file__).resolve().parent.parent
