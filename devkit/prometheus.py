@@ -20,6 +20,9 @@ import yaml
 from .ports import free_port
 from .processes import stop_process
 
+# A test's Prometheus scrapes and evaluates every second, so that the test is quick.
+EVERY_SECOND = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+
 
 @dataclass(frozen=True)
 class Server:

@@ -32,6 +32,15 @@ def held_series(text: str, minutes: int, prefixes: tuple[str, ...]) -> list[dict
     return out
 
 
+def run(
+    promtool: str, *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``promtool ARGS...``, its output as text (never raises on its exit status)."""
+    return subprocess.run(
+        [promtool, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
+    )
+
+
 def run_rule_tests(
     promtool: str,
     path: Path,
@@ -49,13 +58,7 @@ def run_rule_tests(
         "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}],
     }
     path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
-    return subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run(promtool, "test", "rules", str(path), timeout=timeout)
 
 
 def firing(

@@ -47,6 +47,7 @@ from devkit.dashboard import (
 from devkit.http import get
 from devkit.ports import free_port
 from devkit.processes import Commands
+from devkit.prometheus import EVERY_SECOND
 from devkit.tools import load_script
 from enricher import demo as demo_module
 from enricher.config import Config
@@ -302,7 +303,7 @@ def _prometheus_config(target: str, honor: bool, itself: str) -> dict[str, Any]:
         {"target_label": "node", "replacement": "demo-gpu-node-1"},
     ]
     config: dict[str, Any] = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": [
             {
                 "job_name": "dcgm-enricher",

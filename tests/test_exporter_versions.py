@@ -27,6 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.dashboard import RULES, interpolate, queries, records, variables
+from devkit.prometheus import EVERY_SECOND
 from enricher import demo
 from enricher.simnode.dialects import DIALECTS, NEWEST, VIRTUAL_NONE, dialect
 
@@ -308,7 +309,7 @@ def prometheus(
             {"target_label": "cluster", "replacement": name},
         ]
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": jobs,
         "rule_files": [str(RULES)],
     }

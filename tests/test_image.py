@@ -30,6 +30,7 @@ import yaml
 
 from devkit.nvmlfake import FakeNvmlState, default_gpu_uuid
 from devkit.ports import free_port
+from devkit.prometheus import EVERY_SECOND
 from devkit.upstream import TextServer
 
 from .composefile import load_compose
@@ -141,7 +142,7 @@ def prometheus_scraping(target: str, tmp: Path) -> Iterator[Server]:
     """Debian's Prometheus scraping ``target`` every second, as the shipped config does
     (honor_labels: the enricher's pod labels are the ones to keep)."""
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": [
             {
                 "job_name": "enricher",

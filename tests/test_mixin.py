@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from devkit.dashboard import promql_texts
+from devkit.promtool import run as promtool_run
 from devkit.tools import load_script
 
 # Checks a real part (jsonnet, promtool) against what does not depend on the Python running the
@@ -376,13 +377,7 @@ def test_promtool_checks_the_overridden_rules(
 ) -> None:
     for name in (build.RULES, build.ALERTS):
         (tmp_path / name).write_text(overridden[name])
-        proc = subprocess.run(
-            [promtool, "check", "rules", str(tmp_path / name)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = promtool_run(promtool, "check", "rules", str(tmp_path / name))
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -442,14 +437,7 @@ def test_overridden_held_idle_waits_the_overridden_time(
         ],
     }
     (tmp_path / "held-idle.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
-    proc = subprocess.run(
-        [promtool, "test", "rules", "held-idle.tests.yaml"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = promtool_run(promtool, "test", "rules", "held-idle.tests.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -458,12 +446,6 @@ def test_overridden_held_idle_waits_the_overridden_time(
 
 def test_promtool_checks_the_built_rules(promtool: str, default_build: Path) -> None:
     for name in ("prometheus_rules.yaml", "prometheus_alerts.yaml"):
-        proc = subprocess.run(
-            [promtool, "check", "rules", str(default_build / name)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = promtool_run(promtool, "check", "rules", str(default_build / name))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SUCCESS" in proc.stdout

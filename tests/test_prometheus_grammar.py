@@ -31,6 +31,7 @@ import pytest
 from devkit.http import get
 from devkit.ports import free_port
 from devkit.processes import Commands
+from devkit.prometheus import EVERY_SECOND
 from devkit.upstream import TextServer
 from tests.promreleases import PromRelease, serve
 
@@ -163,7 +164,7 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
             }
         )
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "global": EVERY_SECOND,
             "scrape_configs": jobs,
         }
         prom = stack.enter_context(serve(prom_release, config, tmp))
