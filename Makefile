@@ -23,8 +23,8 @@ $(BIN)/dcgm-enricher: pyproject.toml enricher/proto/api.proto
 
 venv: $(BIN)/dcgm-enricher
 
-# The test toolchain in the same virtualenv, for the benchmark (it builds its nodes with the
-# tests' helpers).
+# The test toolchain in the same virtualenv, for the benchmark (its stand-ins, devkit/, build the
+# fake NVML and serve the API-server stand-in with it).
 $(VENV)/.test-extras: $(BIN)/dcgm-enricher
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
@@ -122,7 +122,7 @@ check: system-deps prometheus3 $(HIGHEST_BIN)/dcgm-enricher
 	$(MAKE) --no-print-directory lint typecheck TOOLS=$(HIGHEST_BIN)
 	HYPOTHESIS_PROFILE=dev $(HIGHEST_BIN)/pytest -q $(CHECK_TESTS)
 
-LINT_PATHS := enricher tests $(wildcard bench) deploy/dcgm-enricher-post-renderer
+LINT_PATHS := enricher tests $(wildcard bench) devkit deploy/dcgm-enricher-post-renderer
 
 # lint, typecheck and unit run in a test virtualenv (`make test` makes both; TOOLS picks one).
 TOOLS ?= $(HIGHEST_BIN)

@@ -8,7 +8,7 @@ enricher's rewrite on a simulated node, a few times (one body per collection, va
   time-slicing, MIG with a host process, a Jupyter pod that never asked, MPS, an idle
   allocation, a finished job holding memory, a DRA claim), scraped through its ``Scraper``
   with the simulated clock moved one collection each time;
-- ``node8``: the benchmark's busy whole-GPU node (:class:`bench.node.SimNode` on payload shape
+- ``node8``: the benchmark's busy whole-GPU node (:class:`bench.node.BenchNode` on payload shape
   ``node8``: 8 GPUs with the profiling counters, 110 pods, 64 GPU processes), read by the real
   ``Scraper`` against the payload's upstream (as ``bench/growth.py`` reads its nodes).
 
@@ -54,28 +54,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
-import socket
 import statistics
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
+from devkit import dashboard, prometheus
+from devkit.dashboard import RULES
+from devkit.prometheus import Server
+from devkit.upstream import TextServer
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
-RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
 PROMETHEUS3_DIR = ROOT / ".cache" / "prometheus-3"
 
 INTERVAL = 30  # seconds: scrape, evaluation and sample interval
@@ -91,7 +88,6 @@ STEP_S = INTERVAL
 BUILTINS = {"__range": "6h", "__rate_interval": "2m", "__interval": "30s"}
 BROWSER_CONNECTIONS = 6
 FLOOR_SLACK = 1.5  # a panel within 1.5x its floor (FLOORS) costs what its answer costs
-_VAR_RE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 
 
 @dataclass(frozen=True)
@@ -177,22 +173,22 @@ async def _demo_texts(work: Path, variants: int) -> list[str]:
 
 
 def _node8_texts(work: Path, variants: int) -> list[str]:
-    from tests.nvmlfake import build_fake_nvml
+    from devkit.nvmlfake import build_fake_nvml
 
     from . import payloads
-    from .growth import _Point
-    from .node import SimNode
-    from .run import _start
+    from .children import start
+    from .growth import Point
+    from .node import BenchNode
     from .servers import run_upstream, use_fake_nvml
 
     shape = payloads.SHAPES["node8"]
     nvml_lib = build_fake_nvml(work / "fakenvml")
-    sim = SimNode(work / "node8", shape)
+    sim = BenchNode(work / "node8", shape)
     sim.write()
     use_fake_nvml(str(sim.nvml_state))
-    upstream = _start(run_upstream, shape)
+    upstream = start(run_upstream, shape)
     try:
-        point = _Point(sim, upstream.url, nvml_lib)
+        point = Point(sim, upstream.url, nvml_lib)
 
         async def scrape_all() -> list[str]:
             scraper = point.scraper()
@@ -346,44 +342,15 @@ def prometheus_bin(name: str) -> str:
     return str(path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class _Targets:
+def serve_fleet(fleet: Fleet, start: int) -> TextServer:
     """The fleet's /metrics, one path per node (``/node/<i>``), from a thread of this process."""
 
-    def __init__(self, fleet: Fleet, start: int) -> None:
-        self.fleet = fleet
-        self.start = start
-        targets = self
+    def body(path: str) -> bytes:
+        i = int(path.rsplit("/", 1)[1])
+        now = time.time()
+        return fleet.body(i, now, int(now - start) // INTERVAL)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                i = int(self.path.rsplit("/", 1)[1])
-                now = time.time()
-                j = int(now - targets.start) // INTERVAL
-                body = targets.fleet.body(i, now, j)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return TextServer(body)
 
 
 def prometheus_config(nodes: int, port: int) -> dict[str, Any]:
@@ -415,18 +382,12 @@ def prometheus_config(nodes: int, port: int) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Prom:
-    url: str
-    pid: int
+@dataclass(frozen=True)
+class Prom(Server):
+    """The fleet's Prometheus: its API, what a query costs, its memory and its own metrics."""
 
     def get(self, path: str, timeout: float = 120, **params: str) -> Any:
-        url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = json.loads(response.read())
-        if body["status"] != "success":
-            raise RuntimeError(body)
-        return body["data"]
+        return self.api(path, timeout=timeout, **params)
 
     def timed(self, promql: str, instant: bool, end: float) -> tuple[float, int]:
         """Seconds the query took (as the client sees it) and the series it returned."""
@@ -461,46 +422,17 @@ class Prom:
 
 @contextlib.contextmanager
 def run_prometheus(config: dict[str, Any], data: Path) -> Iterator[Prom]:
-    (data.parent / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (data.parent / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            prometheus_bin("prometheus"),
-            f"--config.file={data.parent / 'prometheus.yml'}",
-            f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=30d",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    prom = Prom(f"http://127.0.0.1:{port}", proc.pid)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "Prometheus did not start:\n"
-                    + (data.parent / "prometheus.log").read_text(errors="replace")[-3000:]
-                )
-            time.sleep(0.3)
-        yield prom
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    """Prometheus 3.5 running ``config`` on the TSDB in ``data`` (its config and log beside)."""
+    with prometheus.serve(
+        prometheus_bin("prometheus"),
+        config,
+        data.parent,
+        storage=data,
+        flags=["--storage.tsdb.retention.time=30d"],
+        ready_seconds=120,
+        stop_seconds=30,
+    ) as server:
+        yield Prom(server.url, server.log, server.pid)
 
 
 def backfill_records(data: Path, start: int, end: int) -> int:
@@ -725,60 +657,28 @@ def floor_queries() -> list[Query]:
     return [Query(f"{id_} (floor)", expr, shipped[id_].instant) for id_, expr in FLOORS.items()]
 
 
-def _interpolator(**chosen: str) -> Any:
-    """Grafana's substitution: every variable on All but those ``chosen``."""
-    board = json.loads(DASHBOARD.read_text())
-    values = {**BUILTINS, "label_prefix": ""}
-    for var in board["templating"]["list"]:
-        if var["type"] == "query":
-            values[var["name"]] = var["allValue"]
-    values.update(chosen)
-
-    def sub(m: re.Match[str]) -> str:
-        return values[m.group(1) or m.group(2)]
-
-    return lambda text: _VAR_RE.sub(sub, text)
-
-
 def before_queries(**chosen: str) -> list[Query]:
     """The queries of BEFORE, as the shipped ones of the same ids are asked."""
-    interpolate = _interpolator(**chosen)
     shipped = {q.id: q for q in dashboard_queries()}
     return [
-        Query(f"{id_} (before)", interpolate(expr), shipped[id_].instant)
+        Query(f"{id_} (before)", _interpolate(expr, **chosen), shipped[id_].instant)
         for id_, expr in BEFORE.items()
     ]
+
+
+def _interpolate(text: str, **chosen: str) -> str:
+    """Grafana's substitution at the fleet's range: every variable on All but those ``chosen``."""
+    return dashboard.interpolate(text, builtins=BUILTINS, **chosen)
 
 
 def dashboard_queries(**chosen: str) -> list[Query]:
     """Every panel query of the shipped dashboard, variables on All (but those ``chosen``), as
     Grafana asks it."""
-    board = json.loads(DASHBOARD.read_text())
-    interpolate = _interpolator(**chosen)
-    out, row = [], ""
-    for panel in board["panels"]:
-        if panel["type"] == "row":
-            row = panel["title"]
-            continue
-        for t in panel["targets"]:
-            out.append(
-                Query(
-                    f"{row}/{panel['title']}/{t['refId']}",
-                    interpolate(t["expr"]),
-                    bool(t.get("instant")) and not t.get("range"),
-                )
-            )
-    return out
+    return [Query(q.id, _interpolate(q.expr, **chosen), q.instant) for q in dashboard.queries()]
 
 
 def alert_queries() -> list[Query]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [
-        Query(r["alert"], r["expr"], True)
-        for g in doc["groups"]
-        for r in g["rules"]
-        if "alert" in r
-    ]
+    return [Query(r["alert"], r["expr"], True) for r in dashboard.alert_rules()]
 
 
 def alerts_before() -> list[Query]:
@@ -928,7 +828,7 @@ def bench_fleet(quick: bool, work: Path, nodes: int = 100, reps: int = 7) -> dic
     record_blocks = backfill_records(data, start, end)
     timings["records_backfill_s"] = time.perf_counter() - t0
 
-    targets = _Targets(fleet, start)
+    targets = serve_fleet(fleet, start)
     out: dict[str, Any] = {
         "nodes": mode.nodes,
         "reps": mode.reps,

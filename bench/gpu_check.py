@@ -479,6 +479,9 @@ def serve_upstream(body: str) -> ThreadingHTTPServer:
 # --------------------------------------------------------------------------- enricher
 
 
+# This script runs as a file on a machine with a GPU, in a virtualenv holding the wheel alone
+# (its own folder on its path, not the checkout): it keeps its own port and GET, stdlib only,
+# where the tests and the bench take devkit.ports.free_port and devkit.http.get.
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

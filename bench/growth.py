@@ -3,7 +3,7 @@ memory per collection on simulated nodes of 1, 8 and 16 GPUs, 10, 100 and 1,000 
 and 100, 1,000 and 10,000 pods in the watch, one axis at a time from a base of 8 GPUs, 100
 processes and 100 pods.
 
-Each point is a :class:`bench.node.SimNode` (fake NVML state, a /proc tree, pods as API
+Each point is a :class:`bench.node.BenchNode` (fake NVML state, a /proc tree, pods as API
 objects) read by the real pipeline in this process: ``enricher.pipeline.Scraper`` reading
 everything on every scrape (``--upstream.follow-step=0``, so one scrape is one collection),
 pynvml on the fake libnvidia-ml, ``ProcfsSource`` on the /proc tree, the pods parsed by
@@ -20,7 +20,7 @@ peak one more collection allocates beyond that. For the pods axis also the cost 
 ``build_index`` over the node's pods: what the pod watch pays on each event it applies.
 
 The growth order of each axis is the least-squares slope of log(cost) over log(size) (1:
-linear; ``bench.run._exponent``, as for the rewrite), and the slope of the last step alone,
+linear; ``exponent``, as for the rewrite), and the slope of the last step alone,
 which a term worse than linear shows first.
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import payloads
-from .node import NODE, SimNode
+from .node import NODE, BenchNode
 
 # The base node and the sizes of each axis (the others stay at the base's).
 BASE = {"gpus": 8, "procs": 100, "pods": 100}
@@ -86,10 +86,19 @@ def _mib(n: int) -> float:
     return round(n / (1 << 20), 3)
 
 
-class _Point:
+def exponent(rows: dict[str, Any], key: str, size: str = "series") -> float:
+    """The least-squares slope of log(``key``) over log(``size``) across ``rows``."""
+    xs = [math.log(r[size]) for r in rows.values()]
+    ys = [math.log(r[key]) for r in rows.values()]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return round(num / sum((x - mx) ** 2 for x in xs), 3)
+
+
+class Point:
     """One simulated node and what reads it: sources, the Scraper, its upstream URL."""
 
-    def __init__(self, sim: SimNode, url: str, nvml_lib: Path) -> None:
+    def __init__(self, sim: BenchNode, url: str, nvml_lib: Path) -> None:
         self.sim = sim
         self.url = url
         self.nvml_lib = nvml_lib
@@ -122,7 +131,7 @@ async def _collect(scraper: Any) -> int:
     return len(await scraper.gzip_body(result))
 
 
-async def _timed(point: _Point, mode: GrowthMode) -> dict[str, Any]:
+async def _timed(point: Point, mode: GrowthMode) -> dict[str, Any]:
     scraper = point.scraper()
     try:
         for _ in range(mode.warmup):
@@ -150,7 +159,7 @@ async def _timed(point: _Point, mode: GrowthMode) -> dict[str, Any]:
     }
 
 
-async def _traced(point: _Point, mode: GrowthMode) -> dict[str, Any]:
+async def _traced(point: Point, mode: GrowthMode) -> dict[str, Any]:
     gc.collect()
     tracemalloc.start()
     try:
@@ -171,7 +180,7 @@ async def _traced(point: _Point, mode: GrowthMode) -> dict[str, Any]:
     return {"held_mib": _mib(held - before), "peak_mib": _mib(peak - held)}
 
 
-def _index_ms(point: _Point, reps: int) -> float:
+def _index_ms(point: Point, reps: int) -> float:
     from enricher.podparse import build_index, parse_pod
 
     pods = [parse_pod(o) for o in point.objects]
@@ -184,19 +193,17 @@ def _index_ms(point: _Point, reps: int) -> float:
 
 
 def _slopes(rows: list[dict[str, Any]], axis: str, key: str) -> dict[str, float | None]:
-    from .run import _exponent
-
     if len(rows) < 2 or any(r[key] <= 0 for r in rows):
         return {"k": None, "last_step": None}
     by_size = {str(r[axis]): {"series": r[axis], key: r[key]} for r in rows}
     a, b = rows[-2], rows[-1]
     last = math.log(b[key] / a[key]) / math.log(b[axis] / a[axis])
-    return {"k": _exponent(by_size, key), "last_step": round(last, 3)}
+    return {"k": exponent(by_size, key), "last_step": round(last, 3)}
 
 
 def bench_growth(quick: bool, work: Path, nvml_lib: Path) -> dict[str, Any]:
     """Every point of the axes, measured; then each axis's rows and growth orders."""
-    from .run import _start
+    from .children import start
     from .servers import run_upstream, use_fake_nvml
 
     mode = QUICK_GROWTH if quick else FULL_GROWTH
@@ -205,8 +212,8 @@ def bench_growth(quick: bool, work: Path, nvml_lib: Path) -> dict[str, Any]:
     try:
         for gpus, procs, pods in points(mode):
             if gpus not in upstreams:
-                upstreams[gpus] = _start(run_upstream, shape_of(gpus))
-            sim = SimNode(
+                upstreams[gpus] = start(run_upstream, shape_of(gpus))
+            sim = BenchNode(
                 work / f"growth-{gpus}-{procs}-{pods}",
                 shape_of(gpus),
                 n_pods=pods,
@@ -214,7 +221,7 @@ def bench_growth(quick: bool, work: Path, nvml_lib: Path) -> dict[str, Any]:
             )
             sim.write()
             use_fake_nvml(str(sim.nvml_state))
-            point = _Point(sim, upstreams[gpus].url, nvml_lib)
+            point = Point(sim, upstreams[gpus].url, nvml_lib)
             row: dict[str, Any] = {"gpus": gpus, "procs": procs, "pods": pods}
             row.update(asyncio.run(_timed(point, mode)))
             row.update(asyncio.run(_traced(point, mode)))

@@ -4,9 +4,9 @@ The GPUs and MIG instances are those of a :mod:`bench.payloads` shape, so the up
 payload, NVML and the pods all name the same devices. Processes are spread over the devices
 (one per device, the rest on the first devices again); each belongs to a pod that owns
 nothing else (pods and processes are :class:`enricher.simnode.node.SimPod` and `SimProc`, and
-:meth:`SimNode.sim` the node as an `enricher.simnode.node.SimNode`, as the demo's and the
+:meth:`BenchNode.sim` the node as an `enricher.simnode.node.SimNode`, as the demo's and the
 tests' are).
-:meth:`SimNode.churn` replaces pods the way a busy node does: the old pods go,
+:meth:`BenchNode.churn` replaces pods the way a busy node does: the old pods go,
 new pods with new UIDs and container IDs come, and their processes get the old PIDs back
 (PID reuse, with a later start time).
 """
@@ -18,13 +18,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from devkit.nvmlfake import FakeNvmlState, default_mig_uuid, nvml_state_of
 from enricher.model import GpuDevice, MigDevice
 from enricher.simnode.api import container_id, pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode as DemoNode
 from enricher.simnode.node import SimPod, SimProc
-from tests.harness import nvml_state_of
-from tests.nvmlfake import FakeNvmlState, default_mig_uuid
 
 from . import payloads
 
@@ -34,7 +33,7 @@ BTIME = 1_700_000_000
 
 
 @dataclass
-class SimNode:
+class BenchNode:
     """The node: ``pods`` pods, ``procs`` GPU processes on the devices of ``shape``."""
 
     root: Path

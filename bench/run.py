@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import math
-import multiprocessing
 import os
 import platform
 import shutil
@@ -55,7 +53,9 @@ from typing import Any
 import aiohttp
 
 from . import payloads
-from .node import NODE, SimNode
+from .children import Child, start
+from .growth import exponent
+from .node import NODE, BenchNode
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
@@ -268,21 +268,12 @@ def bench_rewrite(mode: Mode) -> dict[str, Any]:
         "payloads": out,
         # Least-squares slope of log(cost) over log(series): 1 is linear. The limit pass's own
         # exponent shows what the machine's caches do to any pass over a bigger text.
-        "scaling_exponent": _exponent(out, "rewrite_ms"),
-        "limit_scaling_exponent": _exponent(out, "limit_ms"),
+        "scaling_exponent": exponent(out, "rewrite_ms"),
+        "limit_scaling_exponent": exponent(out, "limit_ms"),
         "stress_vs_mig56_per_series": round(
             big["rewrite_per_series_ns"] / mid["rewrite_per_series_ns"], 2
         ),
     }
-
-
-def _exponent(rows: dict[str, Any], key: str, size: str = "series") -> float:
-    """The least-squares slope of log(``key``) over log(``size``) across ``rows``."""
-    xs = [math.log(r[size]) for r in rows.values()]
-    ys = [math.log(r[key]) for r in rows.values()]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    return round(num / sum((x - mx) ** 2 for x in xs), 3)
 
 
 # --------------------------------------------------------------------------- attribution
@@ -298,7 +289,7 @@ def bench_attribution(mode: Mode, work: Path, nvml_lib: Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for shape_name in ("node8", "mig56"):
-        sim = SimNode(work / f"attr-{shape_name}", payloads.SHAPES[shape_name])
+        sim = BenchNode(work / f"attr-{shape_name}", payloads.SHAPES[shape_name])
         sim.write()
         use_fake_nvml(str(sim.nvml_state))
         index = build_index(parse_pod(p) for p in sim.pod_objects())
@@ -407,47 +398,6 @@ def _read_all(paths: list[str]) -> None:
             os.close(fd)
 
 
-# --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Child:
-    proc: Any
-    conn: Any
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    def rss_mib(self) -> float:
-        return _status_kib(self.proc.pid, "VmRSS") / 1024.0
-
-    def hwm_mib(self) -> float:
-        return _status_kib(self.proc.pid, "VmHWM") / 1024.0
-
-    def ask(self, what: Any) -> Any:
-        """Send ``what`` and return the answer's payload (None without one in 10 s)."""
-        self.conn.send(what)
-        return self.conn.recv()[1] if self.conn.poll(10) else None
-
-    def stop(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self.conn.send("stop")
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-
-
-def _status_kib(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {key} in /proc/{pid}/status")
-
-
 def parse_smaps(text: str) -> dict[str, int]:
     """RSS in KiB by what is mapped, from ``/proc/<pid>/smaps``: a file by its base name (a
     library's touched pages), ``[heap]``, ``[stack]`` and the like as the kernel names them,
@@ -509,27 +459,12 @@ def rss_over_floor(
     return rows
 
 
-def _start(target: Callable[..., None], *args: Any) -> Child:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
-    proc.start()
-    child.close()
-    if not parent.poll(120):
-        proc.terminate()
-        raise RuntimeError(f"{target.__name__} did not start")
-    msg = parent.recv()
-    if not (isinstance(msg, tuple) and msg[0] == "ready"):
-        raise RuntimeError(f"{target.__name__}: unexpected {msg!r}")
-    return Child(proc, parent, int(msg[1]))
-
-
-def start_kubelet(sim: SimNode, socket_path: Path) -> Any:
+def start_kubelet(sim: BenchNode, socket_path: Path) -> Any:
     """The kubelet's PodResources API on a unix socket (a real gRPC server in this process):
     each List answers the devices the node's pods hold now (after churn too)."""
+    from devkit.nvmlfake import default_mig_uuid
     from enricher.model import DeviceAllocation
     from enricher.simnode.kubelet import SimulatedKubelet, list_response
-    from tests.nvmlfake import default_mig_uuid
 
     def respond(_context: Any) -> Any:
         return list_response(
@@ -664,19 +599,19 @@ def run_e2e(mode: Mode, upstream: Child, spec: Any) -> dict[str, Any]:
             spec, upstream_url=client("enricher_per_scrape"), follow_step=0.0
         ),
     }
-    children = {"proxy": _start(servers.run_proxy, client("proxy"))}
+    children = {"proxy": start(servers.run_proxy, client("proxy"))}
     out: dict[str, Any] = {
         "collect_interval_s": COLLECT_INTERVAL,
         "follow_step_s": Config().upstream_follow_step,
     }
     try:
         for name in ("enricher_background", "enricher_per_scrape"):
-            children[name] = _start(servers.run_enricher, specs[name])
+            children[name] = start(servers.run_enricher, specs[name])
         for rhythm, value in RHYTHMS:
             if upstream.ask((rhythm, value)) != value:
                 raise RuntimeError("the upstream did not switch its collection rhythm")
             if rhythm == "period":
-                children["enricher"] = _start(servers.run_enricher, specs["enricher"])
+                children["enricher"] = start(servers.run_enricher, specs["enricher"])
                 time.sleep(mode.follow_learn * value)  # let it learn the rhythm
             enrichers = [n for n in ENRICHERS if n in children]
             for name in enrichers:
@@ -792,13 +727,13 @@ def bench_cost(mode: Mode, spec: Any, *, breakdown: bool = False) -> dict[str, A
     counts where its CPU goes (bench.breakdown), a run whose CPU figures are not the verdict's."""
     from . import servers
 
-    upstream = _start(servers.run_upstream, "mig56")
+    upstream = start(servers.run_upstream, "mig56")
     children: dict[str, Child] = {}
     try:
         if upstream.ask(("period", COST_PERIOD)) != COST_PERIOD:
             raise RuntimeError("the upstream did not switch its collection rhythm")
-        children["proxy"] = _start(servers.run_proxy, f"{upstream.url}?client=proxy")
-        children["enricher"] = _start(
+        children["proxy"] = start(servers.run_proxy, f"{upstream.url}?client=proxy")
+        children["enricher"] = start(
             servers.run_enricher,
             replace(spec, upstream_url=f"{upstream.url}?client=enricher", breakdown=breakdown),
         )
@@ -932,10 +867,10 @@ def bench_loop(mode: Mode, spec: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"healthz_every_ms": HEALTHZ_EVERY * 1000, "shape": mode.loop_shape}
     for kind, relabel in (("values", False), ("labels", True)):
         shape = payloads.MAX32 if mode.loop_shape == "max32" else payloads.SHAPES[mode.loop_shape]
-        upstream = _start(servers.run_upstream, shape, 2, relabel)
+        upstream = start(servers.run_upstream, shape, 2, relabel)
         try:
             for design, on_loop in (("worker", False), ("on_loop", True)):
-                enricher = _start(
+                enricher = start(
                     servers.run_enricher,
                     replace(
                         spec,
@@ -994,7 +929,7 @@ def import_floors(mappings: dict[str, dict[str, int]] | None = None) -> dict[str
         ("imports_without_kubernetes", False, False),
         ("imports_with_kubelet_grpc", True, True),
     ):
-        child = _start(servers.run_import_floor, kube, kubelet)
+        child = start(servers.run_import_floor, kube, kubelet)
         try:
             time.sleep(0.3)
             out[name] = round(child.rss_mib(), 1)
@@ -1007,7 +942,7 @@ def import_floors(mappings: dict[str, dict[str, int]] | None = None) -> dict[str
 
 def bench_memory(
     mode: Mode,
-    sim: SimNode,
+    sim: BenchNode,
     kube: Any,
     upstream: Child,
     start_enricher: Callable[[], Child],
@@ -1484,8 +1419,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = QUICK if args.quick else LONG if args.long else FULL
     parts = set(args.only or ALL_PARTS)
 
-    from tests.kubeapi import KubeApiStandIn
-    from tests.nvmlfake import build_fake_nvml
+    from devkit.kubeapi import KubeApiStandIn
+    from devkit.nvmlfake import build_fake_nvml
 
     from . import servers
 
@@ -1520,14 +1455,14 @@ def main(argv: list[str] | None = None) -> int:
                 args.quick, work / "fleet", args.fleet_nodes, args.fleet_reps
             )
         if parts & {"e2e", "memory", "loop", "cost"}:
-            sim = SimNode(work / "node", payloads.SHAPES["mig56"])
+            sim = BenchNode(work / "node", payloads.SHAPES["mig56"])
             sim.write()
             with KubeApiStandIn() as kube:
                 for obj in sim.pod_objects():
                     kube.add_pod(obj)
                 kubeconfig = work / "kubeconfig"
                 _write_kubeconfig(kubeconfig, kube.url)
-                upstream = _start(servers.run_upstream, "mig56")
+                upstream = start(servers.run_upstream, "mig56")
                 spec = servers.EnricherSpec(
                     upstream_url=upstream.url,
                     procfs=str(sim.proc_root),
@@ -1553,8 +1488,8 @@ def main(argv: list[str] | None = None) -> int:
                                 sim,
                                 kube,
                                 upstream,
-                                lambda: _start(servers.run_enricher, every),
-                                lambda: _start(
+                                lambda: start(servers.run_enricher, every),
+                                lambda: start(
                                     servers.run_enricher, replace(spec, kube=False, timings=False)
                                 ),
                             )

@@ -207,7 +207,7 @@ TEST_ONLY_MODULES = ("kubernetes_validate", "jsonschema")
 def use_fake_nvml(state_path: str) -> None:
     """Point the fake libnvidia-ml at a state file, re-read only when the file changed: real
     NVML parses no text, so what the benchmark times is the enricher's work
-    (tests/fakenvml/fake_nvml.c)."""
+    (devkit/fakenvml/fake_nvml.c)."""
     os.environ["FAKE_NVML_STATE"] = state_path
     os.environ["FAKE_NVML_RELOAD"] = "changed"
 

@@ -13,11 +13,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from devkit.tools import require_tool
+
 from .promreleases import PromRelease, releases, require
-from .tools import require_tool
 
 pytest_plugins = [
-    "tests.nvmlfake",
+    "devkit.nvmlfake",
     "tests.harness",
     "tests.dockerengine",
     "tests.imagebuild",

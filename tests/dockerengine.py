@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from .nvmlfake import default_gpu_uuid
-from .tools import require_tool
+from devkit.nvmlfake import default_gpu_uuid
+from devkit.tools import require_tool
 
 BUSYBOX_IMAGE = "enricher-test/busybox:1"
 _BUSYBOX = Path("/bin/busybox")

@@ -7,27 +7,23 @@ starts each stand-in, wires the real sources to it, serves the real app on loopb
 tears it all down afterwards. The golden, fault, allocation, Docker and discovery suites
 differ in those parameters only; the plumbing is here.
 
-Stand-ins: dcgm-exporter is an aiohttp server on loopback (:class:`Upstream`, which also
-plays its failures), NVML is pynvml over the fake libnvidia-ml built from C
-(tests/nvmlfake.py), /proc is a tree on disk (enricher.simnode.fakeproc), the API server is
-tests/kubeapi.py under the real kubernetes client, the kubelet is a real gRPC server on a unix
-socket (enricher.simnode.kubelet.SimulatedKubelet) and the Docker Engine is tests/dockerapi.py.
+Stand-ins (devkit/, shared with the bench): dcgm-exporter is an aiohttp server on loopback
+(devkit.upstream.Upstream, which also plays its failures), NVML is pynvml over the fake
+libnvidia-ml built from C (devkit/nvmlfake.py), /proc is a tree on disk
+(enricher.simnode.fakeproc), the API server is devkit/kubeapi.py under the real kubernetes
+client, the kubelet is a real gRPC server on a unix socket
+(enricher.simnode.kubelet.SimulatedKubelet) and the Docker Engine is tests/dockerapi.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gzip
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import (
@@ -40,15 +36,19 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.clocks import Clock
+from devkit.kubeapi import KubeApiStandIn, make_api_client
+from devkit.nvmlfake import FakeNvml, FakeNvmlState
+from devkit.ports import free_port
+from devkit.processes import stop_process
+from devkit.upstream import Upstream
 from enricher.app import make_app
 from enricher.config import Config
 from enricher.docker import DockerSource
@@ -57,44 +57,15 @@ from enricher.memory import MIB, REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_L
 from enricher.pipeline import Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode.kubelet import SimulatedKubelet
-from enricher.simnode.node import SimNode, SimPod
+from enricher.simnode.node import SimPod
 from enricher.sourcetable import make_podresources_source, make_resourceslices_source
 
 from .conftest import GOLDEN
 from .dockerapi import DockerAPI
-from .kubeapi import KubeApiStandIn, make_api_client
-from .nvmlfake import ERROR_NOT_SUPPORTED, FakeNvml, FakeNvmlState
 from .scraping import PER_SCRAPE
 
 # A port nothing listens on (discard): the upstream URL of a node whose exporter is down.
 REFUSED_URL = "http://127.0.0.1:9/metrics"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a server in a subprocess)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def closed_port() -> socket.socket:
-    """A TCP socket bound to a port on 127.0.0.1 and not listening: a connection to it is
-    refused for as long as the caller keeps it open, and no server started meanwhile can take
-    the port (as one can a ``free_port`` number, whose socket is closed at once)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    return s
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a server started by a test, then SIGKILL if it is still there after 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -246,30 +217,6 @@ def ps_rows(text: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-def nvml_state_of(node: SimNode) -> FakeNvmlState:
-    """``node``'s GPUs, MIG devices and processes as the fake NVML reports them: memory
-    fixed at each process's ``base_mib``, its ``samples`` (or one made from ``util``), and
-    no per-process utilization on a MIG-enabled GPU, as real NVML answers there."""
-    s = FakeNvmlState(driver=node.driver)
-    for gpu in node.gpus:
-        s.gpu(uuid=gpu.uuid, name=gpu.name, mig=gpu.mig_enabled)
-    for mig in node.migs:
-        s.mig(mig.gpu_index, gi=mig.gi_id, ci=mig.ci_id, profile=mig.profile, uuid=mig.uuid)
-    for p in node.procs:
-        ci = None if p.gi is None else 0
-        memory = None if p.base_mib is None else p.base_mib << 20
-        for kind in (p.kind, *p.also):
-            s.process(p.pid, gpu=p.gpu, gi=p.gi, ci=ci, memory=memory, kind=kind)
-    for p in node.procs:
-        derived = ((1_000, round(100 * p.util)),) if p.util and p.gi is None else ()
-        for timestamp, sm in p.samples or derived:
-            s.util(p.pid, timestamp, sm, gpu=p.gpu)
-    for gpu in node.gpus:
-        if gpu.mig_enabled:
-            s.fail("nvmlDeviceGetProcessUtilization", ERROR_NOT_SUPPORTED, gpu=gpu.index)
-    return s
-
-
 def who(pod: SimPod) -> tuple[str, str, str]:
     """(namespace, pod, container): how a series names ``pod``'s container."""
     return (pod.namespace, pod.name, pod.container)
@@ -315,135 +262,7 @@ def check_golden(name: str, text: str, update: bool) -> None:
     assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
 
 
-# --------------------------------------------------------------------------- the upstream
-
-
-def _bomb() -> bytes:
-    cached: bytes | None = getattr(_bomb, "cached", None)
-    if cached is None:
-        # 64 MiB of zeros in about 64 KiB: the size limit applies after decompression.
-        cached = gzip.compress(b"0" * (64 << 20), compresslevel=9)
-        _bomb.cached = cached  # type: ignore[attr-defined]
-    return cached
-
-
-class Upstream:
-    """dcgm-exporter over loopback: serves ``body`` (a text, or a function called on each
-    request), or plays one failure at a time (:meth:`set`: refused, stalled, http-500, cut,
-    garbage, too-large, gzip-bomb, html), until :meth:`clear`.
-
-    ``max_bytes`` sizes the "too-large" answer: twice that much padding."""
-
-    def __init__(self, body: str | Callable[[], str], *, max_bytes: int = 256 * 1024) -> None:
-        self.body = body
-        self.max_bytes = max_bytes
-        self.mode = "ok"
-        self.requests = 0
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-        self._release = asyncio.Event()
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        self._release.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    async def set(self, mode: str) -> None:
-        self._release = asyncio.Event()
-        if mode == "refused":
-            await self.stop()
-        self.mode = mode
-
-    async def clear(self) -> None:
-        self._release.set()
-        if self._runner is None:
-            await self.start()  # the same port again
-        self.mode = "ok"
-
-    def text(self) -> str:
-        return self.body() if callable(self.body) else self.body
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests += 1
-        text = self.text()
-        mode = self.mode
-        if mode == "http-500":
-            return web.Response(status=500, text="internal error\n")
-        if mode == "html":
-            return web.Response(text="<html>login</html>", content_type="text/html")
-        if mode == "too-large":
-            pad = "# padding " + "x" * 100 + "\n"
-            return web.Response(text=text + pad * (2 * self.max_bytes // len(pad)))
-        if mode == "gzip-bomb":
-            return web.Response(
-                body=_bomb(), content_type="text/plain", headers={"Content-Encoding": "gzip"}
-            )
-        if mode == "garbage":
-            junk = bytes(range(256)) * 3 + b"\n{{{\nDCGM_FI_DEV_GPU_UTIL{UUID= 1\n...\n"
-            return web.Response(body=junk + text.encode(), content_type="text/plain")
-        if mode in ("stalled", "cut"):
-            body = text.encode()
-            resp = web.StreamResponse(
-                headers={"Content-Type": "text/plain", "Content-Length": str(len(body))}
-            )
-            await resp.prepare(request)
-            await resp.write(body[: len(body) // 2])  # ends in the middle of a line
-            if mode == "cut":
-                assert request.transport is not None
-                request.transport.close()
-                return resp
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._release.wait(), 30)
-            return resp
-        return web.Response(text=text, content_type="text/plain")
-
-
 # --------------------------------------------------------------------------- the other stand-ins
-
-
-class TextServer:
-    """An HTTP server on 127.0.0.1 in a thread, for a process outside the test's event loop
-    (a container, Prometheus, the enricher started as a command): ``GET`` answers
-    ``body(path)`` as Prometheus text. ``port`` is where it listens."""
-
-    def __init__(self, body: Callable[[str], bytes]) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                data = body(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                with contextlib.suppress(ConnectionError):
-                    self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port: int = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @contextlib.contextmanager
@@ -468,16 +287,6 @@ def docker_engine(containers: Iterable[tuple[str, str, Mapping[str, str]]]) -> I
             yield api
         finally:
             api.stop()
-
-
-class Clock:
-    """A settable clock (the Docker source's cache clock), so tests can age answers."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # --------------------------------------------------------------------------- the node

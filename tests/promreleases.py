@@ -9,20 +9,16 @@ a missing release fails the tests that need it; elsewhere they skip.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
-import yaml
+
+from devkit import prometheus
+from devkit.prometheus import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS3_DIR = ROOT / ".cache" / "prometheus-3"
@@ -78,81 +74,16 @@ def require(release: PromRelease) -> PromRelease:
     return release
 
 
-@dataclass(frozen=True)
-class Server:
-    """A running Prometheus started by ``serve``: its base URL and its log file."""
-
-    url: str
-    log: Path
-
-    def api(self, path: str, **params: str) -> Any:
-        """The ``data`` of an HTTP API answer (``/api/v1/<path>``)."""
-        url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.loads(response.read())
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self.api("query", query=promql)["result"]
-        return result
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """The active alerts, pending and firing, with their labels and state."""
-        found: list[dict[str, Any]] = self.api("alerts")["alerts"]
-        return found
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-
 @contextlib.contextmanager
 def serve(
-    release: PromRelease,
-    config: dict[str, Any],
-    folder: Path,
-    *,
-    agent: bool = False,
-    flags: Sequence[str] = (),
+    release: PromRelease, config: dict[str, Any], folder: Path, **options: Any
 ) -> Iterator[Server]:
-    """``release``'s Prometheus running ``config`` (written to ``folder``), once it is ready;
-    in agent mode (a WAL and remote write, no queries) with ``agent``, and ``flags`` added."""
-    from .harness import free_port, stop_process  # harness imports conftest, which imports us
+    """``release``'s Prometheus running ``config`` (written to ``folder``), once it is ready,
+    with ``options`` as devkit.prometheus.serve takes them (``agent``, ``flags``). One that
+    does not start fails the test."""
 
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = folder / "prometheus.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                release.prometheus,
-                f"--config.file={folder / 'prometheus.yml'}",
-                *(
-                    ["--agent", f"--storage.agent.path={folder / 'wal'}"]
-                    if agent
-                    else [f"--storage.tsdb.path={folder / 'tsdb'}"]
-                ),
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-                *flags,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    server = Server(f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with (
-                contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response,
-            ):
-                if response.status == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Prometheus {release.version} did not start:\n{server.log_tail()}")
-            time.sleep(0.2)
+    def failed(message: str) -> NoReturn:
+        pytest.fail(f"Prometheus {release.version}: {message}")
+
+    with prometheus.serve(release.prometheus, config, folder, failed=failed, **options) as server:
         yield server
-    finally:
-        stop_process(proc)

@@ -37,8 +37,11 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.ports import closed_port
+from devkit.prometheus import EVERY_SECOND
+from devkit.upstream import TextServer
+
 from .conftest import GOLDEN
-from .harness import TextServer, closed_port
 from .helmreleases import releases as helm_releases
 from .helmreleases import require as require_helm
 from .promreleases import PromRelease, Server, serve
@@ -385,7 +388,7 @@ def prometheus_config(installs: list[Install]) -> Doc:
         # The monitors scrape every 30 s; every second here, so that the test is quick.
         job["scrape_interval"] = job["scrape_timeout"] = "1s"
     return {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": EVERY_SECOND,
         "rule_files": [str(RULES)],
         "scrape_configs": jobs,
     }

@@ -16,8 +16,6 @@ Prometheus's own PromQL engine (promtool test rules) for the waste queries.
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,8 +23,9 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.nvmlfake import FakeNvmlState
+from devkit.promtool import held_series, run_rule_tests, selector
 from enricher.config import Config
 from enricher.model import DeviceAllocation
 from enricher.simnode import fakeproc
@@ -35,17 +34,16 @@ from enricher.simnode.kubelet import allocations as pod_allocations
 from enricher.simnode.kubelet import list_response
 from enricher.simnode.node import SimPod
 
-from .conftest import GOLDEN, assert_valid_exposition
+from .conftest import assert_valid_exposition
 from .harness import (
     MakeStack,
     Stack,
     assert_memory_adds_up,
+    check_golden,
     cid,
-    normalise,
     process_reasons,
     series,
 )
-from .nvmlfake import FakeNvmlState
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "allocation.prom"
 NODE = "gpu-node-c"
@@ -273,13 +271,7 @@ async def test_allocation_golden(
 ) -> None:
     node = await node_factory()
     text = await scrape(node)
-    path = GOLDEN / "allocation.out"
-    got = normalise(text)
-    if update_golden or not path.exists():
-        path.write_text(got)
-        if not update_golden:
-            pytest.fail(f"{path} did not exist; written. Review it and run again.")
-    assert got == path.read_text(), f"differs from {path}; run pytest --update-golden to accept"
+    check_golden("allocation", text, update_golden)
     for promtool in promtools:
         assert_valid_exposition(promtool, text)
 
@@ -461,25 +453,12 @@ sum by (namespace, pod, container, UUID, GPU_I_ID) (
 )"""
 
 
-def _selector(name: str, labels: dict[str, str]) -> str:
-    # Prometheus drops empty labels on ingestion; json.dumps quotes as PromQL strings do.
-    body = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()) if v)
-    return f"{name}{{{body}}}"
-
-
 def promtool_waste_test(text: str, tmp_path: Path, promtool: str) -> str:
     """Run the waste queries over ``text`` held for 60 minutes; returns promtool's output."""
-    input_series = []
-    for fam in text_string_to_metric_families(text):
-        if not fam.name.startswith("gpu_"):
-            continue
-        for s in fam.samples:
-            value = float(s.value)
-            shown = str(int(value)) if value.is_integer() else repr(value)
-            input_series.append({"series": _selector(s.name, s.labels), "values": f"{shown}x60"})
+    series = held_series(text, 60, ("gpu_",))
 
     def sample(labels: dict[str, str], value: float) -> dict[str, Any]:
-        return {"labels": _selector("", labels), "value": value}
+        return {"labels": selector("", labels), "value": value}
 
     tests = [
         (
@@ -542,29 +521,11 @@ def promtool_waste_test(text: str, tmp_path: Path, promtool: str) -> str:
             ],
         ),
     ]
-    spec = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": input_series,
-                "promql_expr_test": [
-                    {"expr": expr.strip(), "eval_time": "60m", "exp_samples": samples}
-                    for expr, samples in tests
-                ],
-            }
-        ],
-    }
-    path = tmp_path / "waste-test.yml"
-    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
-    res = subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    checks = [
+        {"expr": expr.strip(), "eval_time": "60m", "exp_samples": samples}
+        for expr, samples in tests
+    ]
+    res = run_rule_tests(promtool, tmp_path / "waste-test.yml", series, checks, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import re
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -38,6 +37,8 @@ import jsonschema
 import pytest
 import yaml
 
+from devkit.prometheus import EVERY_SECOND
+from devkit.promtool import run as promtool_run
 from enricher import demo
 from enricher.attribution import is_mps_daemon
 from enricher.model import ProcessKind
@@ -369,7 +370,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -
     tmp = tmp_path_factory.mktemp(f"autoscaling-{prom_release.id}")
     frozen = FrozenDemo(tmp / "demo")
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": [frozen.scrape_job()],
     }
     try:
@@ -547,12 +548,5 @@ def test_recipes_add_up_a_pod_on_two_gpus(promtool: str, tmp_path: Path) -> None
         ],
     }
     (tmp_path / "two-gpus.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
-    proc = subprocess.run(
-        [promtool, "test", "rules", "two-gpus.tests.yaml"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = promtool_run(promtool, "test", "rules", "two-gpus.tests.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -17,7 +17,9 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
-from bench.node import NODE, SimNode
+from bench.node import NODE, BenchNode
+from devkit.nvmlfake import FakeNvml
+from devkit.tools import require_tool
 from enricher.pipeline import Scraper
 from enricher.podparse import parse_pod
 from enricher.procfs import ProcfsSource
@@ -25,9 +27,7 @@ from enricher.promclient import RUNTIME_PREFIXES
 from enricher.simnode.api import StaticPods
 
 from .harness import normalise
-from .nvmlfake import FakeNvml
 from .scraping import PER_SCRAPE
-from .tools import require_tool
 
 # The benchmark is a developer's tool on one Python: `make test` runs this file in the highest
 # Python's suite only (the marker's text in pyproject.toml).
@@ -250,7 +250,7 @@ async def test_background_modes_serve_what_the_app_serves(
     """Following the upstream (the default), --collect.interval and their mix move work off
     the scrape path and change nothing in what a scrape returns: same upstream rewrite, same
     families as reading everything on the scrape."""
-    sim = SimNode(tmp_path, payloads.SHAPES["node8"])
+    sim = BenchNode(tmp_path, payloads.SHAPES["node8"])
     sim.write()
     fake_nvml.write(sim.nvml())
     text = payloads.generate("node8")

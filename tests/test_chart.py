@@ -41,11 +41,13 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.ports import free_port
+from devkit.processes import stop_process
+from devkit.prometheus import EVERY_SECOND
 from enricher.cli import build_parser
 
 from .certs import bcrypt_hash, make_pki
 from .conftest import DEEP
-from .harness import free_port, stop_process
 from .helmreleases import HelmRelease, releases, require
 from .promreleases import PromRelease, serve
 from .test_alert_jobs import operator_job, relabel_config
@@ -857,7 +859,7 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
         jobs.append(job)
     for job in jobs:
         job["scrape_interval"] = job["scrape_timeout"] = "1s"
-    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
+    config = {"global": EVERY_SECOND, "scrape_configs": jobs}
     with serve(prom_release, config, tmp_path / "prometheus") as server:
         deadline = time.monotonic() + 45
         while True:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.kubeapi import KubeApiStandIn
+from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from enricher.cli import build_parser, env_name, parse_config
 from enricher.commands import ps, render_ps_table, resolve
 from enricher.config import Config
@@ -21,8 +23,6 @@ from enricher.simnode.api import StaticPods, make_pod
 
 from .conftest import ROOT
 from .harness import cli, demo_process
-from .kubeapi import KubeApiStandIn
-from .nvmlfake import FakeNvml, FakeNvmlState
 
 POD_UID = "0c0c0c0c-1111-4222-8333-444444444444"
 CID = "ab" * 32

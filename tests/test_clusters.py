@@ -39,12 +39,13 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.dashboard import interpolate, queries
+from devkit.prometheus import EVERY_SECOND
+from devkit.upstream import TextServer
 from enricher.demo import EXPORTER_POD, NODE
 
 from .frozendemo import FrozenDemo
-from .harness import TextServer
 from .promreleases import PromRelease, Server, releases, require, serve
-from .test_dashboard import interpolate, queries
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
@@ -195,8 +196,6 @@ def test_every_dashboard_query_keeps_the_clusters_apart(ref: str, expr: str) -> 
 
 # --------------------------------------------------------------------------- the path, run
 
-
-_GLOBAL = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
 
 # The demo's node is sound hardware with waste on it: few alerts answer there. Beside it each
 # cluster has SIMULATED sick nodes, their enricher's /metrics served by the test, so that the
@@ -412,7 +411,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("clusters")
     demos = {c: FrozenDemo(tmp / f"demo-{c}") for c in CLUSTERS}
     sick = SickNodes()
-    with_rules = {"global": _GLOBAL, "rule_files": [str(RULES)]}
+    with_rules = {"global": EVERY_SECOND, "rule_files": [str(RULES)]}
     try:
         with serve(
             release, with_rules, tmp / "receiver", flags=["--web.enable-remote-write-receiver"]
@@ -428,7 +427,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                         )
                     )
                     agent = {
-                        "global": {**_GLOBAL, "external_labels": {CLUSTER: c}},
+                        "global": {**EVERY_SECOND, "external_labels": {CLUSTER: c}},
                         "scrape_configs": [sick.scrape_job(demo, c)],
                         "remote_write": [
                             {

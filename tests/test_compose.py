@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from devkit.promtool import run as promtool_run
 from enricher.cli import parse_config
 from enricher.docker import parse_docker_host
 
@@ -280,13 +280,7 @@ def prometheus_layout(compose: dict[str, Any], tmp_path: Path) -> Path:
 
 
 def test_promtool_check_config(promtool: str, prometheus_layout: Path) -> None:
-    res = subprocess.run(
-        [promtool, "check", "config", str(prometheus_layout)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    res = promtool_run(promtool, "check", "config", str(prometheus_layout), timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -304,13 +298,7 @@ def test_rules_are_mounted_and_pass_promtool(
     globs = prometheus_config()["rule_files"]
     for rel in mounted:
         assert any(PurePosixPath(rel).match(g) for g in globs), f"{rel} matches no rule_files glob"
-    res = subprocess.run(
-        [promtool, "check", "config", str(prometheus_layout)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    res = promtool_run(promtool, "check", "config", str(prometheus_layout), timeout=60)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     for rel in mounted:

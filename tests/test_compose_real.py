@@ -33,13 +33,14 @@ from urllib.parse import quote
 
 import pytest
 
+from devkit.nvmlfake import FakeNvmlState, default_gpu_uuid
+from devkit.tools import require_tool
+
 from .composefile import load_compose, merge
 from .conftest import ROOT
 from .dockerengine import Engine, skip_or_fail, upstream_body
 from .imagebuild import Built
-from .nvmlfake import FakeNvmlState, default_gpu_uuid
 from .promreleases import releases, require
-from .tools import require_tool
 
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"

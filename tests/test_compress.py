@@ -17,11 +17,11 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from bench import payloads
+from devkit.tools import require_tool
 from enricher import pipeline
 from enricher.compress import GzipHead, accepts_gzip
 
 from .harness import MakeStack, Stack
-from .tools import require_tool
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,9 @@ the demo's own /metrics: they turn into ordinary checks as soon as the demo has 
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 import urllib.error
@@ -28,28 +27,40 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.dashboard import (
+    DASHBOARD,
+    RULES,
+    Query,
+    alerts,
+    dashboard,
+    interpolate,
+    queries,
+    records,
+    variables,
+)
+from devkit.http import get
+from devkit.ports import free_port
+from devkit.processes import Commands
+from devkit.prometheus import EVERY_SECOND
+from devkit.tools import load_script
 from enricher import demo as demo_module
 from enricher.config import Config
 
-from .harness import free_port, stop_process
-from .promreleases import PromRelease
-from .tools import load_script
+from .promreleases import PromRelease, serve
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
 # runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
 pytestmark = pytest.mark.one_python
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 PROVIDER = ROOT / "grafana" / "provisioning" / "dashboards.yaml"
-RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 BUILTIN_DS = {"type": "grafana", "uid": "-- Grafana --"}
 ENRICHER_POD = "dcgm-enricher-e2e-x7k2p"
@@ -58,60 +69,6 @@ ENRICHER_CONTAINER = "dcgm-enricher"
 # Label prefix per label mode (the dashboard's label_prefix variable).
 MODES = {"honor_labels": "", "exported": "exported_"}
 GIB = 2**30
-
-
-def dashboard() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
-
-
-@dataclass(frozen=True)
-class Query:
-    row: str
-    panel: str
-    ref: str
-    expr: str
-    legend: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.row}/{self.panel}/{self.ref}"
-
-
-def queries() -> list[Query]:
-    out = []
-    row = ""
-    for panel in dashboard()["panels"]:
-        if panel["type"] == "row":
-            row = panel["title"]
-            continue
-        for t in panel["targets"]:
-            out.append(Query(row, panel["title"], t["refId"], t["expr"], t["legendFormat"]))
-    return out
-
-
-def variables() -> dict[str, dict[str, Any]]:
-    return {v["name"]: v for v in dashboard()["templating"]["list"]}
-
-
-# Grafana's built-in variables, with the values a short test range gives them.
-BUILTINS = {"__range": "5m", "__rate_interval": "15s", "__interval": "1s"}
-_VAR_RE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
-
-
-def interpolate(text: str, prefix: str) -> str:
-    """Grafana's variable substitution with every variable on All (regex ``.*``)."""
-    values = {**BUILTINS, "label_prefix": prefix}
-    for name, var in variables().items():
-        if var["type"] == "query":
-            values[name] = var["allValue"]
-
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(2)
-        assert name in values, f"unknown variable ${name}"
-        return values[name]
-
-    return _VAR_RE.sub(sub, text)
 
 
 @pytest.mark.parametrize(
@@ -335,12 +292,6 @@ OPTIONAL_LEGEND_LABELS = {"GPU_I_ID", "cluster"}
 DEADLINE_SECONDS = 60
 
 
-def _get(url: str, timeout: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        body: bytes = response.read()
-        return body
-
-
 def _prometheus_config(target: str, honor: bool, itself: str) -> dict[str, Any]:
     """Prometheus scraping the demo (``target``) as the manifests do, and ``itself``, another
     target with process_* series (as every real Prometheus has many)."""
@@ -352,7 +303,7 @@ def _prometheus_config(target: str, honor: bool, itself: str) -> dict[str, Any]:
         {"target_label": "node", "replacement": "demo-gpu-node-1"},
     ]
     config: dict[str, Any] = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": [
             {
                 "job_name": "dcgm-enricher",
@@ -451,7 +402,7 @@ class Stack:
     def query(self, mode: str, promql: str) -> list[dict[str, Any]]:
         url = f"{self.prometheus[mode]}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
         try:
-            body = json.loads(_get(url))
+            body = json.loads(get(url))
         except urllib.error.HTTPError as exc:
             pytest.fail(f"Prometheus rejected the query ({exc.code}): {exc.read()!r}\n{promql}")
         assert body["status"] == "success", body
@@ -470,7 +421,7 @@ class Stack:
         url = f"{self.prometheus[mode]}/api/v1/series?" + urllib.parse.urlencode(
             {"match[]": selector, "start": str(time.time() - 300)}
         )
-        result: list[dict[str, str]] = json.loads(_get(url))["data"]
+        result: list[dict[str, str]] = json.loads(get(url))["data"]
         return result
 
     def require(self, need: str | None) -> None:
@@ -482,28 +433,9 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -> Iterator[Stack]:
     """The demo and two servers of one Prometheus release (the whole module runs per release)."""
     tmp = tmp_path_factory.mktemp(f"e2e-{prom_release.id}")
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[IO[bytes]] = []
-
-    def start(name: str, args: list[str]) -> None:
-        log = (tmp / f"{name}.log").open("wb")
-        logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-        )
-
-    def tail(name: str) -> str:
-        return (tmp / f"{name}.log").read_text(errors="replace")[-3000:]
-
-    try:
+    with Commands(tmp) as commands, contextlib.ExitStack() as servers:
         demo_port = free_port()
-        start(
+        commands.start(
             "demo",
             [
                 sys.executable,
@@ -518,50 +450,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prom_release: PromRelease) -
         wait_until = time.monotonic() + 30
         while not metrics and time.monotonic() < wait_until:
             try:
-                metrics = _get(f"http://127.0.0.1:{demo_port}/metrics").decode()
+                metrics = get(f"http://127.0.0.1:{demo_port}/metrics").decode()
             except OSError:
                 time.sleep(0.2)
-        assert metrics, "the demo did not serve /metrics:\n" + tail("demo")
-        urls = {}
+        assert metrics, "the demo did not serve /metrics:\n" + commands.tail("demo")
+        proms = {}
         for mode, prefix in MODES.items():
-            data = tmp / mode
-            data.mkdir()
             port = free_port()
             config = _prometheus_config(
                 f"127.0.0.1:{demo_port}", honor=prefix == "", itself=f"127.0.0.1:{port}"
             )
-            (data / "prometheus.yml").write_text(yaml.safe_dump(config))
-            start(
-                mode,
-                [
-                    prom_release.prometheus,
-                    f"--config.file={data / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={data / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn",
-                ],
-            )
-            urls[mode] = f"http://127.0.0.1:{port}"
-        for mode, url in urls.items():
-            ready = False
-            wait_until = time.monotonic() + 30
-            while not ready and time.monotonic() < wait_until:
-                try:
-                    ready = _get(f"{url}/-/ready", timeout=2).startswith(b"Prometheus")
-                except OSError:
-                    time.sleep(0.2)
-            assert ready, f"Prometheus ({mode}) did not start:\n" + tail(mode)
+            proms[mode] = servers.enter_context(serve(prom_release, config, tmp / mode, port=port))
+        urls = {mode: prom.url for mode, prom in proms.items()}
         built = Stack(urls, _needs_met(metrics), time.monotonic() + DEADLINE_SECONDS)
         for mode in MODES:
             # Two scrapes in: rates have two points and every rule has run.
             up = built.poll(mode, 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 3')
-            assert up, f"Prometheus ({mode}) did not scrape the demo:\n" + tail(mode)
+            assert up, f"Prometheus ({mode}) did not scrape the demo:\n" + proms[mode].log_tail()
         yield built
-    finally:
-        for proc in reversed(procs):
-            stop_process(proc)
-        for log in logs:
-            log.close()
 
 
 def _legend_labels(legend: str, prefix: str) -> set[str]:
@@ -643,16 +549,6 @@ def test_variable_has_values(stack: Stack, name: str, mode: str) -> None:
     assert values, f"variable {name} ({mode}) has no values: {selector}, {label}"
 
 
-def records() -> list[str]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r]
-
-
-def alert_names() -> list[str]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r]
-
-
 @pytest.mark.parametrize("record", records())
 def test_recording_rule_produces_data(stack: Stack, record: str) -> None:
     stack.require(RECORD_NEEDS.get(record))
@@ -669,7 +565,7 @@ def test_demo_situation_raises_its_alert(stack: Stack, alert: str) -> None:
 
 
 def test_no_other_alert_is_active(stack: Stack) -> None:
-    assert set(EXPECTED_ALERTS) <= set(alert_names())
+    assert set(EXPECTED_ALERTS) <= set(alerts())
     # Give every rule a few evaluations first.
     stack.poll("honor_labels", 'ALERTS{alertname="GpuUsedWithoutRequest"}')
     time.sleep(3)

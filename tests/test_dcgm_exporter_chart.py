@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import io
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+
+from devkit.tools import load_script
 
 from .helmreleases import HelmRelease, releases, require
 from .test_manifests import (
@@ -88,16 +88,8 @@ pytestmark = [
 ]
 
 
-def load_script() -> ModuleType:
-    """post_render.py as a module (it is a script in a plugin folder, not a package)."""
-    spec = importlib.util.spec_from_file_location("dcgm_enricher_post_render", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-post_render = load_script()
+# post_render.py is a script in a plugin folder, not a package.
+post_render = load_script(SCRIPT, "dcgm_enricher_post_render")
 
 
 @functools.cache

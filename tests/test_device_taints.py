@@ -3,7 +3,7 @@
 device-keyed families.
 
 Real parts: the real Scraper and aiohttp app, the real ``kubernetes`` client listing the
-slices from the API stand-in tests/kubeapi.py (each served version's shape), the kubelet's
+slices from the API stand-in devkit/kubeapi.py (each served version's shape), the kubelet's
 PodResources over a real gRPC socket, pynvml against the fake libnvidia-ml, a /proc tree on
 disk. The oracles: prometheus_client's parser and promtool. ``pytest --update-golden``
 rewrites tests/golden/dra-taints.out. No GPU or cluster exists here: the node is SIMULATED.
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.nvmlfake import nvml_state_of
 from enricher.attribution import device_taints
 from enricher.families import DEVICE_TAINT, RenderOptions, render_device_taints, render_families
 from enricher.model import DeviceTaint, DraDevice, GpuDevice, GpuSnapshot, MigDevice
@@ -26,7 +27,7 @@ from enricher.simnode.kubelet import allocations, list_response
 from enricher.simnode.node import SimNode, SimPod, SimProc
 
 from .conftest import as_prometheus_client_writes, assert_valid_exposition
-from .harness import MakeStack, Stack, check_golden, cid, nvml_state_of, series
+from .harness import MakeStack, Stack, check_golden, cid, series
 
 NODE = "gpu-node-d"
 MODEL = "NVIDIA H100 80GB HBM3"

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.clocks import Clock
 from enricher.attribution import (
     Attribution,
     attribute,
@@ -427,16 +428,6 @@ def test_parse_inspect_never_raises_anything_but_value_error(obj: Any) -> None:
 
 
 # --------------------------------------------------------------------------- I/O
-
-
-class Clock:
-    """The source's TTL clock; request timeouts stay on the real event loop clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

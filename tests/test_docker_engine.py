@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.nvmlfake import FakeNvml, FakeNvmlState, default_gpu_uuid
 from enricher.cgroupmem import read_limit
 from enricher.commands import ps, resolve
 from enricher.config import Config
@@ -32,7 +33,6 @@ from enricher.procfs import ProcfsSource
 from .conftest import assert_valid_exposition
 from .dockerengine import BUSYBOX_IMAGE, COMPOSE, SLEEP, Engine, upstream_body
 from .harness import MakeStack, ps_rows, series
-from .nvmlfake import FakeNvml, FakeNvmlState, default_gpu_uuid
 
 pytestmark = pytest.mark.usefixtures("real_docker")
 

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,9 @@ from typing import Any
 
 import pytest
 
+from devkit.nvmlfake import FakeNvml, FakeNvmlState, default_mig_uuid, nvml_state_of
+from devkit.ports import free_port
+from devkit.promtool import held_series, run_rule_tests
 from enricher.commands import ps, resolve
 from enricher.config import Config
 from enricher.model import GpuDevice, MigDevice, short_id
@@ -48,12 +50,10 @@ from .harness import (
     assert_memory_adds_up,
     check_golden,
     docker_engine,
-    nvml_state_of,
     process_reasons,
     ps_rows,
     series,
 )
-from .nvmlfake import FakeNvml, FakeNvmlState, default_mig_uuid
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "docker-host.prom"
 HOST = "lab-box"
@@ -411,32 +411,9 @@ async def test_container_not_in_pod_without_docker_mode(
 
 def promtool_eval(text: str, tmp_path: Path, promtool: str, expr: str, want: list[Any]) -> str:
     """Evaluate ``expr`` in Prometheus's engine (promtool test rules) over ``text``."""
-    input_series = []
-    for fam in series_families(text):
-        for name, labels, value in fam:
-            body = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()) if v)
-            shown = str(int(value)) if value.is_integer() else repr(value)
-            input_series.append({"series": f"{name}{{{body}}}", "values": f"{shown}x5"})
-    spec = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": input_series,
-                "promql_expr_test": [{"expr": expr, "eval_time": "5m", "exp_samples": want}],
-            }
-        ],
-    }
-    path = tmp_path / "promql-test.yml"
-    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
-    res = subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    series = held_series(text, 5, ("gpu_container_",))
+    check = {"expr": expr, "eval_time": "5m", "exp_samples": want}
+    res = run_rule_tests(promtool, tmp_path / "promql-test.yml", series, [check], timeout=60)
     return res.stdout + res.stderr if res.returncode else "SUCCESS"
 
 
@@ -558,9 +535,7 @@ def test_serve_in_docker_mode(tmp_path: Path, fake_nvml: FakeNvml, dockerd: Dock
     """`dcgm-enricher serve` as the compose stack runs it: no Kubernetes, the Docker socket."""
     write_proc(tmp_path / "proc")
     fake_nvml.write(nvml_state())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENRICHER_")}
     env.pop("NODE_NAME", None)
     env["ENRICHER_DOCKER_HOST"] = f"unix://{dockerd.socket_path}"

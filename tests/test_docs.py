@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
+from devkit.dashboard import alerts, records
 from enricher.cli import build_parser, env_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,16 +90,6 @@ def markdown_tables(text: str) -> Iterator[list[list[str]]]:
             for line in block.splitlines()
         ]
         yield rows[2:]
-
-
-def alerts() -> list[str]:
-    groups = yaml.safe_load(RULES.read_text())["groups"]
-    return [r["alert"] for g in groups for r in g["rules"] if "alert" in r]
-
-
-def records() -> list[str]:
-    groups = yaml.safe_load(RULES.read_text())["groups"]
-    return [r["record"] for g in groups for r in g["rules"] if "record" in r]
 
 
 def dashboard_panels() -> tuple[list[str], list[str]]:

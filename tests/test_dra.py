@@ -3,7 +3,7 @@ ResourceSlices, and what the enricher writes for them.
 
 Real parts: the generated protobuf and gRPC modules over a unix socket (the demo's
 SimulatedKubelet stands in for the kubelet), the real ``kubernetes`` client against the API
-stand-in tests/kubeapi.py for ResourceSlices, and the real Scraper end to end. No cluster and
+stand-in devkit/kubeapi.py for ResourceSlices, and the real Scraper end to end. No cluster and
 no GPU exist here: those two are simulated.
 """
 
@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.kubeapi import KubeApiStandIn, make_api_client
 from enricher.attribution import dra_slice_keys, resolve_allocations
 from enricher.families import ALLOCATED, RenderOptions, render_families
 from enricher.model import (
@@ -46,7 +47,6 @@ from enricher.simnode.node import SimNode
 
 from .conftest import examples
 from .harness import short_dir
-from .kubeapi import KubeApiStandIn, make_api_client
 
 G0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
 G1 = "GPU-1b1b1b1b-1111-4111-8111-111111111111"

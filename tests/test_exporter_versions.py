@@ -16,27 +16,26 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.dashboard import RULES, interpolate, queries, records, variables
+from devkit.prometheus import EVERY_SECOND
 from enricher import demo
 from enricher.simnode.dialects import DIALECTS, NEWEST, VIRTUAL_NONE, dialect
 
 from .conftest import SHARED_DCGM
 from .frozendemo import T0, FrozenDemo
-from .harness import MIB, assert_memory_adds_up, check_golden, free_port, stop_process
-from .promreleases import PromRelease
-from .test_dashboard import QUERY_NEEDS, RULES, interpolate, queries, variables
+from .harness import MIB, assert_memory_adds_up, check_golden
+from .promreleases import PromRelease, serve
+from .test_dashboard import QUERY_NEEDS
 
 COMBOS = [(v, False) for v in DIALECTS] + [
     (v, True) for v, d in DIALECTS.items() if d.virtual != VIRTUAL_NONE
@@ -310,40 +309,20 @@ def prometheus(
             {"target_label": "cluster", "replacement": name},
         ]
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": jobs,
         "rule_files": [str(RULES)],
     }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (tmp / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            prom_release.prometheus,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with serve(prom_release, config, tmp) as server:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if len(_query(url, 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 3')) == len(demos):
+            up = _query(server.url, 'count_over_time(up{job="dcgm-enricher"}[1m]) >= 3')
+            if len(up) == len(demos):
                 break
             time.sleep(0.5)
         else:
-            pytest.fail("Prometheus did not scrape every demo:\n" + _tail(tmp / "prometheus.log"))
-        yield url
-    finally:
-        stop_process(proc)
-        log.close()
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:]
+            pytest.fail("Prometheus did not scrape every demo:\n" + server.log_tail())
+        yield server.url
 
 
 def _query(url: str, expr: str) -> list[dict[str, Any]]:
@@ -369,11 +348,6 @@ def _clusters(url: str, expr: str, want: set[str]) -> set[str]:
     return got
 
 
-def _records() -> list[str]:
-    rules = yaml.safe_load(RULES.read_text())
-    return [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
-
-
 @pytest.mark.parametrize(
     "query",
     [q for q in queries() if q.id not in QUERY_NEEDS and q.id not in FROZEN],
@@ -385,7 +359,7 @@ def test_every_dashboard_query_answers_for_every_release(prometheus: str, query:
     assert got == {"*"} or got >= want, f"{query.id}: no answer for {sorted(want - got)}"
 
 
-@pytest.mark.parametrize("record", _records())
+@pytest.mark.parametrize("record", records())
 def test_every_record_keeps_every_release(prometheus: str, record: str) -> None:
     got = _clusters(prometheus, record, set(IDS))
     assert got >= set(IDS), f"{record}: no series for {sorted(set(IDS) - got)}"
@@ -404,7 +378,7 @@ def test_the_node_variable_lists_the_node_on_every_release(prometheus: str) -> N
 
 def test_every_record_that_keeps_the_node_keeps_it_on_every_release(prometheus: str) -> None:
     kept = 0
-    for record in _records():
+    for record in records():
         result = _query(prometheus, record)
         if any("node" in s["metric"] for s in result):
             kept += 1

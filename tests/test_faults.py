@@ -11,7 +11,7 @@ names a pod that does not run a process on that device (:func:`check_no_wrong_po
 Real parts, on the full stack of tests/harness.py: the aiohttp app and an aiohttp upstream
 over loopback, pynvml against the fake libnvidia-ml built from C (no GPU here), the real
 ProcfsSource on a /proc tree on disk, and the real kubernetes client watching the API-server
-stand-in (no cluster here). :class:`SimNode` describes the node once and writes all three
+stand-in (no cluster here). :class:`FaultyNode` describes the node once and writes all three
 fakes from that description, so the test's idea of who runs where (the ground truth) is the
 fakes' too.
 """
@@ -31,6 +31,17 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.kubeapi import KubeApiStandIn
+from devkit.nvmlfake import (
+    ERROR_DRIVER_NOT_LOADED,
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_GPU_IS_LOST,
+    FakeNvml,
+    FakeNvmlState,
+    default_mig_uuid,
+    nvml_state_of,
+)
+from devkit.upstream import Upstream
 from enricher.kube import KubernetesSource
 from enricher.memory import REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
 from enricher.model import GpuDevice, MigDevice
@@ -44,16 +55,7 @@ from enricher.simnode.node import SimPod, SimProc
 
 from .conftest import assert_valid_exposition
 from .exposition import FamilyWriter
-from .harness import MakeStack, Stack, Upstream, assert_memory_adds_up, nvml_state_of, who
-from .kubeapi import KubeApiStandIn
-from .nvmlfake import (
-    ERROR_DRIVER_NOT_LOADED,
-    ERROR_FUNCTION_NOT_FOUND,
-    ERROR_GPU_IS_LOST,
-    FakeNvml,
-    FakeNvmlState,
-    default_mig_uuid,
-)
+from .harness import MakeStack, Stack, assert_memory_adds_up, who
 
 NODE = "gpu-node-faults"
 GIB = 1 << 30
@@ -102,7 +104,7 @@ def proc(
 
 
 @dataclass
-class SimNode:
+class FaultyNode:
     """The node as it is now: processes (:class:`enricher.simnode.node.SimProc`), MIG layout, what
     dcgm-exporter allocates and the faults injected; :meth:`sim` is it as a demo SimNode."""
 
@@ -289,7 +291,7 @@ def pod_infos(text: str) -> dict[tuple[str, str], str]:
     }
 
 
-def check_no_wrong_pod(text: str, node: SimNode, blind: Iterable[Key] = ()) -> None:
+def check_no_wrong_pod(text: str, node: FaultyNode, blind: Iterable[Key] = ()) -> None:
     """No series names a pod that does not run a process on its device.
 
     Device series of a device with no (visible) process keep dcgm-exporter's allocation
@@ -332,7 +334,7 @@ def check_no_wrong_pod(text: str, node: SimNode, blind: Iterable[Key] = ()) -> N
 class Env:
     """The node running on the full stack (tests/harness.py), and its description."""
 
-    node: SimNode
+    node: FaultyNode
     nvml: FakeNvml
     stack: Stack
     promtools: list[str]
@@ -391,11 +393,11 @@ MakeEnv = Callable[..., Awaitable[Env]]
 def make_env(full_stack: MakeStack, fake_nvml: FakeNvml, promtools: list[str]) -> MakeEnv:
     async def make(
         *,
-        node: SimNode | None = None,
+        node: FaultyNode | None = None,
         gpu: NvmlSource | None = None,
         kube_down_at_start: bool = False,
     ) -> Env:
-        node = node or SimNode()
+        node = node or FaultyNode()
         stack = await full_stack(
             upstream=node.upstream_text,
             nvml=node.nvml_state(),
@@ -506,7 +508,7 @@ async def test_nvml_init_failing_waits_for_the_retry_interval(
     make_env: MakeEnv, fake_nvml: FakeNvml
 ) -> None:
     now = [1000.0]
-    node = SimNode(init_fails=True)
+    node = FaultyNode(init_fails=True)
     source = fake_nvml.source(retry_interval=30.0, clock=lambda: now[0])
     env = await make_env(node=node, gpu=source)
     blind = list(node.users())
@@ -570,7 +572,7 @@ async def test_gpu_lost_mid_scrape(make_env: MakeEnv, symbol: str) -> None:
     ],
 )
 async def test_old_driver_missing_functions(make_env: MakeEnv, missing: tuple[str, ...]) -> None:
-    node = SimNode(util_fails=True)
+    node = FaultyNode(util_fails=True)
     for base in (
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
@@ -596,7 +598,7 @@ async def test_old_driver_missing_functions(make_env: MakeEnv, missing: tuple[st
 
 
 async def test_mig_mode_changes_between_scrapes(make_env: MakeEnv) -> None:
-    node = SimNode()
+    node = FaultyNode()
     node.add(proc(401, 2, NOTEBOOK, memory=GIB))
     env = await make_env(node=node)
     text = await env.scrape()
@@ -1011,7 +1013,7 @@ def _line(name: str, uuid: str, pod: SimPod | None, gi: str = "", **extra: str) 
 def test_the_invariant_catches_wrong_pods(text: str, ok: bool) -> None:
     """check_no_wrong_pod, used on every scrape above, can fail."""
     if ok:
-        check_no_wrong_pod(text, SimNode())
+        check_no_wrong_pod(text, FaultyNode())
     else:
         with pytest.raises(AssertionError):
-            check_no_wrong_pod(text, SimNode())
+            check_no_wrong_pod(text, FaultyNode())

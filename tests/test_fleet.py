@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from bench import fleet
+from devkit.dashboard import queries
+from devkit.tools import require_tool
 
 from .promreleases import releases, require
-from .test_dashboard import queries
-from .tools import require_tool
 
 pytestmark = pytest.mark.one_python
 

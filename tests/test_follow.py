@@ -23,25 +23,18 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.clocks import Clock
+from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from enricher.app import make_app
 from enricher.config import Config
 from enricher.pipeline import Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode import fakeproc
 from tests.harness import series
-from tests.nvmlfake import FakeNvml, FakeNvmlState
 
 GIB = 1 << 30
 STEP = 0.02
 WAIT = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.nvmlfake import default_mig_uuid, nvml_state_of
 from enricher.commands import resolve
 from enricher.config import Config
 from enricher.model import GpuDevice, MigDevice, ProcessKind
@@ -34,11 +35,9 @@ from .harness import (
     assert_memory_adds_up,
     check_golden,
     cid,
-    nvml_state_of,
     process_reasons,
     series,
 )
-from .nvmlfake import default_mig_uuid
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
 NODE = "gpu-node-a"

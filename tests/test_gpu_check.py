@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from bench import gpu_check
-
-from .harness import stop_process
-from .nvmlfake import FakeNvmlState
+from devkit.nvmlfake import FakeNvmlState
+from devkit.processes import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu_check.py"

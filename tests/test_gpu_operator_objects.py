@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.tools import require_tool
 from enricher.config import Config
 from enricher.podparse import parse_selector
 from enricher.upstream import url_for_pod_ip
@@ -34,7 +35,6 @@ from .test_manifests import (
     pod_spec,
     selects,
 )
-from .tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = ROOT.parent / "shared" / "fixtures" / "charts" / "gpu-operator" / "state-dcgm-exporter"

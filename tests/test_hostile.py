@@ -1000,11 +1000,10 @@ def test_help_keeps_leading_unicode_space() -> None:
 
 def test_discovery_ignores_a_labelled_pod_in_a_tenant_namespace() -> None:
     """A fake upstream: the real kubernetes client and KubernetesSource on the API stand-in."""
+    from devkit.kubeapi import KubeApiStandIn, make_api_client
     from enricher.kube import KubernetesSource
     from enricher.podparse import parse_selector
     from enricher.simnode.api import make_pod
-
-    from .kubeapi import KubeApiStandIn, make_api_client
 
     labels = {"app": "nvidia-dcgm-exporter"}
     with KubeApiStandIn() as api:

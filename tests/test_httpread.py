@@ -11,29 +11,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
+from devkit.upstream import Handler, HandlerServers
 from enricher.httpread import CHUNK_BYTES, read_body
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LIMIT = 3 * CHUNK_BYTES + 17  # not a whole number of chunks
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    servers: list[TestServer] = []
-
-    async def start(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_get("/", handler)
-        server = TestServer(app)
-        await server.start_server()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.port}/"
-
-    yield start
-    for s in servers:
-        await s.close()
+async def serve() -> AsyncIterator[HandlerServers]:
+    servers = HandlerServers("/")
+    yield servers
+    await servers.close()
 
 
 async def _read(url: str, max_bytes: int = LIMIT) -> bytes | None:

@@ -20,25 +20,24 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from devkit.nvmlfake import FakeNvmlState, default_gpu_uuid
+from devkit.ports import free_port
+from devkit.prometheus import EVERY_SECOND
+from devkit.upstream import TextServer
+
 from .composefile import load_compose
 from .conftest import ROOT
 from .dockerengine import COMPOSE, SLEEP, Engine, upstream_body
-from .harness import TextServer, free_port, stop_process
 from .imagebuild import IMAGE, Built
-from .nvmlfake import FakeNvmlState, default_gpu_uuid
-from .promreleases import releases, require
+from .promreleases import Server, releases, require, serve
 
 pytestmark = pytest.mark.image
 
@@ -126,40 +125,24 @@ def test_run_flags_follow_the_manifests() -> None:
     assert compose_service(CGROUP_ONLY_FILE)["user"] == "10001:10001"
 
 
-@dataclass
-class Prometheus:
-    url: str
-    log: Path
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.loads(response.read())
-        assert body["status"] == "success", body
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
-
-    def wait_for(self, promql: str, timeout: float = 60.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                result = self.query(promql)
-                if result:
-                    return result
-            time.sleep(0.5)
-        raise AssertionError(
-            f"no result for {promql} in {timeout:.0f} s\n"
-            + self.log.read_text(errors="replace")[-2000:]
-        )
+def wait_for(prom: Server, promql: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The first non-empty answer to ``promql`` in ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            result = prom.query(promql)
+            if result:
+                return result
+        time.sleep(0.5)
+    raise AssertionError(f"no result for {promql} in {timeout:.0f} s\n" + prom.log_tail())
 
 
 @contextlib.contextmanager
-def prometheus_scraping(target: str, tmp: Path) -> Iterator[Prometheus]:
+def prometheus_scraping(target: str, tmp: Path) -> Iterator[Server]:
     """Debian's Prometheus scraping ``target`` every second, as the shipped config does
     (honor_labels: the enricher's pod labels are the ones to keep)."""
-    binary = require(releases()[0]).prometheus
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": [
             {
                 "job_name": "enricher",
@@ -168,25 +151,8 @@ def prometheus_scraping(target: str, tmp: Path) -> Iterator[Prometheus]:
             }
         ],
     }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = tmp / "prometheus.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield Prometheus(f"http://127.0.0.1:{port}", log)
-    finally:
-        stop_process(proc)
+    with serve(require(releases()[0]), config, tmp) as prom:
+        yield prom
 
 
 def proc_status(pid: int) -> dict[str, str]:
@@ -252,33 +218,33 @@ def test_image_attributes_a_real_container(
         assert status["Uid"].split()[0] == user.split(":")[0]
         want = "lab-train-1" if with_socket else workload[:12]
         with prometheus_scraping(f"127.0.0.1:{port}", tmp_path) as prom:
-            (row,) = prom.wait_for(f'gpu_container_memory_used_bytes{{container="{want}"}}')
+            (row,) = wait_for(prom, f'gpu_container_memory_used_bytes{{container="{want}"}}')
             assert float(row["value"][1]) == 6 * GIB
             assert row["metric"]["UUID"] == default_gpu_uuid(0)
             # Empty labels are no labels in Prometheus: no pod on a Docker host.
             assert "namespace" not in row["metric"] and "pod" not in row["metric"]
-            (info,) = prom.wait_for("gpu_container_info")
+            (info,) = wait_for(prom, "gpu_container_info")
             assert info["metric"]["container_id"] == workload
             if with_socket:
                 assert info["metric"]["compose_project"] == "lab"
-            device = prom.wait_for(f'DCGM_FI_DEV_FB_USED{{UUID="{default_gpu_uuid(0)}"}}')
+            device = wait_for(prom, f'DCGM_FI_DEV_FB_USED{{UUID="{default_gpu_uuid(0)}"}}')
             assert device[0]["metric"]["container"] == want
             up = {
                 r["metric"]["source"]: r["value"][1]
-                for r in prom.wait_for("dcgm_enricher_source_up")
+                for r in wait_for(prom, "dcgm_enricher_source_up")
             }
             want_up = {"upstream": "1", "nvml": "1", "procfs": "1"}
             if with_socket:
                 want_up["docker"] = "1"
             assert up == want_up
             # Its own memory limit, read inside the container from its cgroup's files.
-            (limit,) = prom.wait_for("dcgm_enricher_memory_limit_bytes")
+            (limit,) = wait_for(prom, "dcgm_enricher_memory_limit_bytes")
             assert float(limit["value"][1]) == 256 << 20
-            (scrape,) = prom.wait_for('up{job="enricher"}')
+            (scrape,) = wait_for(prom, 'up{job="enricher"}')
             assert scrape["value"][1] == "1"
             # Every sample of the scrape was taken: nothing Prometheus's parser refused.
-            (added,) = prom.wait_for('scrape_samples_post_metric_relabeling{job="enricher"}')
-            (scraped,) = prom.wait_for('scrape_samples_scraped{job="enricher"}')
+            (added,) = wait_for(prom, 'scrape_samples_post_metric_relabeling{job="enricher"}')
+            (scraped,) = wait_for(prom, 'scrape_samples_scraped{job="enricher"}')
             assert added["value"][1] == scraped["value"][1]
     finally:
         logs = real_docker.docker("logs", name, check=False)

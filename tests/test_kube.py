@@ -1,5 +1,5 @@
 """Tests for enricher.kube: KubernetesSource with the real kubernetes client against the
-protocol-faithful API-server stand-in in tests/kubeapi.py (no cluster here). Its pure parsers
+protocol-faithful API-server stand-in in devkit/kubeapi.py (no cluster here). Its pure parsers
 are tested in tests/test_podparse.py."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from devkit.kubeapi import KubeApiStandIn, make_api_client
 from enricher import kube
 from enricher.kube import KubeConfigError, KubernetesSource, load_api_client
 from enricher.podparse import parse_mps_daemon_pods
 from enricher.simnode.api import container_id, make_pod, pod_uid
-from tests.kubeapi import KubeApiStandIn, make_api_client
 
 NODE = "node-a"
 CID_A = container_id("a")

@@ -19,14 +19,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from devkit.nvmlfake import FakeNvml, FakeNvmlState
+from devkit.ports import free_port
 from enricher.app import make_app
 from enricher.pipeline import REWRITE_INLINE_MAX_CHARS, Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode import fakeproc
 
 from .conftest import ROOT
-from .harness import free_port
-from .nvmlfake import FakeNvml, FakeNvmlState
 from .scraping import PER_SCRAPE
 
 SERIES = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="h"} '

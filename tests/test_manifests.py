@@ -11,6 +11,7 @@ No cluster is needed: nothing here talks to an API server.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -18,7 +19,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import jsonschema
@@ -36,7 +36,7 @@ import yaml
 
 from enricher.config import Config
 
-from .promreleases import PromRelease
+from .promreleases import PromRelease, serve
 from .schemas import PROMETHEUS_RULE_SCHEMA
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
@@ -1673,13 +1673,6 @@ def test_scrape_config_passes_promtool_with_kubernetes_sd(promtool: str, tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def prometheus_targets(
     tmp_path: Path, prom_release: PromRelease
@@ -1689,58 +1682,34 @@ def prometheus_targets(
     The targets carry the __meta_kubernetes_* labels that Kubernetes discovery would set, so
     the relabel rules run exactly as written; only the discovery mechanism differs.
     """
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[IO[bytes]] = []
+    servers = contextlib.ExitStack()
+    started = 0
 
     def run(groups: list[Doc]) -> Doc:
+        nonlocal started
+        started += 1
         (tmp_path / "targets.json").write_text(json.dumps(groups))
         config = _without_kubernetes_sd(yaml.safe_load(SCRAPE_CONFIG.read_text()))
         job = config["scrape_configs"][0]
         job.pop("static_configs")
         job["file_sd_configs"] = [{"files": [str(tmp_path / "targets.json")]}]
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = _free_port()
-        log = (tmp_path / "prometheus.log").open("wb")
-        logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                [
-                    prom_release.prometheus,
-                    f"--config.file={tmp_path / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp_path / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        server = servers.enter_context(
+            serve(prom_release, config, tmp_path / f"prometheus-{started}")
         )
-        url = f"http://127.0.0.1:{port}/api/v1/targets?state=any"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    data: Doc = json.load(response)["data"]
+                data: Doc = server.api("targets", timeout=2, state="any")
                 seen = len(data["activeTargets"]) + len(data["droppedTargets"])
                 if seen == sum(len(g["targets"]) for g in groups):
                     return data
             except (urllib.error.URLError, ConnectionError):
                 pass
             time.sleep(0.2)
-        pytest.fail(
-            "Prometheus did not report the targets:\n"
-            + (tmp_path / "prometheus.log").read_text()[-3000:]
-        )
+        pytest.fail("Prometheus did not report the targets:\n" + server.log_tail())
 
-    yield run
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    for log in logs:
-        log.close()
+    with servers:
+        yield run
 
 
 def _pod_target(address: str, port_name: str, phase: str, node: str) -> Doc:

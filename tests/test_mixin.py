@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from .tools import load_script
+from devkit.dashboard import promql_texts
+from devkit.promtool import run as promtool_run
+from devkit.tools import load_script
 
 # Checks a real part (jsonnet, promtool) against what does not depend on the Python running the
 # tests: `make test` runs this file in the highest Python's suite only.
@@ -84,7 +86,7 @@ METRIC = re.compile(r"(?<![\w:$])(DCGM_FI_\w+|gpu_\w+|dcgm_enricher_\w+|process_
 BRACES = re.compile(r"\{[^{}]*\}")
 
 
-# The generators' own module of it (tests/tools.py): one build of each kind a run.
+# The generators' own module of it (devkit/tools.py): one build of each kind a run.
 build = load_script(MIXIN / "build.py", "mixin_build")
 
 
@@ -135,16 +137,6 @@ def rules_of(files: dict[str, str]) -> list[dict[str, Any]]:
         for group in groups_of(files[name])
         for rule in group["rules"]
     ]
-
-
-def dashboard_queries(board: dict[str, Any]) -> list[str]:
-    """Every PromQL text of a dashboard: panel targets, variable queries, annotations."""
-    out = [t["expr"] for p in board["panels"] for t in p.get("targets", []) if "expr" in t]
-    for var in board["templating"]["list"]:
-        if var["type"] == "query":
-            out += [var["definition"], var["query"]["query"]]
-    out += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
-    return out
 
 
 def selectors(expr: str) -> list[tuple[str, str]]:
@@ -277,7 +269,7 @@ def test_the_default_build_reads_as_plain_promql(defaults: dict[str, str]) -> No
     """An empty dcgmSelector leaves no ``{}`` or ``{, `` behind, and no _config reference is
     left unfilled."""
     texts = [r["expr"] for r in rules_of(defaults)]
-    texts += dashboard_queries(json.loads(DASHBOARD.read_text()))
+    texts += promql_texts(json.loads(DASHBOARD.read_text()))
     for text in texts:
         assert "{}" not in text and "{, " not in text and "%(" not in text, text
 
@@ -362,7 +354,7 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
         "GPU workloads (prod)",
         "1m",
     )
-    queries, default_queries = dashboard_queries(board), dashboard_queries(default)
+    queries, default_queries = promql_texts(board), promql_texts(default)
     assert len(queries) == len(default_queries) > 50
     for query, before in zip(queries, default_queries, strict=True):
         found = selectors(query)
@@ -495,13 +487,7 @@ def test_promtool_checks_the_overridden_rules(
 ) -> None:
     for name in (build.RULES, build.ALERTS):
         (tmp_path / name).write_text(overridden[name])
-        proc = subprocess.run(
-            [promtool, "check", "rules", str(tmp_path / name)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = promtool_run(promtool, "check", "rules", str(tmp_path / name))
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -561,14 +547,7 @@ def test_overridden_held_idle_waits_the_overridden_time(
         ],
     }
     (tmp_path / "held-idle.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
-    proc = subprocess.run(
-        [promtool, "test", "rules", "held-idle.tests.yaml"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = promtool_run(promtool, "test", "rules", "held-idle.tests.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -577,12 +556,6 @@ def test_overridden_held_idle_waits_the_overridden_time(
 
 def test_promtool_checks_the_built_rules(promtool: str, default_build: Path) -> None:
     for name in ("prometheus_rules.yaml", "prometheus_alerts.yaml"):
-        proc = subprocess.run(
-            [promtool, "check", "rules", str(default_build / name)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = promtool_run(promtool, "check", "rules", str(default_build / name))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SUCCESS" in proc.stdout

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.nvmlfake import nvml_state_of
+from devkit.promtool import firing
 from enricher.cli import parse_config
 from enricher.commands import resolve
 from enricher.simnode.api import pod_object
@@ -28,15 +28,7 @@ from enricher.simnode.node import SimNode, SimPod, SimProc
 from enricher.sourcetable import kubernetes_source_options
 
 from .conftest import assert_valid_exposition
-from .harness import (
-    MEMORY_REASONS,
-    MakeStack,
-    Stack,
-    check_golden,
-    cid,
-    nvml_state_of,
-    series,
-)
+from .harness import MEMORY_REASONS, MakeStack, Stack, check_golden, cid, series
 from .test_golden import BOOT, FIXTURES, GOLDEN_NODE, NODE, U
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,46 +218,11 @@ async def test_the_flags_choose_the_daemon_pods(full_stack: MakeStack) -> None:
     assert ("jupyter-mallory",) in memory  # a Jupyter pod is never admitted by a label alone
 
 
-def _selector(name: str, labels: dict[str, str]) -> str:
-    # Prometheus drops empty labels on ingestion; json.dumps quotes as PromQL strings do.
-    body = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()) if v)
-    return f"{name}{{{body}}}"
-
-
 def alerts_over(text: str, tmp_path: Path, promtool: str, alert: str, want: list[Any]) -> str:
     """promtool runs the shipped rules over ``text`` held for 30 minutes and checks which
     pods ``alert`` fires for at 20m; returns its output (raises on a mismatch)."""
-    input_series = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name.startswith(("gpu_", "DCGM_")) and s.value == s.value:
-                input_series.append(
-                    {"series": _selector(s.name, s.labels), "values": f"{s.value}x30"}
-                )
     expr = f'count by (namespace, pod) (ALERTS{{alertname="{alert}",alertstate="firing"}})'
-    spec = {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": input_series,
-                "promql_expr_test": [{"expr": expr, "eval_time": "20m", "exp_samples": want}],
-            }
-        ],
-    }
-    path = tmp_path / "impostor-test.yml"
-    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
-    res = subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if res.returncode != 0:
-        raise AssertionError(res.stdout + res.stderr)
-    return res.stdout
+    return firing(text, tmp_path / "impostor-test.yml", promtool, expr, want, [RULES])
 
 
 async def test_the_unrequested_use_alert_fires_for_the_impostor(

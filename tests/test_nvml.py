@@ -1,6 +1,6 @@
 """Tests for enricher.nvml; its pure parsing is tested in tests/test_nvmlparse.py.
 
-NvmlSource is tested through the real pynvml against tests/fakenvml/fake_nvml.c, a fake
+NvmlSource is tested through the real pynvml against devkit/fakenvml/fake_nvml.c, a fake
 libnvidia-ml.so.1 built here with gcc: the only stand-in is the library itself, because no GPU
 or NVIDIA driver exists on the test machines.
 """
@@ -21,6 +21,8 @@ from typing import Any
 import pynvml
 import pytest
 
+from devkit import nvmlfake
+from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from enricher.model import GpuProcess, ProcessKind
 from enricher.nvml import UTILIZATION_RETRY_SECONDS, NvmlUnavailable
 from enricher.nvmlparse import (
@@ -28,8 +30,6 @@ from enricher.nvmlparse import (
     REASON_INIT_FAILED,
     REASON_LIBRARY_NOT_FOUND,
 )
-from tests import nvmlfake
-from tests.nvmlfake import FakeNvml, FakeNvmlState
 
 ROOT = Path(__file__).resolve().parent.parent
 C, G, M = ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.MPS

@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
+from devkit.nvmlfake import nvml_state_of
 from enricher import promclient, upstreamlines
 from enricher.procfs import ProcfsSource
 from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
 from enricher.simnode.node import SimNode
 
-from .harness import MakeStack, Stack, cid, normalise, nvml_state_of
+from .harness import MakeStack, Stack, cid, normalise
 from .test_golden import BOOT, FIXTURES, GOLDEN_NODE, NODE, write_proc
 
 NODE_B = "gpu-node-b"

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
+from devkit.nvmlfake import FakeNvml, FakeNvmlState, nvml_state_of
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
 from enricher.idle import LAST_ACTIVE
 from enricher.labels import RewritePlan
@@ -56,8 +57,7 @@ from enricher.textformat import watched_lines
 from enricher.upstreamlines import SeriesDevices
 
 from .conftest import assert_valid_exposition
-from .harness import MakeStack, cid, nvml_state_of, series
-from .nvmlfake import FakeNvml, FakeNvmlState
+from .harness import MakeStack, cid, series
 
 U0 = "GPU-00000000-0000-4000-8000-000000000000"
 U1 = "GPU-11111111-1111-4111-8111-111111111111"

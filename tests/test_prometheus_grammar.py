@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -26,13 +24,16 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
-import yaml
 
-from tests.harness import TextServer, free_port, stop_process
-from tests.promreleases import PromRelease
+from devkit.http import get
+from devkit.ports import free_port
+from devkit.processes import Commands
+from devkit.prometheus import EVERY_SECOND
+from devkit.upstream import TextServer
+from tests.promreleases import PromRelease, serve
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
 # runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
@@ -104,12 +105,6 @@ class Upstream(TextServer):
         return _body(f'{text}\n{CANARY}{{step="{k % len(SEQUENCE)}"}} {k}\n')
 
 
-def _get(url: str, timeout: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        body: bytes = response.read()
-        return body
-
-
 class Judge:
     def __init__(self, url: str, logs: Path) -> None:
         self.url = url
@@ -117,7 +112,7 @@ class Judge:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        body = json.loads(_get(url))
+        body = json.loads(get(url))
         assert body["status"] == "success", body
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
@@ -135,18 +130,11 @@ class Judge:
 def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Judge]:
     tmp = tmp_path_factory.mktemp(f"grammar-{prom_release.version}")
     upstream = Upstream()
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[IO[bytes]] = []
-
-    def start(name: str, args: list[str]) -> None:
-        log = (tmp / f"{name}.log").open("wb")
-        logs.append(log)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env))
-
+    stack = contextlib.ExitStack()
     try:
+        commands = stack.enter_context(Commands(tmp))
         enricher_port = free_port()
-        start(
+        commands.start(
             "enricher",
             [
                 sys.executable,
@@ -176,22 +164,11 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
             }
         )
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "global": EVERY_SECOND,
             "scrape_configs": jobs,
         }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        start(
-            "prometheus",
-            [
-                prom_release.prometheus,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-        )
-        built = Judge(f"http://127.0.0.1:{port}", tmp)
+        prom = stack.enter_context(serve(prom_release, config, tmp))
+        built = Judge(prom.url, tmp)
         deadline = time.monotonic() + 60
         # Every body of the sequence seen twice through the enricher, and every raw target
         # scraped a few times.
@@ -207,15 +184,12 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
         else:
             pytest.fail(
                 "Prometheus did not scrape enough in 60 s:\n"
-                + (tmp / "prometheus.log").read_text(errors="replace")[-2000:]
-                + (tmp / "enricher.log").read_text(errors="replace")[-2000:]
+                + prom.log_tail()[-2000:]
+                + commands.tail("enricher")[-2000:]
             )
         yield built
     finally:
-        for proc in reversed(procs):
-            stop_process(proc)
-        for log in logs:
-            log.close()
+        stack.close()
         upstream.close()
 
 

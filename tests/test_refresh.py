@@ -14,15 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from devkit.clocks import Clock
 from enricher.refresh import Follower, Refresher, follow_delay
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Collect:

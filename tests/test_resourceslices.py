@@ -2,7 +2,7 @@
 report) and MIG attributes, in each served API version's shape, and when the source lists to
 keep taints current.
 
-Real parts: the real ``kubernetes`` client against the API stand-in tests/kubeapi.py, and the
+Real parts: the real ``kubernetes`` client against the API stand-in devkit/kubeapi.py, and the
 simulated driver's slices from enricher.simnode.api.
 """
 
@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devkit.kubeapi import KubeApiStandIn, make_api_client
 from enricher.model import DeviceTaint, MigInfo
 from enricher.resourceslices import (
     MAX_TAINTS,
@@ -30,7 +31,6 @@ from enricher.resourceslices import (
 from enricher.simnode.api import resource_slices
 
 from .conftest import examples
-from .kubeapi import KubeApiStandIn, make_api_client
 
 G0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
 G1 = "GPU-1b1b1b1b-1111-4111-8111-111111111111"

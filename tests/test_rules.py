@@ -20,9 +20,11 @@ import jsonschema
 import pytest
 import yaml
 
+from devkit.dashboard import alert_rules, record_rules, rule_groups
+from devkit.tools import load_script
+
 from .schemas import PROMETHEUS_RULE_SCHEMA
 from .test_manifests import build
-from .tools import load_script
 
 # Checks a real part against what does not depend on the Python running the tests: `make test`
 # runs this file in the highest Python's suite only (the marker's text in pyproject.toml).
@@ -44,19 +46,6 @@ KUBECTL = shutil.which("kubectl")
 generate = load_script(RULES_DIR / "generate.py", "rules_generate")
 
 
-def groups() -> list[dict[str, Any]]:
-    loaded: list[dict[str, Any]] = yaml.safe_load(RULES.read_text())["groups"]
-    return loaded
-
-
-def alerts() -> list[dict[str, Any]]:
-    return [r for g in groups() for r in g["rules"] if "alert" in r]
-
-
-def records() -> list[dict[str, Any]]:
-    return [r for g in groups() for r in g["rules"] if "record" in r]
-
-
 def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
 
@@ -67,7 +56,7 @@ def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess
 def test_promtool_check_rules(promtool: str) -> None:
     proc = run([promtool, "check", "rules", str(RULES)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(alerts()) + len(records())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(alert_rules()) + len(record_rules())} rules found" in proc.stdout
 
 
 def test_promtool_unit_tests(promtool: str) -> None:
@@ -97,13 +86,13 @@ def _alert_cases() -> dict[str, list[dict[str, Any]]]:
     return cases
 
 
-@pytest.mark.parametrize("alert", [a["alert"] for a in alerts()])
+@pytest.mark.parametrize("alert", [a["alert"] for a in alert_rules()])
 def test_every_alert_has_a_firing_and_a_quiet_case(alert: str) -> None:
     cases = _alert_cases().get(alert, [])
     firing = [c for c in cases if c.get("exp_alerts")]
     assert firing, f"no case where {alert} fires"
     assert [c for c in cases if not c.get("exp_alerts")], f"no case where {alert} stays quiet"
-    rule = next(a for a in alerts() if a["alert"] == alert)
+    rule = next(a for a in alert_rules() if a["alert"] == alert)
     for case in firing:
         for exp in case["exp_alerts"]:
             # The whole alert is checked: its severity and every annotation, verbatim.
@@ -119,7 +108,7 @@ def test_every_recording_rule_is_unit_tested() -> None:
         for case in test.get("promql_expr_test", [])
         for name in re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", case["expr"])
     }
-    untested = {r["record"] for r in records()} - tested
+    untested = {r["record"] for r in record_rules()} - tested
     # The join helper is exercised through every workload and user record.
     assert untested <= {"namespace_pod:gpu_pod_info:max"}, untested
 
@@ -127,7 +116,7 @@ def test_every_recording_rule_is_unit_tested() -> None:
 # --------------------------------------------------------------------------- style
 
 
-@pytest.mark.parametrize("rule", alerts(), ids=lambda r: r["alert"])
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
 def test_alert_follows_the_mixin_style(rule: dict[str, Any]) -> None:
     assert re.fullmatch(rf"{ALERT_PREFIX}(?:[A-Z][a-z0-9]*)+", rule["alert"]), rule["alert"]
     assert "for" in rule, "every alert says how long it must hold"
@@ -143,7 +132,7 @@ def test_alert_follows_the_mixin_style(rule: dict[str, Any]) -> None:
     assert annotations["description"].count("#") == 1
 
 
-@pytest.mark.parametrize("rule", records(), ids=lambda r: r["record"])
+@pytest.mark.parametrize("rule", record_rules(), ids=lambda r: r["record"])
 def test_record_names_follow_level_metric_operations(rule: dict[str, Any]) -> None:
     assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
     # Every aggregation keeps the cluster label of multi-cluster setups.
@@ -186,7 +175,7 @@ def runbook_sections() -> dict[str, str]:
 
 def test_runbook_has_one_section_per_alert() -> None:
     sections = runbook_sections()
-    assert set(sections) == {generate.runbook_anchor(a["alert"]) for a in alerts()}
+    assert set(sections) == {generate.runbook_anchor(a["alert"]) for a in alert_rules()}
     for anchor, text in sections.items():
         assert "**Meaning.**" in text and "**Mitigation.**" in text, anchor
 
@@ -201,9 +190,9 @@ def test_alerts_doc_counts_and_lists_every_alert() -> None:
     doc = (ROOT / "docs" / "alerts.md").read_text()
     counts = re.search(r"(\d+) alerts and (\d+) recording\s+rules", doc)
     assert counts is not None, "docs/alerts.md states how many alerts and recording rules there are"
-    assert (int(counts[1]), int(counts[2])) == (len(alerts()), len(records()))
+    assert (int(counts[1]), int(counts[2])) == (len(alert_rules()), len(record_rules()))
     table = set(re.findall(r"^\| \[(Gpu\w+)\]\(runbook\.md#(\w+)\) \|", doc, re.M))
-    assert table == {(a["alert"], a["alert"].lower()) for a in alerts()}
+    assert table == {(a["alert"], a["alert"].lower()) for a in alert_rules()}
 
 
 def golden_sources() -> list[str]:
@@ -220,7 +209,7 @@ def golden_sources() -> list[str]:
 
 @pytest.mark.parametrize("source", golden_sources())
 def test_every_source_that_can_be_down_has_an_alert(source: str) -> None:
-    exprs = [a["expr"] for a in alerts()]
+    exprs = [a["expr"] for a in alert_rules()]
     assert any(f'dcgm_enricher_source_up{{source="{source}"}} == 0' in e for e in exprs), source
 
 
@@ -234,7 +223,7 @@ def test_prometheus_rule_is_generated_from_the_rules_file() -> None:
 def test_prometheus_rule_holds_the_same_groups() -> None:
     rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     assert rule["kind"] == "PrometheusRule"
-    assert rule["spec"]["groups"] == groups()
+    assert rule["spec"]["groups"] == rule_groups()
 
 
 def test_generate_check_detects_a_stale_file(tmp_path: Path, monkeypatch: Any) -> None:
@@ -278,7 +267,7 @@ def test_generate_writes_the_rules_with_runbook_urls(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     written = yaml.safe_load(copy_file.read_text())["groups"]
     sections = runbook_sections()
-    expected = copy.deepcopy(groups())
+    expected = copy.deepcopy(rule_groups())
     for group in expected:
         for rule in group["rules"]:
             if "alert" in rule:
@@ -368,7 +357,7 @@ def test_monitoring_component_builds(tmp_path: Path) -> None:
     assert kinds == [("ConfigMap", "dcgm-enricher-dashboard"), ("PrometheusRule", "dcgm-enricher")]
     assert all(d["metadata"]["namespace"] == "gpu-monitoring" for d in docs)
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
-    assert rule["spec"]["groups"] == groups()
+    assert rule["spec"]["groups"] == rule_groups()
     dashboard = next(d for d in docs if d["kind"] == "ConfigMap")
     assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}
     shipped = (ROOT / "grafana" / "dcgm-enricher.json").read_text()
@@ -409,7 +398,7 @@ def test_runbook_url_component_sets_every_runbook_url(tmp_path: Path) -> None:
     )
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
     # ...and the rules, but for URL#<anchor> on every alert: the anchor of its runbook section.
-    assert rule["spec"]["groups"] == generate.with_runbook_urls(groups(), RUNBOOK_BASE)
+    assert rule["spec"]["groups"] == generate.with_runbook_urls(rule_groups(), RUNBOOK_BASE)
     urls = [
         r["annotations"]["runbook_url"]
         for g in rule["spec"]["groups"]

@@ -21,7 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import payloads
-from bench.node import NODE, SimNode
+from bench.node import NODE, BenchNode
+from devkit.nvmlfake import FakeNvml
 from enricher import demo
 from enricher.config import Config
 from enricher.promclient import RUNTIME_PREFIXES
@@ -29,7 +30,6 @@ from enricher.simnode.api import pod_object
 
 from .frozendemo import T0
 from .harness import MakeStack
-from .nvmlfake import FakeNvml
 
 ROOT = Path(__file__).resolve().parent.parent
 PERFORMANCE = ROOT / "docs" / "performance.md"
@@ -164,7 +164,7 @@ def test_the_budget_table_names_every_unit() -> None:
     }
 
 
-def _pods_with_processes(sim: SimNode) -> set[str]:
+def _pods_with_processes(sim: BenchNode) -> set[str]:
     return {p.pod.name for p in sim.processes if p.pod is not None}
 
 
@@ -179,7 +179,7 @@ async def test_bench_nodes_stay_in_the_budget_and_churn_leaves_nothing_behind(
     old pods' go (the series count is back where it was), and the series created are at most
     the budget of the new pods."""
     budget = documented_budget()
-    sim = SimNode(tmp_path, payloads.SHAPES[shape])
+    sim = BenchNode(tmp_path, payloads.SHAPES[shape])
     text = payloads.generate(shape)
     stack = await full_stack(
         upstream=text,

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from .harness import free_port, stop_process
+from devkit.ports import free_port
+from devkit.processes import stop_process
+from devkit.prometheus import EVERY_SECOND
+
 from .promreleases import Server, releases, require, serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +77,7 @@ def test_prometheus_scrapes_the_enricher_and_runs_the_rules(
 ) -> None:
     release = require(releases()[-1])
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": EVERY_SECOND,
         "scrape_configs": [
             {
                 "job_name": "dcgm-enricher",

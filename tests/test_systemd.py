@@ -30,16 +30,19 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.nvmlfake import FakeNvml, FakeNvmlState
+from devkit.ports import free_port
+from devkit.processes import stop_process
+from devkit.tools import require_tool
+from devkit.upstream import TextServer
 from enricher.cli import build_parser, env_name, parse_config
 from enricher.memory import REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
 from enricher.simnode import fakeproc
 
 from .conftest import ROOT
 from .dockerengine import upstream_body
-from .harness import TextServer, assert_memory_adds_up, free_port, stop_process
-from .nvmlfake import FakeNvml, FakeNvmlState
+from .harness import assert_memory_adds_up
 from .test_manifests import memory_bytes
-from .tools import require_tool
 
 DEPLOY = ROOT / "deploy" / "systemd"
 UNIT = DEPLOY / "dcgm-enricher.service"

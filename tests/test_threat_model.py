@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.nvmlfake import nvml_state_of
+from devkit.promtool import firing
 from enricher import cgroups, docker, kube, nvml, podparse, podresources, procfs, resourceslices
 from enricher.cli import build_parser
 from enricher.config import Config
@@ -33,7 +33,7 @@ from enricher.simnode.node import SimNode, SimPod, SimProc
 
 from .conftest import assert_valid_exposition
 from .dockerapi import compose_labels
-from .harness import MakeStack, Stack, cid, docker_engine, nvml_state_of, series
+from .harness import MakeStack, Stack, cid, docker_engine, series
 from .test_docker_golden import BOOT as HOST_BOOT
 from .test_docker_golden import BOXES, HOST_NODE, TRAIN, Box, box_proc, cgroup_v2
 from .test_docker_golden import FIXTURE as HOST_FIXTURE
@@ -296,45 +296,6 @@ async def test_a_forged_mirror_annotation_takes_no_static_pod(full_stack: MakeSt
     assert memory(alone, U[2])[("kube-system", STATIC.name, "")] == GIB / 4
 
 
-def _selector(name: str, labels: dict[str, str]) -> str:
-    body = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()) if v)
-    return f"{name}{{{body}}}"
-
-
-def firing(text: str, tmp_path: Path, promtool: str, expr: str, want: list[Any]) -> str:
-    """promtool runs the shipped rules over ``text`` held for 30 minutes and checks ``expr``
-    at 20m against ``want``; returns its output (raises on a mismatch)."""
-    input_series = [
-        {"series": _selector(s.name, s.labels), "values": f"{s.value}x30"}
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name.startswith(("gpu_", "DCGM_")) and s.value == s.value
-    ]
-    spec = {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": input_series,
-                "promql_expr_test": [{"expr": expr, "eval_time": "20m", "exp_samples": want}],
-            }
-        ],
-    }
-    path = tmp_path / "threat-model-test.yml"
-    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
-    res = subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if res.returncode != 0:
-        raise AssertionError(res.stdout + res.stderr)
-    return res.stdout
-
-
 async def test_who_the_unrequested_use_alert_names(
     full_stack: MakeStack, tmp_path: Path, promtools: list[str]
 ) -> None:
@@ -357,9 +318,11 @@ async def test_who_the_unrequested_use_alert_names(
     ]
     for i, promtool in enumerate(promtools):
         (tmp := tmp_path / f"prom{i}").mkdir()
-        assert "SUCCESS" in firing(text, tmp, promtool, expr, want)
+        assert "SUCCESS" in firing(
+            text, tmp / "threat-model-test.yml", promtool, expr, want, [RULES]
+        )
         with pytest.raises(AssertionError, match="FAILED"):
-            firing(text, tmp, promtool, expr, want[1:])
+            firing(text, tmp / "threat-model-test.yml", promtool, expr, want[1:], [RULES])
 
 
 def test_a_pods_label_keys_never_strip_device_or_pod_labels() -> None:

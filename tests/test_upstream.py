@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.upstream import Handler, HandlerServers
 from enricher.app import make_app
 from enricher.pipeline import Scraper
 from enricher.upstream import UpstreamError, fetch_upstream, url_for_pod_ip
@@ -22,24 +23,12 @@ from tests.scraping import PER_SCRAPE, NoProcs
 
 GOOD = '# HELP up_like A gauge.\n# TYPE up_like gauge\nup_like{UUID="GPU-1"} 1\n'
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    servers: list[TestServer] = []
-
-    async def start(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_get("/metrics", handler)
-        server = TestServer(app)
-        await server.start_server()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.port}/metrics"
-
-    yield start
-    for s in servers:
-        await s.close()
+async def serve() -> AsyncIterator[HandlerServers]:
+    servers = HandlerServers()
+    yield servers
+    await servers.close()
 
 
 async def _fetch(url: str, **kw: Any) -> str:

@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from devkit.ports import free_port
 from enricher.app import make_app
 from enricher.config import Config
 from enricher.pipeline import Scraper
@@ -516,7 +517,6 @@ def test_serve_with_web_config_file(pki: Pki, tmp_path: Path) -> None:
     """`dcgm-enricher serve --web.config.file` as users run it: TLS and basic auth on /metrics,
     /healthz open for probes, and a broken file refused at start with exit 2."""
     import os
-    import socket
     import ssl
     import subprocess
     import sys
@@ -533,9 +533,7 @@ def test_serve_with_web_config_file(pki: Pki, tmp_path: Path) -> None:
         "basic_auth_users:\n"
         f"  prometheus: {bcrypt_hash(b'scrape-secret')}\n"
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("NODE_NAME", None)
     args = [

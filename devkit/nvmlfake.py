@@ -1,4 +1,4 @@
-"""Build the fake ``libnvidia-ml.so.1`` (tests/fakenvml/fake_nvml.c) and write its state.
+"""Build the fake ``libnvidia-ml.so.1`` (devkit/fakenvml/fake_nvml.c) and write its state.
 
 No machine in CI has an NVIDIA GPU, so tests run the real pynvml against a small C library
 that answers like NVML. What it reports comes from a text file named by ``FAKE_NVML_STATE``,
@@ -39,9 +39,11 @@ When ``FAKE_NVML_LOG`` names a file, each call appends ``SYMBOL DEVICE [ARGS]`` 
 In one Python process pynvml loads one library for good, so the default build is the one
 loaded in-process; other builds (``defines``) must be exercised in a child process.
 
-Use from another test module either through ``pytest_plugins = ["tests.nvmlfake"]`` in
+Use from another test module either through ``pytest_plugins = ["devkit.nvmlfake"]`` in
 tests/conftest.py (fixtures ``fake_nvml_lib`` and ``fake_nvml``), or with the plain functions
-:func:`session_fake_nvml_lib` and :func:`install_fake_nvml` from your own fixtures.
+:func:`session_fake_nvml_lib` and :func:`install_fake_nvml` from your own fixtures. The bench
+builds the library with :func:`build_fake_nvml` and writes a simulated node's GPUs with
+:func:`nvml_state_of`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import pytest
 
 from enricher.model import ProcessKind
 from enricher.nvml import NvmlSource
+from enricher.simnode.node import SimNode
 
 from .tools import require_tool
 
@@ -315,6 +318,30 @@ class FakeNvmlState:
         tmp.write_text(self.render(), encoding="utf-8")
         os.replace(tmp, path)
         return path
+
+
+def nvml_state_of(node: SimNode) -> FakeNvmlState:
+    """``node``'s GPUs, MIG devices and processes as the fake NVML reports them: memory
+    fixed at each process's ``base_mib``, its ``samples`` (or one made from ``util``), and
+    no per-process utilization on a MIG-enabled GPU, as real NVML answers there."""
+    s = FakeNvmlState(driver=node.driver)
+    for gpu in node.gpus:
+        s.gpu(uuid=gpu.uuid, name=gpu.name, mig=gpu.mig_enabled)
+    for mig in node.migs:
+        s.mig(mig.gpu_index, gi=mig.gi_id, ci=mig.ci_id, profile=mig.profile, uuid=mig.uuid)
+    for p in node.procs:
+        ci = None if p.gi is None else 0
+        memory = None if p.base_mib is None else p.base_mib << 20
+        for kind in (p.kind, *p.also):
+            s.process(p.pid, gpu=p.gpu, gi=p.gi, ci=ci, memory=memory, kind=kind)
+    for p in node.procs:
+        derived = ((1_000, round(100 * p.util)),) if p.util and p.gi is None else ()
+        for timestamp, sm in p.samples or derived:
+            s.util(p.pid, timestamp, sm, gpu=p.gpu)
+    for gpu in node.gpus:
+        if gpu.mig_enabled:
+            s.fail("nvmlDeviceGetProcessUtilization", ERROR_NOT_SUPPORTED, gpu=gpu.index)
+    return s
 
 
 @dataclass

@@ -5,7 +5,7 @@
  * the real return codes, struct layouts and two-call (size, then fill) protocols. What it
  * reports comes from a line-based text file named by $FAKE_NVML_STATE, re-read on every
  * init and every nvmlDeviceGetCount_v2, so a test can change the GPUs between two scrapes.
- * tests/nvmlfake.py writes that file; its docstring describes the format. With
+ * devkit/nvmlfake.py writes that file; its docstring describes the format. With
  * $FAKE_NVML_RELOAD=changed, nvmlDeviceGetCount_v2 re-reads it only when it changed (its
  * inode, size or mtime): the benchmark sets it, so that what it times is the caller's work
  * and not this library parsing text, which real NVML never does.
