@@ -490,17 +490,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ps(config, sys.stdout, pods=pods, gpu=gpu)
     if command == "demo":
         from .demo import run_demo
-        from .simnode.dialects import DIALECTS, dialect
+        from .simnode.dialects import dialect_for
 
-        version = dialect(ns.demo_exporter_version).version
-        if ns.demo_virtual_gpus and DIALECTS[version].virtual == "none":
-            print(
-                f"dcgm-enricher demo: dcgm-exporter {version} has no --kubernetes-virtual-gpus "
-                "(it came in 4.0.3)",
-                file=sys.stderr,
-            )
+        virtual = bool(ns.demo_virtual_gpus)
+        try:
+            version = dialect_for(ns.demo_exporter_version, virtual).version
+        except ValueError as exc:
+            print(f"dcgm-enricher demo: {exc}", file=sys.stderr)
             return 2
-        return asyncio.run(run_demo(config, version, bool(ns.demo_virtual_gpus)))
+        return asyncio.run(run_demo(config, version, virtual))
     from .commands import run_server
 
     return asyncio.run(run_server(config))

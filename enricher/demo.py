@@ -43,10 +43,10 @@ from .simnode.dialects import (
     NEWEST,
     PER_PROCESS_FIELDS,
     VIRTUAL_COPIES,
-    VIRTUAL_NONE,
     VIRTUAL_SHARES,
     Row,
     dialect,
+    dialect_for,
     render,
 )
 from .simnode.fakeproc import write_proc_tree
@@ -404,9 +404,7 @@ def render_upstream(
     """The SIMULATED dcgm-exporter's /metrics at ``t``, in the dialect of dcgm-exporter
     ``version`` (enricher.simnode.dialects), in Kubernetes mode, with or without
     ``--kubernetes-virtual-gpus``."""
-    dia = dialect(version)
-    if virtual_gpus and dia.virtual == VIRTUAL_NONE:
-        raise ValueError(f"dcgm-exporter {dia.version} has no --kubernetes-virtual-gpus")
+    dia = dialect_for(version, virtual_gpus)
     used, busy = device_usage(gpus, t)
     sharing = sharing_pods() if virtual_gpus else {}
     rows: list[Row] = []
@@ -524,7 +522,7 @@ def make_upstream_app(
     version: str = NEWEST,
     virtual_gpus: bool = False,
 ) -> web.Application:
-    render_upstream(gpus, 0.0, version, virtual_gpus)  # an unknown version fails here, at start
+    dialect_for(version, virtual_gpus)  # an unknown release or mode fails here, at start
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(

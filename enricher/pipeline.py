@@ -18,7 +18,7 @@ from .compress import GzipHead
 from .config import Config
 from .families import RenderOptions
 from .labels import NODE_LABEL, RewritePlan
-from .memory import MEMORY_NAMES, parse_device_memory
+from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
 from .model import SourceStatus
 from .node import NodeSide, NodeView, PodSource
 from .power import UPSTREAM_NAMES, UpstreamPower, upstream_power
@@ -287,16 +287,17 @@ class Scraper:
             self._remember(rewritten.identities)
         identities = {**node.nvml_identities, **self._upstream_device_labels}
         watched = rewritten.watched if rewritten is not None else ()
-        collection = Collection(
-            text,
-            node,
-            identities,
-            # Each device's memory (enricher.memory) and the upstream's power readings, read
-            # from the lines the rewrite handed over.
-            parse_device_memory(watched, self._memory_line_devices) if text is not None else {},
+        # Each device's memory and the parts of it no listed process holds (enricher.memory),
+        # and the upstream's power readings: read from the lines the rewrite handed over, once
+        # for every stage.
+        memory = parse_device_memory(watched, self._memory_line_devices) if text is not None else {}
+        readings = (
             upstream_power(watched, self._power_line_devices)
             if text is not None
-            else UpstreamPower(),
+            else UpstreamPower()
+        )
+        collection = Collection(
+            text, node, identities, memory, memory_parts(memory, node.attributions), readings
         )
         chunks = [self._run_stage(stage, collection) for stage in self.stages]
         stage_chunks = tuple(chunk.body for chunk in chunks)

@@ -21,7 +21,7 @@ from .collection import DeviceLabels, PowerView
 from .families import RenderOptions, render_families
 from .idle import IdleLedger, render_last_active
 from .labels import DeviceKey
-from .memory import DeviceMemory, memory_parts
+from .memory import DeviceMemory
 from .node import NodeView
 from .power import (
     DeviceDraw,
@@ -45,6 +45,8 @@ class Collection:
     node: NodeView
     identities: DeviceLabels
     memory: dict[DeviceKey, DeviceMemory]
+    # The parts of each device's memory that no listed process holds (memory.memory_parts).
+    memory_parts: dict[tuple[DeviceKey, str], float]
     readings: UpstreamPower  # the upstream's power, energy and per-instance activity
 
 
@@ -81,8 +83,7 @@ class ContainerFamiliesStage:
 
     def reads(self, c: Collection) -> tuple[object, ...]:
         node = c.node
-        parts = memory_parts(c.memory, node.attributions)
-        return (node.attributions, node.allocated, node.taints, c.identities, parts)
+        return (node.attributions, node.allocated, node.taints, c.identities, c.memory_parts)
 
     def write(self, c: Collection) -> Chunk:
         node = c.node
@@ -93,7 +94,7 @@ class ContainerFamiliesStage:
             node.allocated,
             self._label_sets,
             node.taints,
-            memory_parts(c.memory, node.attributions),
+            c.memory_parts,
         )
         return Chunk(text.encode("utf-8"))
 

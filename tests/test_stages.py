@@ -67,11 +67,11 @@ async def test_a_stage_added_to_the_list_writes_its_chunk_once_per_change(tmp_pa
         node = await scraper.node.read()
         readings = UpstreamPower()
         for text in ("a", "a", "b"):
-            scraper._run_stage(stage, Collection(text, node, {}, {}, readings))
+            scraper._run_stage(stage, Collection(text, node, {}, {}, {}, readings))
         assert stage.writes == 1
         text_stage = TextStage()
         for text in ("a", "a", "b", "b", "a"):
-            chunk = scraper._run_stage(text_stage, Collection(text, node, {}, {}, readings))
+            chunk = scraper._run_stage(text_stage, Collection(text, node, {}, {}, {}, readings))
             assert chunk.body == text.encode()
         assert text_stage.writes == ["a", "b", "a"]
     finally:

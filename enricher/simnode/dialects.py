@@ -230,6 +230,17 @@ def dialect(name: str) -> Dialect:
         raise ValueError(f"no dialect for dcgm-exporter {name!r} (known: {known})") from None
 
 
+def dialect_for(name: str, virtual_gpus: bool) -> Dialect:
+    """The dialect of release ``name`` in that mode; ValueError if the release is unknown, or
+    has no --kubernetes-virtual-gpus and ``virtual_gpus`` asks for it."""
+    dia = dialect(name)
+    if virtual_gpus and dia.virtual == VIRTUAL_NONE:
+        raise ValueError(
+            f"dcgm-exporter {dia.version} has no --kubernetes-virtual-gpus (it came in 4.0.3)"
+        )
+    return dia
+
+
 @dataclass(frozen=True)
 class Row:
     """One series before the dialect writes it: the field, the device's own labels (gpu,
