@@ -52,7 +52,7 @@ from .nvmlparse import (
     reason_for_code,
     utilization_from_samples,
 )
-from .sources import Reading
+from .sources import ReadResult
 
 log = logging.getLogger(__name__)
 
@@ -202,13 +202,13 @@ def _describe(err: BaseException) -> str:
 _BAD_DATA = (ValueError, IndexError, OverflowError, ctypes.ArgumentError)
 
 
-def snapshot_reading(fetch: Callable[[], GpuSnapshot]) -> Reading[GpuSnapshot]:
+def snapshot_reading(fetch: Callable[[], GpuSnapshot]) -> ReadResult[GpuSnapshot]:
     """A snapshot as a Source reading: not ok when NVML reported errors or is unavailable."""
     try:
         snapshot = fetch()
     except NvmlUnavailable as exc:
-        return Reading(GpuSnapshot(), False, f"NVML unavailable ({exc.reason}): {exc}")
-    return Reading(snapshot, not snapshot.errors, "; ".join(snapshot.errors))
+        return ReadResult(GpuSnapshot(), False, f"NVML unavailable ({exc.reason}): {exc}")
+    return ReadResult(snapshot, not snapshot.errors, "; ".join(snapshot.errors))
 
 
 class NvmlSource:
@@ -287,7 +287,7 @@ class NvmlSource:
             self.errors_total += len(snapshot.errors)
             return snapshot
 
-    def read(self) -> Reading[GpuSnapshot]:
+    def read(self) -> ReadResult[GpuSnapshot]:
         """The Source read (blocking): one snapshot, or why NVML cannot be used."""
         return snapshot_reading(self.fetch)
 

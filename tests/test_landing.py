@@ -182,7 +182,6 @@ STATUSES = [SourceStatus("upstream", True, 0.01, 0), SourceStatus("nvml", False,
 
 def result(**kw: Any) -> ScrapeResult:
     fields = {
-        "body": FB,
         "memory": parse_device_memory(watched_lines(FB.decode(), MEMORY_NAMES)),
         "attributions": ATTRIBUTIONS,
         "snapshot": SNAPSHOT,
@@ -255,23 +254,20 @@ class _Model:
         self.statuses = STATUSES
         self.finished_at = time.time()
         self.power = None
-        self._memory = memory
-
-    def device_memory(self) -> dict[Any, DeviceMemory]:
-        return self._memory
+        self.memory = memory
 
 
 def test_device_memory_comes_from_the_model_never_the_body() -> None:
     """The page reads the collection's model (the framebuffer gauges as the rewrite handed
     them over), not the bytes /metrics served: a model without a body builds the page, and
-    where a body says otherwise, the model wins."""
+    each device's memory is the model's."""
     view = build_view(_Model({(G0, ""): DeviceMemory(1 * MIB, 1 * MIB)}))
     assert (view.devices[0].used_bytes, view.devices[0].total_bytes) == (MIB, 2 * MIB)
     page = render_landing(_Model({(G0, ""): DeviceMemory(MIB, MIB)}), Config())
     assert "1 MiB of 2 MiB used" in page
     served = result(memory={(G2, ""): DeviceMemory(3 * MIB, MIB)})
     devices = {d.key: d for d in build_view(served).devices}
-    assert devices[(G0, "")].used_bytes is None  # in the body, not in the model
+    assert devices[(G0, "")].used_bytes is None  # not in this model
     assert devices[(G2, "")].used_bytes == 3 * MIB
 
 
@@ -501,7 +497,7 @@ def test_power_column_and_idle_row() -> None:
         {((u0, ""), ("ns", "p", "c")): 300.0},
         {((u0, ""), "host_process"): 0.0, ((u1, ""), "idle"): 60.0},
     )
-    last = ScrapeResult(b"", atts, snap, [], 0.0, power=power)
+    last = ScrapeResult(atts, snap, [], 0.0, power=power)
     devices = {d.key[0]: d for d in build_view(last).devices}
     assert devices[u0].power_watts == 300.0
     assert [(o.pod, o.reason, o.power_watts) for o in devices[u0].owners] == [
