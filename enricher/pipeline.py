@@ -1,8 +1,9 @@
 """The pipeline of a collection. The upstream's answer and one read of the node become a
-collection body (``Assembler``: the rewritten upstream, then each stage's chunk, enricher.stages),
-and each scrape adds its self-metrics (``selfmetrics.SelfMetricsTail``). ``Scraper`` wires them
-to the schedule of reads (``enricher.schedule``: following the upstream, the node side's rhythm,
-scrapes that share one in flight) and to the node's sources (``enricher.nodeside``)."""
+collection body (``Assembler``: the rewritten upstream, then each stage's chunk,
+enricher.stages), and each scrape adds its self-metrics (``SelfMetricsTail``, written by
+enricher.selfmetrics). ``Scraper`` wires them to the schedule of reads (enricher.schedule:
+following the upstream, the node side's rhythm, scrapes that share one in flight) and to the
+node's sources (enricher.nodeside)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
-from .cgroupmem import CGROUPFS
+from .cgroupmem import CGROUPFS, read_limit
 from .collection import CollectionBody, DeviceLabels, ScrapeResult
 from .config import Config
 from .families import RenderOptions
@@ -26,8 +27,8 @@ from .promclient import OWN_PROCFS, LabelSets, MetricWriter
 from .rewrite import Rewriter, RewriteResult
 from .schedule import Coalescer, Schedule, UpstreamAnswer
 from .selfmetrics import (
+    RuntimeFamilies,
     ScrapeCounters,
-    SelfMetricsTail,
     collection_self_metrics,
     scrape_self_metrics,
 )
@@ -192,6 +193,59 @@ class Assembler:
             if len(seen) > MAX_IDENTITIES:  # an upstream claiming absurdly many devices
                 seen = dict(itertools.islice(seen.items(), MAX_IDENTITIES))
         self._upstream_device_labels.update(seen)
+
+
+class SelfMetricsTail:
+    """Writes the tail of each scrape's body: the self-metrics of the collection, once per
+    collection and upstream answer, around the per-scrape counters, then process_* and
+    python_*. The enricher's own figures (its process, its memory limit) are read with the
+    collection: once per collection, not again for each poll that found the upstream's body
+    unchanged (a new answer, so new upstream figures, but the same collection)."""
+
+    def __init__(
+        self,
+        label_sets: LabelSets,
+        *,
+        own_procfs: str = OWN_PROCFS,
+        own_cgroupfs: str = CGROUPFS,
+        const: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self._label_sets = label_sets
+        # process_* and python_*, this enricher's (never in prometheus_client's global
+        # registry).
+        self.runtime = RuntimeFamilies(own_procfs, const)
+        self._own_procfs = own_procfs
+        self._own_cgroupfs = own_cgroupfs
+        # (collection, answer, before, after, runtime, memory limit) of the last collection.
+        self._last: tuple[object, object, bytes, bytes, bytes, int | None] | None = None
+
+    def render(
+        self,
+        collection: object,
+        answer: object,
+        collection_metrics: Callable[[int | None], tuple[MetricWriter, MetricWriter]],
+        per_scrape: MetricWriter,
+    ) -> bytes:
+        """The tail for this ``collection`` and upstream ``answer`` (compared by equality with
+        the last ones): ``collection_metrics(memory_limit)`` writes the collection's families,
+        before and after ``per_scrape``."""
+        last = self._last
+        if last is None or last[0] != collection or last[1] != answer:
+            if last is not None and last[0] == collection:
+                runtime, limit = last[4], last[5]
+            else:
+                runtime = self.runtime.render()
+                limit = read_limit(self._own_procfs, self._own_cgroupfs)
+            before, after = collection_metrics(limit)
+            last = self._last = (
+                collection,
+                answer,
+                before.render(self._label_sets).encode("utf-8"),
+                after.render(self._label_sets).encode("utf-8"),
+                runtime,
+                limit,
+            )
+        return last[2] + per_scrape.render(self._label_sets).encode("utf-8") + last[3] + last[4]
 
 
 class Scraper:

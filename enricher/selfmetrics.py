@@ -4,15 +4,15 @@ change once per collection (``collection_self_metrics``) and those that move wit
 (``scrape_self_metrics``), and this process's runtime families (``RuntimeFamilies``:
 process_*, python_*).
 
-No I/O but the runtime families' (prometheus_client reads /proc/self) and the enricher's memory
-limit (its own data source, ``cgroupmem``), both read once per collection by
-``SelfMetricsTail``: the pipeline hands in the figures and gets the tail of each scrape's body
-back. ``ScrapeCounters``: what the scrapes and the HTTP side count.
+No I/O but the runtime families' (prometheus_client reads /proc/self): the pipeline hands in
+the figures and gets writers back (``promclient.MetricWriter``); ``ScrapeCounters`` holds what
+the scrapes and the HTTP side count. The enricher's memory limit comes from its own data
+source, ``cgroupmem``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.gc_collector import GCCollector
@@ -23,9 +23,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import __version__
 from .attribution import Attribution
-from .cgroupmem import CGROUPFS, read_limit
 from .model import SourceStatus
-from .promclient import OWN_PROCFS, LabelSets, MetricWriter, render_metrics
+from .promclient import OWN_PROCFS, MetricWriter, render_metrics
 
 
 def collection_self_metrics(
@@ -280,56 +279,3 @@ class ScrapeCounters:
     # Bytes of /metrics bodies sent, by Content-Encoding (enricher.app counts them).
     response_bytes: dict[str, int] = field(default_factory=lambda: {"gzip": 0, "identity": 0})
     last_duration: float = 0.0  # of the last scrape, in seconds
-
-
-class SelfMetricsTail:
-    """Writes the tail of each scrape's body: the self-metrics of the collection, once per
-    collection and upstream answer, around the per-scrape counters, then process_* and
-    python_*. The enricher's own figures (its process, its memory limit) are read with the
-    collection: once per collection, not again for each poll that found the upstream's body
-    unchanged (a new answer, so new upstream figures, but the same collection)."""
-
-    def __init__(
-        self,
-        label_sets: LabelSets,
-        *,
-        own_procfs: str = OWN_PROCFS,
-        own_cgroupfs: str = CGROUPFS,
-        const: tuple[tuple[str, str], ...] = (),
-    ) -> None:
-        self._label_sets = label_sets
-        # process_* and python_*, this enricher's (never in prometheus_client's global
-        # registry).
-        self.runtime = RuntimeFamilies(own_procfs, const)
-        self._own_procfs = own_procfs
-        self._own_cgroupfs = own_cgroupfs
-        # (collection, answer, before, after, runtime, memory limit) of the last collection.
-        self._last: tuple[object, object, bytes, bytes, bytes, int | None] | None = None
-
-    def render(
-        self,
-        collection: object,
-        answer: object,
-        collection_metrics: Callable[[int | None], tuple[MetricWriter, MetricWriter]],
-        per_scrape: MetricWriter,
-    ) -> bytes:
-        """The tail for this ``collection`` and upstream ``answer`` (compared by equality with
-        the last ones): ``collection_metrics(memory_limit)`` writes the collection's families,
-        before and after ``per_scrape``."""
-        last = self._last
-        if last is None or last[0] != collection or last[1] != answer:
-            if last is not None and last[0] == collection:
-                runtime, limit = last[4], last[5]
-            else:
-                runtime = self.runtime.render()
-                limit = read_limit(self._own_procfs, self._own_cgroupfs)
-            before, after = collection_metrics(limit)
-            last = self._last = (
-                collection,
-                answer,
-                before.render(self._label_sets).encode("utf-8"),
-                after.render(self._label_sets).encode("utf-8"),
-                runtime,
-                limit,
-            )
-        return last[2] + per_scrape.render(self._label_sets).encode("utf-8") + last[3] + last[4]
