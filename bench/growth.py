@@ -155,7 +155,7 @@ async def _timed(point: Point, mode: GrowthMode) -> dict[str, Any]:
         last = scraper.last
         attributed = sum(1 for a in last.attributions if a.pod is not None)
         processes = len(last.attributions)
-        body = last.shared.size if last.shared is not None else 0
+        body = last.shared.size
     finally:
         await scraper.close()
     return {

@@ -6,7 +6,7 @@ hands over, never the served bytes), and one scrape's result. Nothing here does 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from .attribution import AllocatedDevice, Attribution
@@ -67,16 +67,15 @@ class ScrapeResult:
     snapshot: GpuSnapshot
     statuses: list[SourceStatus]
     finished_at: float
-    identities: DeviceLabels = field(default_factory=dict)
-    allocations: list[AllocatedDevice] = field(default_factory=list)
-    power: PowerView | None = None
+    identities: DeviceLabels
+    allocations: list[AllocatedDevice]
+    power: PowerView | None
     # Each device's memory, from the upstream's framebuffer gauges as the rewrite handed them
     # over (the model, not the body).
-    memory: dict[DeviceKey, DeviceMemory] = field(default_factory=dict)
-    shared: CollectionBody | None = None
-    tail: bytes = b""
+    memory: dict[DeviceKey, DeviceMemory]
+    shared: CollectionBody
+    tail: bytes
 
     @cached_property
     def body(self) -> bytes:
-        chunks = self.shared.chunks if self.shared is not None else ()
-        return b"".join((*chunks, self.tail))
+        return b"".join((*self.shared.chunks, self.tail))

@@ -124,8 +124,6 @@ class GzipBodies:
     async def finish(self, result: ScrapeResult) -> bytes:
         """``result``'s whole body as one gzip member."""
         self.wanted = True
-        if result.shared is None:
-            return GzipHead().finish(result.tail)
         return (await self._compressed(result.shared)).finish(result.tail)
 
     async def _compressed(self, body: CollectionBody) -> GzipHead:
