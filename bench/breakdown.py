@@ -41,8 +41,8 @@ FUNCTIONS: tuple[tuple[str, str, str], ...] = (
     ("process_* and python_*", "enricher.selfmetrics", "RuntimeFamilies.render"),
     ("NVML read", "enricher.nvml", "NvmlSource.fetch"),
     ("procfs read", "enricher.procfs", "ProcfsSource.read_many"),
-    ("attribution", "enricher.node", "attribute"),
-    ("rewrite plan", "enricher.node", "plan_devices"),
+    ("attribution", "enricher.nodeside", "attribute"),
+    ("rewrite plan", "enricher.nodeside", "plan_devices"),
 )
 
 

@@ -126,28 +126,36 @@ class Point:
         )
 
 
-async def _collect(scraper: Any) -> int:
+def _gzip_for(scraper: Any) -> Any:
+    """The gzip of each collection body, as the HTTP side makes it (enricher.app)."""
+    from enricher.compress import GzipBodies
+
+    return GzipBodies(scraper.assembler.worker)
+
+
+async def _collect(scraper: Any, gzip: Any) -> int:
     result = await scraper.scrape()
-    return len(await scraper.gzip_body(result))
+    return len(await gzip.finish(result))
 
 
 async def _timed(point: Point, mode: GrowthMode) -> dict[str, Any]:
     scraper = point.scraper()
+    gzip = _gzip_for(scraper)
     try:
         for _ in range(mode.warmup):
-            await _collect(scraper)
+            await _collect(scraper, gzip)
         cpu: list[float] = []
         wall: list[float] = []
         gc.collect()
         for _ in range(mode.reps):
             c0, w0 = time.process_time(), time.perf_counter()
-            await _collect(scraper)
+            await _collect(scraper, gzip)
             cpu.append(time.process_time() - c0)
             wall.append(time.perf_counter() - w0)
         last = scraper.last
         attributed = sum(1 for a in last.attributions if a.pod is not None)
         processes = len(last.attributions)
-        body = last.head.size if last.head is not None else 0
+        body = last.shared.size
     finally:
         await scraper.close()
     return {
@@ -165,13 +173,14 @@ async def _traced(point: Point, mode: GrowthMode) -> dict[str, Any]:
     try:
         before, _ = tracemalloc.get_traced_memory()
         scraper = point.scraper()
+        gzip = _gzip_for(scraper)
         try:
             for _ in range(max(2, mode.warmup)):
-                await _collect(scraper)
+                await _collect(scraper, gzip)
             gc.collect()
             held, _ = tracemalloc.get_traced_memory()
             tracemalloc.reset_peak()
-            await _collect(scraper)
+            await _collect(scraper, gzip)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             await scraper.close()

@@ -100,7 +100,7 @@ async def _serve_enricher(
         scraper = Scraper(
             config, nvml=SimulatedGpus(DEMO), procfs=ProcfsSource(tmp), kubernetes=pods
         )
-        runner = await serve(make_app(scraper), "127.0.0.1:0", max_header_bytes=8190)
+        runner = await serve(make_app(scraper), "127.0.0.1:0")
         print(READY, runner.addresses[0][1], flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

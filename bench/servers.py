@@ -265,7 +265,7 @@ class _Timings:
 
         timings = self
         fetch = upstream_module.fetch_upstream
-        rewrite = scraper._rewriter.rewrite
+        rewrite = scraper.assembler.rewriter.rewrite
         scrape = scraper.scrape
 
         async def timed_fetch(*args: Any, **kwargs: Any) -> Any:
@@ -290,7 +290,7 @@ class _Timings:
                 timings.scrape.append(time.perf_counter() - t0)
 
         upstream_module.fetch_upstream = timed_fetch  # type: ignore[assignment]
-        scraper._rewriter.rewrite = timed_rewrite
+        scraper.assembler.rewriter.rewrite = timed_rewrite
         scraper.scrape = timed_scrape
 
     def medians_ms(self) -> dict[str, float]:
@@ -358,9 +358,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
     timings = _Timings()
     if spec.timings:
         timings.install(pipeline_module, scraper)
-    runner = await serve(
-        make_app(scraper), config.listen_address, max_header_bytes=config.max_request_header_bytes
-    )
+    runner = await serve(make_app(scraper), config.listen_address)
     port = int(runner.addresses[0][1])
     conn.send(("ready", port))
 
@@ -377,7 +375,7 @@ async def _enricher(conn: Connection, spec: EnricherSpec) -> None:
         elif msg == "breakdown":
             conn.send(("breakdown", cpu.report() if cpu is not None else None))
         elif msg == "stats":
-            rw = scraper._rewriter
+            rw = scraper.assembler.rewriter
             conn.send(
                 (
                     "stats",

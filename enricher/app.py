@@ -8,11 +8,13 @@ import time
 
 from aiohttp import web
 
-from .compress import accepts_gzip
+from .compress import GzipBodies, accepts_gzip
 from .landing import render_landing
 from .pipeline import Scraper
 
 LANDING_MAX_AGE_SECONDS = 15.0
+# Request lines and header fields longer than this are refused (aiohttp's own default).
+MAX_REQUEST_HEADER_BYTES = 8190
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -29,8 +31,13 @@ def parse_listen_address(addr: str) -> tuple[str | None, int]:
 
 
 def make_app(scraper: Scraper) -> web.Application:
-    """The aiohttp application: /metrics, /healthz and the landing page."""
+    """The aiohttp application: /metrics, /healthz and the landing page. The gzip of each
+    collection body is made here, once per body (compress.GzipBodies), and the bytes sent are
+    counted here."""
     app = web.Application(client_max_size=1024)
+    gzip = GzipBodies(scraper.assembler.worker)
+    scraper.on_new_body.append(gzip.prepare)
+    counters = scraper.counters
 
     async def metrics(request: web.Request) -> web.Response:
         result = await scraper.scrape()
@@ -38,11 +45,11 @@ def make_app(scraper: Scraper) -> web.Application:
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
         if accepts_gzip(request.headers.get("Accept-Encoding", "")):
             headers["Content-Encoding"] = "gzip"
-            body = await scraper.gzip_body(result)
-            scraper.response_bytes["gzip"] += len(body)
+            body = await gzip.finish(result)
+            counters.response_bytes["gzip"] += len(body)
         else:
             body = result.body
-            scraper.response_bytes["identity"] += len(body)
+            counters.response_bytes["identity"] += len(body)
         return web.Response(body=body, headers=headers)
 
     async def healthz(_request: web.Request) -> web.Response:
@@ -51,7 +58,7 @@ def make_app(scraper: Scraper) -> web.Application:
     async def landing(_request: web.Request) -> web.Response:
         # Someone looking at the page behind a port-forward may have no Prometheus scraping
         # this node: refresh a view older than the page's own refresh period.
-        scraper.node_page_requests_total += 1
+        counters.node_page_requests += 1
         last = scraper.last
         if last is None or time.time() - last.finished_at > LANDING_MAX_AGE_SECONDS:
             await scraper.scrape(counted=False)
@@ -77,7 +84,7 @@ async def serve(
     app: web.Application,
     listen_address: str,
     *,
-    max_header_bytes: int,
+    max_header_bytes: int = MAX_REQUEST_HEADER_BYTES,
     ssl_context: ssl.SSLContext | None = None,
 ) -> web.AppRunner:
     """Start serving ``app``; returns the runner (call ``runner.cleanup()`` to stop)."""

@@ -1,26 +1,20 @@
 """The model of one collection, as the pipeline (``enricher.pipeline``) makes it and the node
-page (``enricher.landing``) reads it: the head a scrape serves before its self-metrics, the
-power split behind it, each device's memory from the upstream's framebuffer gauges (lines the
-rewrite hands over, never the served bytes), and one scrape's result.
-
-Nothing here does I/O; ``device_memory`` is pure.
+page (``enricher.landing``) reads it: the body every scrape of the collection shares, the power
+split behind it, each device's memory from the upstream's framebuffer gauges (lines the rewrite
+hands over, never the served bytes), and one scrape's result. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from functools import cached_property
 
 from .attribution import AllocatedDevice, Attribution
-from .compress import GzipHead
 from .labels import DeviceKey
-from .memory import DeviceMemory, parse_device_memory
+from .memory import DeviceMemory
 from .model import GpuSnapshot, SourceStatus
-from .node import NodeView
+from .nodeside import NodeView
 from .power import Who
-from .promclient import MetricWriter
-from .sources import Outcome
-from .textformat import WatchedLine
 
 DeviceLabels = dict[DeviceKey, tuple[tuple[str, str], ...]]
 
@@ -35,13 +29,16 @@ class PowerView:
     unattributed_watts: dict[tuple[DeviceKey, str], float]
 
 
-@dataclass(slots=True)
-class Head:
-    """What a scrape serves before its self-metrics: the rewritten upstream collection and
-    the enricher's families, the same for every scrape until the next collection (or node
-    read), so it is encoded once, and gzipped at most once (``gzip``, when a scraper asks)."""
+@dataclass(frozen=True, slots=True)
+class CollectionBody:
+    """The part of the body every scrape of one collection serves (all but the per-scrape
+    self-metrics): the rewritten upstream collection and the enricher's families, encoded
+    once. ``number`` names the bytes: a body made again from a newer read that came out the
+    same keeps it, so what was made from the bytes (their gzip, on the HTTP side) is kept too.
+    """
 
-    text: str | None  # the upstream body it was made from (compared by identity)
+    number: int
+    text: str | None  # the upstream body it was made from
     node: NodeView
     identities: DeviceLabels
     # The body in parts (the rewritten upstream, then each stage's chunk), encoded:
@@ -50,102 +47,35 @@ class Head:
     chunks: tuple[bytes, ...]
     samples: int
     invalid_lines: int
-    rewritten: str | None  # the rewritten upstream body (the Rewriter's, compared by identity)
+    rewritten: str | None  # the rewritten upstream body
     stage_chunks: tuple[bytes, ...]  # what the stages wrote after it (enricher.stages)
     power: PowerView | None  # the power split the power stage wrote them from
-    watched: tuple[WatchedLine, ...] = ()  # the upstream's lines the rewrite handed over
-    gzip: GzipHead | None = None
-    memory: dict[DeviceKey, DeviceMemory] | None = None  # parse_device_memory(watched), once
+    memory: dict[DeviceKey, DeviceMemory]  # each device's memory (enricher.memory)
 
     @property
     def size(self) -> int:
         return sum(len(chunk) for chunk in self.chunks)
 
-    def device_memory(self) -> dict[DeviceKey, DeviceMemory]:
-        """Each device's memory, worked out once (for its unattributed parts, or the node
-        page)."""
-        if self.memory is None:
-            self.memory = parse_device_memory(self.watched)
-        return self.memory
 
-
+@dataclass(frozen=True)
 class ScrapeResult:
-    """One scrape: what was served and what the node looked like. ``body`` (the identity
-    body) is joined from ``head`` and ``tail`` when first asked for: a scrape served with
-    gzip never copies the whole body."""
+    """One scrape: what was served and what the node looked like. The identity body is
+    ``shared``'s chunks followed by ``tail`` (this scrape's self-metrics), joined when first
+    asked for: a scrape served with gzip never copies the whole body."""
 
-    __slots__ = (
-        "_body",
-        "allocations",
-        "attributions",
-        "finished_at",
-        "head",
-        "identities",
-        "memory",
-        "power",
-        "snapshot",
-        "statuses",
-        "tail",
-    )
+    attributions: list[Attribution]
+    snapshot: GpuSnapshot
+    statuses: list[SourceStatus]
+    finished_at: float
+    identities: DeviceLabels
+    allocations: list[AllocatedDevice]
+    power: PowerView | None
+    # Each device's memory, from the upstream's framebuffer gauges as the rewrite handed them
+    # over (the model, not the body).
+    memory: dict[DeviceKey, DeviceMemory]
+    shared: CollectionBody
+    tail: bytes
 
-    def __init__(
-        self,
-        body: bytes | None,
-        attributions: list[Attribution],
-        snapshot: GpuSnapshot,
-        statuses: list[SourceStatus],
-        finished_at: float,
-        identities: DeviceLabels | None = None,
-        allocations: list[AllocatedDevice] | None = None,
-        power: PowerView | None = None,
-        head: Head | None = None,
-        tail: bytes = b"",
-        memory: dict[DeviceKey, DeviceMemory] | None = None,
-    ) -> None:
-        """``body`` None: ``head``'s chunks followed by ``tail``. ``memory``: each device's
-        memory (None: the head's, from the lines the rewrite watched)."""
-        self._body = body
-        self.attributions = attributions
-        self.snapshot = snapshot
-        self.statuses = statuses
-        self.finished_at = finished_at
-        self.identities = identities if identities is not None else {}
-        self.allocations = allocations if allocations is not None else []
-        self.power = power
-        self.head = head
-        self.tail = tail
-        self.memory = memory
-
-    @property
+    @cached_property
     def body(self) -> bytes:
-        if self._body is None:
-            chunks = self.head.chunks if self.head is not None else ()
-            self._body = b"".join((*chunks, self.tail))
-        return self._body
-
-    def device_memory(self) -> dict[DeviceKey, DeviceMemory]:
-        """Each device's memory in this collection, from the upstream's framebuffer gauges as
-        the rewrite handed them over (the model, not the body)."""
-        if self.memory is None:
-            self.memory = self.head.device_memory() if self.head is not None else {}
-        return self.memory
-
-
-# --------------------------------------------------------------------------- the Scraper's cache
-# of a collection's self-metrics (enricher.pipeline): a scrape of the same collection finds
-# them instead of writing them again.
-
-
-class CollectionTail(NamedTuple):
-    """The self-metrics of one node view, upstream answer and head, written once: the families
-    before the per-scrape counters and after them, and process_* and python_*."""
-
-    node: NodeView
-    upstream: Outcome[str | None]
-    head: Head
-    before: MetricWriter
-    after: MetricWriter
-    before_text: bytes
-    after_text: bytes
-    runtime_text: bytes
-    memory_limit: int | None
+        return b"".join((*self.shared.chunks, self.tail))

@@ -27,7 +27,7 @@ from .attribution import (
 )
 from .config import Config
 from .model import CgroupRef, DockerContainer, PodIndex, ProcError, ProcInfo
-from .node import PodSource
+from .nodeside import PodSource
 from .pipeline import Scraper
 from .procfs import ProcfsSource
 from .sourcetable import make_docker_source, make_sources, start_kubernetes_source
@@ -66,7 +66,6 @@ async def run_server(config: Config) -> int:
     runner = await serve(
         app,
         config.listen_address,
-        max_header_bytes=config.max_request_header_bytes,
         ssl_context=tls,
     )
     log.info(

@@ -22,7 +22,6 @@ class Config:
     procfs: str = "/proc"
     nvml_library: str | None = None
     nvml_enabled: bool = True
-    nvml_retry_interval: float = 30.0
     kube_enabled: bool | None = None  # None: on when a node name is known
     kube_node_name: str = ""
     # The host's name (cli.py: socket.gethostname()), the node label's value where no
@@ -60,7 +59,6 @@ class Config:
     # > 0: the upstream is fetched right after each of its collections, found by polling every
     # that many seconds around the time it is due; 0: fetched on every scrape.
     upstream_follow_step: float = 0.1
-    max_request_header_bytes: int = 8190
     log_level: str = "info"
     # Set by the demo only: shown on the landing page.
     simulated: bool = False

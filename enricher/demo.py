@@ -579,7 +579,7 @@ async def start_demo(
     response = list_response(allocations(PODS))
     kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
     kubelet.start()
-    upstream = await serve(upstream_app, "127.0.0.1:0", max_header_bytes=8190)
+    upstream = await serve(upstream_app, "127.0.0.1:0")
     port = upstream.addresses[0][1]
     pods = demo_pods(config)
     demo_config = replace(
@@ -611,7 +611,6 @@ async def start_demo(
         runner = await serve(
             make_app(scraper),
             config.listen_address,
-            max_header_bytes=config.max_request_header_bytes,
         )
     except OSError:
         await scraper.close()  # its upstream client session, before the error is shown

@@ -29,7 +29,7 @@ import aiohttp
 from .episodes import EpisodeLog
 from .httpread import read_body
 from .model import DockerContainer, short_id
-from .sources import Reading
+from .sources import ReadResult
 
 __all__ = [
     "DEFAULT_HOST",
@@ -314,11 +314,11 @@ class DockerSource:
 
     async def read(
         self, container_ids: Iterable[str]
-    ) -> Reading[dict[str, DockerContainer | None]]:
+    ) -> ReadResult[dict[str, DockerContainer | None]]:
         """The Source read: :meth:`lookup`, ok while the daemon answers (episodes are logged
         here, per exchange). Asked even with no ID, so the health stays current."""
         answers = await self.lookup(container_ids)
-        return Reading(answers, self.up)
+        return ReadResult(answers, self.up)
 
     async def ping(self) -> bool:
         """``GET /_ping`` (and agree on the API version); updates ``up``. Never raises."""

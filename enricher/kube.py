@@ -32,7 +32,7 @@ from .podparse import (
     parse_pod,
     parse_pod_list,
 )
-from .sources import Reading
+from .sources import ReadResult
 
 __all__ = ["KubeConfigError", "KubernetesSource", "load_api_client"]
 
@@ -218,10 +218,10 @@ class KubernetesSource:
         """The current index: the last good one while the API server is unreachable."""
         return self._index
 
-    def read(self) -> Reading[PodIndex]:
+    def read(self) -> ReadResult[PodIndex]:
         """The Source read (in memory): the index, ok while the watch is up (the watch thread
         logs its own episodes)."""
-        return Reading(self._index, self.up)
+        return ReadResult(self._index, self.up)
 
     def close(self) -> None:
         """:meth:`stop`."""

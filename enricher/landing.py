@@ -7,7 +7,7 @@ the rows add up to the device's used memory as ``/metrics`` does. It refreshes i
 loads nothing from elsewhere (inline CSS, no script), so it works offline and
 behind ``kubectl port-forward``.
 
-It reads the collection's model (``Collection``; ``enricher.collection.ScrapeResult`` is one):
+It reads the last scrape's model (``ScrapeModel``; ``enricher.collection.ScrapeResult`` is one):
 the attribution, the allocations, the power split and each device's memory from the upstream's
 framebuffer gauges as the rewrite handed them over; never the bytes ``/metrics`` served.
 ``build_view`` is pure; ``render_landing`` only writes HTML.
@@ -61,8 +61,8 @@ class Allocation(Protocol):
     def dra(self) -> DraDevice | None: ...
 
 
-class Collection(Protocol):
-    """What the page reads of a collection (``collection.ScrapeResult`` is one): its model,
+class ScrapeModel(Protocol):
+    """What the page reads of the last scrape (``collection.ScrapeResult`` is one): its model,
     with no served body in it."""
 
     @property
@@ -77,7 +77,8 @@ class Collection(Protocol):
     def finished_at(self) -> float: ...
     @property
     def power(self) -> PowerView | None: ...
-    def device_memory(self) -> Mapping[DeviceKey, DeviceMemory]: ...
+    @property
+    def memory(self) -> Mapping[DeviceKey, DeviceMemory]: ...
 
 
 def allocation_label(al: Allocation) -> str:
@@ -240,9 +241,9 @@ def _device_list(snapshot: GpuSnapshot) -> list[tuple[DeviceKey, str, str]]:
     return out
 
 
-def build_view(last: Collection | None) -> PageView:
+def build_view(last: ScrapeModel | None) -> PageView:
     """Who is on which device at the last scrape, with device memory from the upstream's
-    framebuffer gauges (the collection's model: ``ScrapeResult.device_memory``)."""
+    framebuffer gauges (the scrape's model: ``ScrapeResult.memory``)."""
     if last is None:
         return PageView()
     by_device: dict[DeviceKey, list[Attribution]] = defaultdict(list)
@@ -252,7 +253,7 @@ def build_view(last: Collection | None) -> PageView:
     allocated: dict[DeviceKey, list[Allocation]] = defaultdict(list)
     for al in allocations:
         allocated[al.key].append(al)
-    memory = last.device_memory()
+    memory = last.memory
     # The same parts /metrics writes, by the same function over the same model.
     parts = memory_parts(memory, last.attributions)
     power = last.power
@@ -410,7 +411,7 @@ _CSS = (
 )
 
 
-def render_landing(last: Collection | None, config: Config) -> str:
+def render_landing(last: ScrapeModel | None, config: Config) -> str:
     """The whole page, self-contained; ``last`` is the newest scrape (None before the first)."""
     view = build_view(last)
     banner = (

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -26,11 +25,18 @@ from .model import (
     PowerReading,
     ProcessKind,
 )
+from .nvmlcalls import (
+    BAD_DATA,
+    DeviceError,
+    ProcessCalls,
+    Target,
+    answer_of,
+    code_of,
+    describe,
+)
 from .nvmlparse import (
-    ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
-    ERROR_INSUFFICIENT_SIZE,
     ERROR_NO_PERMISSION,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -38,21 +44,15 @@ from .nvmlparse import (
     REASON_INIT_FAILED,
     REASON_LIBRARY_NOT_FOUND,
     REASON_READ_FAILED,
-    ROWS_SAMPLE,
-    ROWS_V1,
-    ROWS_V2,
     SUCCESS,
     ProcessEntry,
     UtilSample,
     merge_processes,
-    newer_samples,
     parse_mig_profile,
-    parse_process_rows,
-    parse_sample_rows,
     reason_for_code,
     utilization_from_samples,
 )
-from .sources import Reading
+from .sources import ReadResult
 
 log = logging.getLogger(__name__)
 
@@ -61,35 +61,12 @@ T = TypeVar("T")
 # Bounds on what a misbehaving library can make us allocate or loop over.
 MAX_DEVICES = 256
 MAX_MIG_SLOTS = 64
-MAX_PROCESSES_PER_LIST = 16384
-MAX_TRACKED_TIMESTAMPS = 1024
-# A device whose process utilization NVML does not support (every MIG device: "On MIG-enabled
-# GPUs, querying process utilization is not currently supported") is asked again only after
-# this many seconds: one call per MIG device and collection saved, and a driver that learns it
-# is still found.
-UTILIZATION_RETRY_SECONDS = 300.0
-
 # A reading the board lacks (power and energy): absent, not an error.
 _OPTIONAL_ABSENT = frozenset({ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND, ERROR_NO_PERMISSION})
 _MIG_ENABLED = 1
-
-_LIST_SYMBOLS = {
-    ProcessKind.COMPUTE: "nvmlDeviceGetComputeRunningProcesses",
-    ProcessKind.GRAPHICS: "nvmlDeviceGetGraphicsRunningProcesses",
-    ProcessKind.MPS: "nvmlDeviceGetMPSComputeRunningProcesses",
-}
 _KINDS = tuple(ProcessKind)  # iterating the enum class itself costs more than the calls
-_LIST_VERSIONS = (3, 2, 1)
-# A learnt version (0: none answers) -> the versions to try, newest first.
-_VERSIONS_FROM = {v: tuple(w for w in _LIST_VERSIONS if w <= v) for v in (0, *_LIST_VERSIONS)}
-# (list, version) -> its symbol: looked up on every read of every device, not written anew.
-_LIST_SYMBOL = {
-    (kind, version): base + ("" if version == 1 else f"_v{version}")
-    for kind, base in _LIST_SYMBOLS.items()
-    for version in _LIST_VERSIONS
-}
-# A symbol that is absent, or present but built for another struct version: try an older one.
-_TRY_OLDER = frozenset({ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH})
+_UUID_BUFFER_SIZE = ctypes.c_uint(pynvml.NVML_DEVICE_UUID_V2_BUFFER_SIZE)  # 96: what pynvml gives
+
 # NVML fixes the device count and each index's handle at nvmlInit. A GPU that leaves while it
 # runs (unbound from the driver, fallen off the bus, unplugged) answers GPU_IS_LOST through
 # its handle; one that arrives, or comes back at another index, is seen by a new init only.
@@ -112,103 +89,23 @@ class NvmlUnavailable(Exception):
 # --------------------------------------------------------------------------- I/O
 
 
-class _DeviceError(Exception):
-    """One GPU could not be read; the message names the call, ``code`` is NVML's answer
-    (None for data NVML should not have given)."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# The process lists and utilization samples are read through pynvml's function pointers into
-# plain buffers: pynvml's wrappers ask for the size first (two library calls where one does)
-# and turn every row into a dict-backed object, which costs more than the call itself. The
-# rows are unpacked with struct in one C call (the layouts are nvmlparse's).
-_FIRST_CAPACITY = 32  # rows offered on the first call; most lists fit, so one call does
-_LARGEST_ROW = max(ROWS_V1.size, ROWS_V2.size, ROWS_SAMPLE.size)
-_UUID_BUFFER_SIZE = ctypes.c_uint(pynvml.NVML_DEVICE_UUID_V2_BUFFER_SIZE)  # 96: what pynvml gives
-
-
-def _fill(
-    symbol: str,
-    rows: struct.Struct,
-    call: Callable[[Any, Any], int],
-    first: Any,
-) -> tuple[int, list[tuple[Any, ...]]]:
-    """Call an NVML "count in, rows out" function with room for _FIRST_CAPACITY rows; on
-    NVML_ERROR_INSUFFICIENT_SIZE once more with room for what it asked (plus headroom for
-    rows that appear between the calls, as pynvml allows), bounded by
-    MAX_PROCESSES_PER_LIST. ``call(buffer, count_ref)`` makes the call. ``first``: the buffer
-    of the first call (room for _FIRST_CAPACITY rows), reused across calls by a caller that
-    makes one at a time (only the rows the call reports filled are read back). Returns
-    the return code and the rows filled, unpacked (none unless the call succeeded)."""
-    capacity = _FIRST_CAPACITY
-    for attempt in range(2):
-        buffer = first if attempt == 0 else (ctypes.c_ubyte * (capacity * rows.size))()
-        count = ctypes.c_uint(capacity)
-        ret = call(buffer, ctypes.byref(count))
-        if ret != ERROR_INSUFFICIENT_SIZE:
-            if ret != SUCCESS:
-                return ret, []
-            n = min(count.value, capacity)
-            return ret, list(rows.iter_unpack(memoryview(buffer)[: n * rows.size]))
-        if count.value > MAX_PROCESSES_PER_LIST:
-            raise _DeviceError(f"{symbol}: {count.value} rows, over {MAX_PROCESSES_PER_LIST}")
-        capacity = min(count.value * 2 + 5, MAX_PROCESSES_PER_LIST)
-    return ret, []
-
-
-@dataclass(frozen=True)
-class _Target:
-    """A handle whose process lists we read: a full GPU, or one MIG device."""
-
-    uuid: str
-    handle: Any
-    gi_id: int | None
-    kind: str  # "gpu" | "mig": process-list symbol versions are remembered per kind
-
-
 @dataclass
 class _GpuRead:
     device: GpuDevice
     migs: list[MigDevice] = field(default_factory=list)
-    targets: list[_Target] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
     entries: list[ProcessEntry] = field(default_factory=list)
     processes: tuple[GpuProcess, ...] = ()
     power: PowerReading | None = None
 
 
-def _code(err: BaseException) -> int | None:
-    value = getattr(err, "value", None)
-    return value if isinstance(value, int) else None
-
-
-def _answer(err: BaseException) -> int | None:
-    """NVML's return code behind a failed device read (pynvml's or ours)."""
-    return err.code if isinstance(err, _DeviceError) else _code(err)
-
-
-def _describe(err: BaseException) -> str:
-    code = _code(err)
-    try:
-        text = str(err)
-    except Exception:  # str() of an NVMLError calls into the library; never let it escape
-        text = type(err).__name__
-    return f"{text} (code {code})" if code is not None else text
-
-
-# What a library returning malformed data makes pynvml or ctypes raise.
-_BAD_DATA = (ValueError, IndexError, OverflowError, ctypes.ArgumentError)
-
-
-def snapshot_reading(fetch: Callable[[], GpuSnapshot]) -> Reading[GpuSnapshot]:
+def snapshot_reading(fetch: Callable[[], GpuSnapshot]) -> ReadResult[GpuSnapshot]:
     """A snapshot as a Source reading: not ok when NVML reported errors or is unavailable."""
     try:
         snapshot = fetch()
     except NvmlUnavailable as exc:
-        return Reading(GpuSnapshot(), False, f"NVML unavailable ({exc.reason}): {exc}")
-    return Reading(snapshot, not snapshot.errors, "; ".join(snapshot.errors))
+        return ReadResult(GpuSnapshot(), False, f"NVML unavailable ({exc.reason}): {exc}")
+    return ReadResult(snapshot, not snapshot.errors, "; ".join(snapshot.errors))
 
 
 class NvmlSource:
@@ -245,11 +142,9 @@ class NvmlSource:
         self._initialised = False
         self._failure: NvmlUnavailable | None = None
         self._retry_at = 0.0
-        # (target kind, list) -> the version that answered; 0 when none does.
-        self._list_version: dict[tuple[str, ProcessKind], int] = {}
-        self._last_seen: dict[str, int] = {}  # target uuid -> newest utilization timestamp
-        # target uuid -> when to ask again for its process utilization, which it does not support
-        self._util_unsupported: dict[str, float] = {}
+        # The process lists and utilization samples (which versions answer, the newest
+        # sample seen per device, devices without per-process utilization).
+        self._calls = ProcessCalls(clock)
         # What cannot change while NVML stays initialised (indices are fixed at init; a GPU's
         # UUID and name are its own; a MIG UUID names one instance for its whole life): read
         # once per init instead of on every fetch. Forgotten on re-init and, per GPU, when a
@@ -258,7 +153,6 @@ class NvmlSource:
         self._gpus: dict[int, tuple[Any, str, str]] = {}  # index -> (handle, uuid, name)
         self._max_migs: dict[int, int] = {}  # index -> MIG slots
         self._mig_info: dict[str, tuple[int, int, str]] = {}  # MIG uuid -> (gi, ci, profile)
-        self._functions: dict[str, Any] = {}  # symbol -> pynvml function pointer
         # GPUs that come and go (the class's docstring). index -> uuid of every GPU read since
         # init, kept when its read fails (unlike _gpus): the GPUs this init enumerated.
         self._enumerated: dict[int, str] = {}
@@ -266,9 +160,6 @@ class NvmlSource:
         self._missing: frozenset[str] = frozenset()  # listed before, not since the last init
         self._before: frozenset[str] | None = None  # listed before the re-init just made
         self._reinit_at = 0.0  # no re-initialisation before then
-        # The first call's buffer of every list and sample read (the lock makes them one at a
-        # time): room for _FIRST_CAPACITY rows of the largest layout, made once.
-        self._first_buffer = (ctypes.c_ubyte * (_FIRST_CAPACITY * _LARGEST_ROW))()
         self._uuid_buffer = ctypes.create_string_buffer(_UUID_BUFFER_SIZE.value)
 
     # ------------------------------------------------------------------ public
@@ -287,7 +178,7 @@ class NvmlSource:
             self.errors_total += len(snapshot.errors)
             return snapshot
 
-    def read(self) -> Reading[GpuSnapshot]:
+    def read(self) -> ReadResult[GpuSnapshot]:
         """The Source read (blocking): one snapshot, or why NVML cannot be used."""
         return snapshot_reading(self.fetch)
 
@@ -312,15 +203,13 @@ class NvmlSource:
             raise
         except pynvml.NVMLError as err:
             failure = NvmlUnavailable(
-                reason_for_code(_code(err), REASON_INIT_FAILED), f"nvmlInit: {_describe(err)}"
+                reason_for_code(code_of(err), REASON_INIT_FAILED), f"nvmlInit: {describe(err)}"
             )
             self._fail_until_retry(failure, now)
             raise failure from err
         self._initialised = True
         self._failure = None
-        # A re-init may follow a driver upgrade: learn the symbol versions again.
-        self._list_version.clear()
-        self._forget()
+        self._forget(versions=True)
 
     def _reinitialise_if_due(self) -> None:
         """Start NVML over when a GPU answered that it is lost, or while one listed before is
@@ -362,17 +251,18 @@ class NvmlSource:
         """A GPU's read failed: forget what was cached about it, and start NVML over on the
         next fetch when the answer says its handle is gone."""
         self._forget_gpu(index)
-        if self._lost is None and _answer(err) in _ENUMERATE_AGAIN:
+        if self._lost is None and answer_of(err) in _ENUMERATE_AGAIN:
             self._lost = message
 
-    def _forget(self) -> None:
+    def _forget(self, *, versions: bool) -> None:
+        """What this initialisation learnt (and, after a new nvmlInit, which may follow a
+        driver upgrade, the symbol versions too)."""
         self._driver = None
         self._enumerated.clear()
-        self._util_unsupported.clear()
         self._gpus.clear()
         self._max_migs.clear()
         self._mig_info.clear()
-        self._functions.clear()
+        self._calls.forget(versions=versions)
 
     def _preload(self) -> None:
         if self.library_path is None or self._preloaded is not None:
@@ -396,7 +286,7 @@ class NvmlSource:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as err:
-            log.debug("nvmlShutdown: %s", _describe(err))
+            log.debug("nvmlShutdown: %s", describe(err))
 
     # ------------------------------------------------------------------ read
 
@@ -407,8 +297,8 @@ class NvmlSource:
             # NVML itself went away (driver unloaded, library reset): start over later.
             self._shutdown()
             exc = NvmlUnavailable(
-                reason_for_code(_code(err), REASON_READ_FAILED),
-                f"nvmlDeviceGetCount: {_describe(err)}",
+                reason_for_code(code_of(err), REASON_READ_FAILED),
+                f"nvmlDeviceGetCount: {describe(err)}",
             )
             self._fail_until_retry(exc, self._clock())
             raise exc from err
@@ -424,8 +314,8 @@ class NvmlSource:
         for index in range(count):
             try:
                 reads.append(self._read_gpu(index))
-            except (_DeviceError, pynvml.NVMLError, *_BAD_DATA) as err:
-                errors.append(f"gpu {index}: {_describe(err)}")
+            except (DeviceError, pynvml.NVMLError, *BAD_DATA) as err:
+                errors.append(f"gpu {index}: {describe(err)}")
                 self._note_failure(index, err, errors[-1])
         taken_at = time.time()
         self._settle()
@@ -434,12 +324,12 @@ class NvmlSource:
         for gpu in reads:
             try:
                 gpu.processes = self._with_utilization(gpu)
-            except (_DeviceError, pynvml.NVMLError, *_BAD_DATA) as err:
-                errors.append(f"gpu {gpu.device.index}: {_describe(err)}")
+            except (DeviceError, pynvml.NVMLError, *BAD_DATA) as err:
+                errors.append(f"gpu {gpu.device.index}: {describe(err)}")
                 self._note_failure(gpu.device.index, err, errors[-1])
                 continue
             done.append(gpu)
-        self._prune_timestamps(done)
+        self._calls.prune_timestamps({t.uuid for g in done for t in g.targets})
 
         return GpuSnapshot(
             devices=tuple(g.device for g in done),
@@ -454,8 +344,8 @@ class NvmlSource:
     def _driver_version(self) -> str:
         try:
             return str(pynvml.nvmlSystemGetDriverVersion())
-        except (pynvml.NVMLError, *_BAD_DATA) as err:
-            log.debug("nvmlSystemGetDriverVersion: %s", _describe(err))
+        except (pynvml.NVMLError, *BAD_DATA) as err:
+            log.debug("nvmlSystemGetDriverVersion: %s", describe(err))
             return ""
 
     @staticmethod
@@ -463,7 +353,7 @@ class NvmlSource:
         try:
             return fn(*args)
         except pynvml.NVMLError as err:
-            raise _DeviceError(f"{name}: {_describe(err)}", _code(err)) from err
+            raise DeviceError(f"{name}: {describe(err)}", code_of(err)) from err
 
     def _forget_gpu(self, index: int) -> None:
         # A failing GPU may come back reset or replaced: read what was cached about it again.
@@ -485,12 +375,6 @@ class NvmlSource:
                 self._enumerated[index] = uuid
         return entry
 
-    def _function(self, symbol: str) -> Any:
-        fn = self._functions.get(symbol)
-        if fn is None:
-            fn = self._functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
-        return fn
-
     def _read_gpu(self, index: int) -> _GpuRead:
         handle, uuid, name = self._gpu_identity(index)
         mig = self._mig_enabled(handle)
@@ -498,10 +382,10 @@ class NvmlSource:
         if mig:
             self._read_migs(gpu, handle)
         else:
-            gpu.targets.append(_Target(uuid=uuid, handle=handle, gi_id=None, kind="gpu"))
+            gpu.targets.append(Target(uuid=uuid, handle=handle, gi_id=None, kind="gpu"))
         for target in gpu.targets:
             for kind in _KINDS:
-                for pid, memory in self._read_list(target, kind):
+                for pid, memory in self._calls.read_list(target, kind):
                     gpu.entries.append(ProcessEntry(target.gi_id, pid, memory, kind))
         gpu.power = self._read_power(handle, uuid)
         return gpu
@@ -530,17 +414,17 @@ class NvmlSource:
         try:
             return fn(*args)
         except pynvml.NVMLError as err:
-            if _code(err) in _OPTIONAL_ABSENT:
+            if code_of(err) in _OPTIONAL_ABSENT:
                 return None
-            raise _DeviceError(f"{name}: {_describe(err)}", _code(err)) from err
+            raise DeviceError(f"{name}: {describe(err)}", code_of(err)) from err
 
     def _mig_enabled(self, handle: Any) -> bool:
         try:
             current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
         except pynvml.NVMLError as err:
-            if _code(err) in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
+            if code_of(err) in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
                 return False
-            raise _DeviceError(f"nvmlDeviceGetMigMode: {_describe(err)}", _code(err)) from err
+            raise DeviceError(f"nvmlDeviceGetMigMode: {describe(err)}", code_of(err)) from err
         return int(current) == _MIG_ENABLED
 
     def _read_migs(self, gpu: _GpuRead, handle: Any) -> None:
@@ -552,8 +436,8 @@ class NvmlSource:
                     "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle
                 )
             )
-        handle_fn = self._function("nvmlDeviceGetMigDeviceHandleByIndex")
-        uuid_fn = self._function("nvmlDeviceGetUUID")
+        handle_fn = self._calls.function("nvmlDeviceGetMigDeviceHandleByIndex")
+        uuid_fn = self._calls.function("nvmlDeviceGetUUID")
         uuid_buffer = self._uuid_buffer
         for slot in range(min(slots, MAX_MIG_SLOTS)):
             # The slot is read on every fetch (instances come and go while the GPU runs);
@@ -565,14 +449,14 @@ class NvmlSource:
             if ret == ERROR_NOT_FOUND:
                 continue  # an empty slot
             if ret != SUCCESS:
-                raise _DeviceError(
+                raise DeviceError(
                     f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): "
-                    f"{_describe(pynvml.NVMLError(ret))}",
+                    f"{describe(pynvml.NVMLError(ret))}",
                     ret,
                 )
             ret = uuid_fn(mig_handle, uuid_buffer, _UUID_BUFFER_SIZE)
             if ret != SUCCESS:
-                raise _DeviceError(f"nvmlDeviceGetUUID: {_describe(pynvml.NVMLError(ret))}", ret)
+                raise DeviceError(f"nvmlDeviceGetUUID: {describe(pynvml.NVMLError(ret))}", ret)
             uuid = uuid_buffer.value.decode()  # strict, as pynvml decodes: bad bytes fail the GPU
             info = self._mig_info.get(uuid)
             if info is None:
@@ -591,7 +475,7 @@ class NvmlSource:
                     profile=profile,
                 )
             )
-            gpu.targets.append(_Target(uuid=uuid, handle=mig_handle, gi_id=gi_id, kind="mig"))
+            gpu.targets.append(Target(uuid=uuid, handle=mig_handle, gi_id=gi_id, kind="mig"))
 
     def _read_mig_info(self, mig_handle: Any) -> tuple[int, int, str]:
         gi_id = int(
@@ -605,90 +489,14 @@ class NvmlSource:
         name = str(self._call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, mig_handle))
         return gi_id, ci_id, parse_mig_profile(name)
 
-    def _read_list(self, target: _Target, kind: ProcessKind) -> list[tuple[int, int | None]]:
-        """One process list of one handle, trying older symbol versions where needed (from
-        the one that answered last: on every later read, the first try is the one)."""
-        key = (target.kind, kind)
-        handle = target.handle
-        for version in _VERSIONS_FROM[self._list_version.get(key, _LIST_VERSIONS[0])]:
-            symbol = _LIST_SYMBOL[kind, version]
-            rows: list[tuple[Any, ...]] = []
-            try:
-                fn = self._function(symbol)
-            except pynvml.NVMLError as err:  # the library has no such symbol
-                ret = _code(err)
-            else:
-                layout = ROWS_V1 if version == 1 else ROWS_V2
-                # Called at once, in this iteration: the lambda sees this iteration's fn.
-                call = lambda buf, count: fn(handle, count, buf)  # noqa: B023, E731
-                ret, rows = _fill(symbol, layout, call, self._first_buffer)
-            if ret == SUCCESS:
-                self._list_version[key] = version
-                return parse_process_rows(rows)
-            if ret in _TRY_OLDER:
-                continue
-            if ret == ERROR_NOT_SUPPORTED:
-                return []
-            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}", ret)
-        if self._list_version.get(key) != 0:
-            log.warning("NVML has no usable %s for %s devices", _LIST_SYMBOLS[kind], target.kind)
-            self._list_version[key] = 0
-        return []
-
     def _with_utilization(self, gpu: _GpuRead) -> tuple[GpuProcess, ...]:
         # Samples are pooled per GPU instance: a GI split into several compute instances
         # has one MIG handle per CI but one gi_id in the processes.
         supported: dict[int | None, list[UtilSample]] = {}
         for target in gpu.targets:
-            samples = self._read_utilization(target)
+            samples = self._calls.read_utilization(target)
             if samples is not None:
                 supported.setdefault(target.gi_id, []).extend(samples)
         ratios = {gi: utilization_from_samples(s) for gi, s in supported.items()}
         device = gpu.device
         return merge_processes(device.uuid, device.index, gpu.entries, ratios)
-
-    def _read_utilization(self, target: _Target) -> list[UtilSample] | None:
-        """Samples since the last read; [] for none, None where NVML cannot tell."""
-        retry_at = self._util_unsupported.get(target.uuid)
-        if retry_at is not None and self._clock() < retry_at:
-            return None
-        since = self._last_seen.get(target.uuid, 0)
-        symbol = "nvmlDeviceGetProcessUtilization"
-        try:
-            fn = self._function(symbol)
-        except pynvml.NVMLError as err:
-            if _code(err) == ERROR_FUNCTION_NOT_FOUND:
-                return None
-            raise
-        last_seen = ctypes.c_ulonglong(since)
-        handle = target.handle
-        # New samples can arrive between two calls: _fill retries once with more room.
-        ret, rows = _fill(
-            symbol,
-            ROWS_SAMPLE,
-            lambda buf, count: fn(handle, buf, count, last_seen),
-            self._first_buffer,
-        )
-        if ret == ERROR_NOT_SUPPORTED:  # the device's answer (a MIG device's), kept a while
-            if len(self._util_unsupported) >= MAX_TRACKED_TIMESTAMPS:
-                self._util_unsupported.clear()
-            self._util_unsupported[target.uuid] = self._clock() + UTILIZATION_RETRY_SECONDS
-            return None
-        self._util_unsupported.pop(target.uuid, None)
-        if ret == ERROR_FUNCTION_NOT_FOUND:
-            return None
-        if ret == ERROR_NOT_FOUND:
-            return []  # no sample newer than ``since``: idle, not unknown
-        if ret != SUCCESS:
-            raise _DeviceError(f"{symbol}: {_describe(pynvml.NVMLError(ret))}", ret)
-        fresh, newest = newer_samples(parse_sample_rows(rows), since)
-        self._last_seen[target.uuid] = newest
-        return fresh
-
-    def _prune_timestamps(self, done: list[_GpuRead]) -> None:
-        # Kept for devices that failed this time too (so a flaky GPU does not recount old
-        # samples), until the table outgrows its bound; then only current devices stay.
-        if len(self._last_seen) <= MAX_TRACKED_TIMESTAMPS:
-            return
-        current = {t.uuid for g in done for t in g.targets}
-        self._last_seen = {u: ts for u, ts in self._last_seen.items() if u in current}

@@ -1,32 +1,38 @@
-"""The pipeline of a collection: the upstream's answer (followed, ``refresh``) and one read of
-the node (``node``) become a head (the rewritten upstream, our families, the power families,
-encoded once), and each scrape adds its self-metrics (``selfmetrics``). ``Scraper`` owns every
-cache this takes, each named for what it holds."""
+"""The pipeline of a collection. The upstream's answer and one read of the node become a
+collection body (``Assembler``: the rewritten upstream, then each stage's chunk,
+enricher.stages), and each scrape adds its self-metrics (``SelfMetricsTail``, written by
+enricher.selfmetrics). ``Scraper`` wires them to the schedule of reads (enricher.schedule:
+following the upstream, the node side's rhythm, scrapes that share one in flight) and to the
+node's sources (enricher.nodeside)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
 from .cgroupmem import CGROUPFS, read_limit
-from .collection import CollectionTail, DeviceLabels, Head, ScrapeResult
-from .compress import GzipHead
+from .collection import CollectionBody, DeviceLabels, ScrapeResult
 from .config import Config
 from .families import RenderOptions
 from .labels import NODE_LABEL, RewritePlan
 from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
-from .model import SourceStatus
-from .node import NodeSide, NodeView, PodSource
+from .nodeside import NodeSide, NodeView, PodSource
 from .power import UPSTREAM_NAMES, UpstreamPower, upstream_power
 from .promclient import OWN_PROCFS, LabelSets, MetricWriter
-from .refresh import Follower, Refresher
 from .rewrite import Rewriter, RewriteResult
-from .selfmetrics import RuntimeFamilies, collection_self_metrics, scrape_self_metrics
-from .sources import Measured, Outcome, Source, close_all
+from .schedule import Coalescer, Schedule, UpstreamAnswer
+from .selfmetrics import (
+    RuntimeFamilies,
+    ScrapeCounters,
+    collection_self_metrics,
+    scrape_self_metrics,
+)
+from .sources import MeasuredRead, Source, close_all
 from .sourcetable import SOURCES, SourceEntry
 from .stages import Chunk, Collection, Stage, make_stages
 from .upstream import UpstreamSource, discovery_target, url_for_pod_ip
@@ -40,15 +46,211 @@ MAX_IDENTITIES = 4096
 # most: the template path does about 1 MiB in 2 ms); larger ones in the rewrite worker, so a
 # body near --upstream.max-bytes never stalls /healthz or other scrapes (bench: loop part).
 REWRITE_INLINE_MAX_CHARS = 1 << 20
-# Heads up to this size are gzipped on the event loop (zlib-ng level 2: about 0.3 ms for
-# mig56's 900 KiB, 2 ms at most); larger ones in the rewrite worker (zlib-ng lets go of the GIL
-# while it compresses). On the loop, the compressor's buffers come from the main thread's heap
-# instead of the worker thread's own malloc arena, which would keep freed memory resident.
-GZIP_INLINE_MAX_BYTES = 4 << 20
+
+
+class Assembler:
+    """Makes each collection's body: the upstream's body rewritten, then each stage's chunk in
+    the stages' order. Every piece of work is kept with what it read and done again only when
+    that differs (by equality: the upstream's text, the node read's number, the device labels,
+    each stage's reads)."""
+
+    def __init__(self, options: RenderOptions, idle_threshold: float, label_sets: LabelSets):
+        # The power families and the framebuffer gauges are handed over by the rewrite.
+        self.rewriter = Rewriter(watch=UPSTREAM_NAMES + MEMORY_NAMES)
+        # The label blocks of our own families (a set formatted once while it is in use, one
+        # turn per collection): this pipeline's, so that another in the same process (tests,
+        # the bench) neither turns nor fills them.
+        self.label_sets = label_sets
+        # The parts of the body after the rewritten upstream, in order (enricher.stages); each
+        # one's last chunk is kept with what it read.
+        self.stages: list[Stage] = make_stages(options, idle_threshold, label_sets)
+        self._stage_chunks: dict[Stage, tuple[tuple[object, ...], Chunk]] = {}
+        # Large rewrites, one at a time: the Rewriter's caches see one caller at a time, since
+        # the loop rewrites inline only while this worker is idle.
+        self.worker = Worker("enricher-rewrite")
+        # The device labels the upstream last gave each device (bounded by MAX_IDENTITIES), so
+        # our families keep the same label set while the upstream is briefly down.
+        self._upstream_device_labels: DeviceLabels = {}
+        # The devices of the upstream's power and framebuffer lines (each series parsed once).
+        self._line_devices = (SeriesDevices(), SeriesDevices())
+        self.newest: CollectionBody | None = None
+        # Upstream bodies that differed from the one before: dcgm-exporter's collections as
+        # seen here (with upstream_requests_total, the upstream's load per collection).
+        self.collections_total = 0
+        self._numbers = itertools.count(1)
+
+    def identities(self, node: NodeView) -> DeviceLabels:
+        """The device labels our families carry: NVML's, then the upstream's over them."""
+        return {**node.nvml_identities, **self._upstream_device_labels}
+
+    async def body_for(self, text: str | None, node: NodeView) -> CollectionBody:
+        """The body for this upstream text and node read: the newest one while neither (nor
+        the device labels) changed, else a new one."""
+        body = self.newest
+        if (
+            body is not None
+            and body.text == text
+            and body.node.number == node.number
+            and body.identities == self.identities(node)
+        ):
+            return body
+        if text is not None and (body is None or text != body.text):
+            self.collections_total += 1
+        # A new collection (or node read): label sets not written since the previous one (a
+        # pod that left) leave the label memo at the next.
+        self.label_sets.turn()
+        rewritten: RewriteResult | None = None
+        if text is not None:
+            rewritten = await self._rewrite(text, node.plan)
+            self._remember(rewritten.identities)
+        collection = self._collection(text, node, rewritten)
+        chunks = [self.run_stage(stage, collection) for stage in self.stages]
+        stage_chunks = tuple(chunk.body for chunk in chunks)
+        power = next((chunk.view for chunk in chunks if chunk.view is not None), None)
+        out = rewritten.text if rewritten is not None else None
+        samples = rewritten.samples if rewritten is not None else 0
+        invalid = rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten else 0
+        if body is not None and body.rewritten == out and body.stage_chunks == stage_chunks:
+            # Read again (every scrape without following), or an upstream body that differs
+            # only in lines the rewrite drops, but the same bytes: the same number, so what was
+            # made of the bytes (their gzip) still holds.
+            self.newest = dataclasses.replace(
+                body,
+                text=text,
+                node=node,
+                identities=collection.identities,
+                samples=samples,
+                invalid_lines=invalid,
+                power=power,
+                memory=collection.memory,
+            )
+            return self.newest
+        encoded = b""
+        if out is not None:
+            # A body near --upstream.max-bytes is encoded off the loop, as it is rewritten.
+            if len(out) <= REWRITE_INLINE_MAX_CHARS:
+                encoded = out.encode("utf-8")
+            else:
+                encoded = await self.worker.run(lambda: out.encode("utf-8"))
+        self.newest = CollectionBody(
+            number=next(self._numbers),
+            text=text,
+            node=node,
+            identities=collection.identities,
+            chunks=(encoded, *stage_chunks),
+            samples=samples,
+            invalid_lines=invalid,
+            rewritten=out,
+            stage_chunks=stage_chunks,
+            power=power,
+            memory=collection.memory,
+        )
+        return self.newest
+
+    def _collection(
+        self, text: str | None, node: NodeView, rewritten: RewriteResult | None
+    ) -> Collection:
+        """What the stages read: each device's memory and the parts of it no listed process
+        holds (enricher.memory), and the upstream's power readings, from the lines the rewrite
+        handed over, worked out once for every stage."""
+        power_lines, memory_lines = self._line_devices
+        memory = {}
+        readings = UpstreamPower()
+        if rewritten is not None:
+            memory = parse_device_memory(rewritten.watched, memory_lines)
+            readings = upstream_power(rewritten.watched, power_lines)
+        return Collection(
+            text,
+            node,
+            self.identities(node),
+            memory,
+            memory_parts(memory, node.attributions),
+            readings,
+        )
+
+    async def _rewrite(self, text: str, plan: RewritePlan) -> RewriteResult:
+        """Rewrite ``text``: inline when it is small and no rewrite is under way, else in the
+        rewrite worker. A pure-Python rewrite in a thread still takes the GIL, but gives it up
+        every switch interval (5 ms), so the loop answers meanwhile."""
+        if len(text) <= REWRITE_INLINE_MAX_CHARS and self.worker.idle:
+            return self.rewriter.rewrite(text, plan)
+        return await self.worker.run(lambda: self.rewriter.rewrite(text, plan))
+
+    def run_stage(self, stage: Stage, collection: Collection) -> Chunk:
+        """``stage``'s chunk of this collection: its last one while what it reads is the same
+        (one rule for every stage: enricher.stages), else a new one."""
+        reads = stage.reads(collection)
+        last = self._stage_chunks.get(stage)
+        if last is not None and last[0] == reads:
+            return last[1]
+        chunk = stage.write(collection)
+        self._stage_chunks[stage] = (reads, chunk)
+        return chunk
+
+    def _remember(self, seen: DeviceLabels) -> None:
+        if len(self._upstream_device_labels) + len(seen) > MAX_IDENTITIES:
+            self._upstream_device_labels.clear()
+            if len(seen) > MAX_IDENTITIES:  # an upstream claiming absurdly many devices
+                seen = dict(itertools.islice(seen.items(), MAX_IDENTITIES))
+        self._upstream_device_labels.update(seen)
+
+
+class SelfMetricsTail:
+    """Writes the tail of each scrape's body: the self-metrics of the collection, once per
+    collection and upstream answer, around the per-scrape counters, then process_* and
+    python_*. The enricher's own figures (its process, its memory limit) are read with the
+    collection: once per collection, not again for each poll that found the upstream's body
+    unchanged (a new answer, so new upstream figures, but the same collection)."""
+
+    def __init__(
+        self,
+        label_sets: LabelSets,
+        *,
+        own_procfs: str = OWN_PROCFS,
+        own_cgroupfs: str = CGROUPFS,
+        const: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self._label_sets = label_sets
+        # process_* and python_*, this enricher's (never in prometheus_client's global
+        # registry).
+        self.runtime = RuntimeFamilies(own_procfs, const)
+        self._own_procfs = own_procfs
+        self._own_cgroupfs = own_cgroupfs
+        # (collection, answer, before, after, runtime, memory limit) of the last collection.
+        self._last: tuple[object, object, bytes, bytes, bytes, int | None] | None = None
+
+    def render(
+        self,
+        collection: object,
+        answer: object,
+        collection_metrics: Callable[[int | None], tuple[MetricWriter, MetricWriter]],
+        per_scrape: MetricWriter,
+    ) -> bytes:
+        """The tail for this ``collection`` and upstream ``answer`` (compared by equality with
+        the last ones): ``collection_metrics(memory_limit)`` writes the collection's families,
+        before and after ``per_scrape``."""
+        last = self._last
+        if last is None or last[0] != collection or last[1] != answer:
+            if last is not None and last[0] == collection:
+                runtime, limit = last[4], last[5]
+            else:
+                runtime = self.runtime.render()
+                limit = read_limit(self._own_procfs, self._own_cgroupfs)
+            before, after = collection_metrics(limit)
+            last = self._last = (
+                collection,
+                answer,
+                before.render(self._label_sets).encode("utf-8"),
+                after.render(self._label_sets).encode("utf-8"),
+                runtime,
+                limit,
+            )
+        return last[2] + per_scrape.render(self._label_sets).encode("utf-8") + last[3] + last[4]
 
 
 class Scraper:
-    """Runs one scrape at a time; scrapes that arrive meanwhile share its result."""
+    """One enricher's pipeline, its schedule and its sources: runs one scrape at a time;
+    scrapes that arrive meanwhile share its result."""
 
     def __init__(
         self,
@@ -72,86 +274,20 @@ class Scraper:
             raise ValueError("the Scraper makes the upstream source itself")
         self.config = config
         self.kubernetes = cast("PodSource | None", sources.get("kubernetes"))
-        self._clock = clock
-        # process_* and python_*, this Scraper's (never in prometheus_client's global registry).
-        # The node label every series carries (none where no node name is known).
-        node_label = ((NODE_LABEL, config.node),) if config.node else ()
-        self._runtime = RuntimeFamilies(own_procfs, node_label)
-        self._own_procfs = own_procfs
-        self._own_cgroupfs = own_cgroupfs
-        # The self-metrics of the last collection, written once (not per scrape).
-        self._collection_tail: CollectionTail | None = None
-        # The power families and the framebuffer gauges are handed over by the rewrite.
-        self._rewriter = Rewriter(watch=UPSTREAM_NAMES + MEMORY_NAMES)
-        # The device labels the upstream last gave each device (bounded by MAX_IDENTITIES).
-        self._upstream_device_labels: DeviceLabels = {}
-        self._inflight: asyncio.Future[ScrapeResult] | None = None
         self.upstream = UpstreamSource(
             self._upstream_url,
             timeout=config.upstream_timeout,
             max_bytes=config.upstream_max_bytes,
             missing=_missing_upstream(config, watching=self.kubernetes is not None),
         )
+        # Every source, in the order of the dcgm_enricher_source_* series (the table's).
         self.node = NodeSide(
             config, {**sources, "upstream": self.upstream}, table=table, clock=clock
         )
-        self._upstream = self.node.measured["upstream"]
-        # Every source, in the order of the dcgm_enricher_source_* series (the table's).
-        self.sources: list[Measured] = self.node.sources
-        # Large rewrites, one at a time: the Rewriter's caches see one caller at a time, since
-        # the loop rewrites inline only while this worker is idle.
-        self._rewrite_worker = Worker("enricher-rewrite")
-        self.scrapes_total = 0
-        self.shared_scrapes_total = 0
-        # Upstream bodies that differed from the one before: dcgm-exporter's collections as
-        # seen here (with upstream_requests_total, the upstream's load per collection).
-        self.upstream_collections_total = 0
-        # Bytes of /metrics bodies sent, by Content-Encoding (make_app counts them).
-        self.response_bytes = {"gzip": 0, "identity": 0}
-        self.node_page_requests_total = 0  # GET /: reads the node too, but is not a scrape
-        self.last: ScrapeResult | None = None
-        self._last_duration = 0.0
-        # The upstream fetched right after each of its collections (--upstream.follow-step);
-        # with 0, on every scrape.
-        follow = config.upstream_follow_step > 0
-        # The node side (NVML, procfs, the kubelet, Docker): with --collect.interval, read in
-        # the background every that many seconds. Without it, when following the upstream,
-        # read right after each upstream collection ("aligned": both sides of a scrape are
-        # as old as that collection, and gpu_container_utilization_ratio covers the same
-        # interval as dcgm-exporter's own averages); a scrape reads it itself only when the
-        # last one is older than the upstream's interval. Neither: on every scrape.
-        self._aligned = follow and config.collect_interval == 0
-        self._node_refresh: Refresher[NodeView] | None = None
-        if config.collect_interval > 0:
-            self._node_refresh = Refresher(
-                self.node.read, config.collect_interval, clock=clock, name="node"
-            )
-        elif self._aligned:
-            # No loop of its own: each upstream collection refreshes it (see _prepare).
-            self._node_refresh = Refresher(
-                self.node.read,
-                None,
-                max_age=self._aligned_max_age,
-                clock=clock,
-                name="node",
-            )
-        self._follower = (
-            Follower(
-                self._fetch_upstream,
-                step=config.upstream_follow_step,
-                coarse=max(config.upstream_follow_step, 1.0),
-                key=lambda answer: answer.value,
-                on_change=self._prepare,
-                clock=clock,
-                name="upstream",
-            )
-            if config.upstream_follow_step > 0
-            else None
-        )
-        # The head of the newest collection: what scrapes serve before their self-metrics.
-        self._newest_head: Head | None = None
-        self._gzip_wanted = False  # a scraper asked for gzip: compress each new head at once
-        self._options = RenderOptions(
+        # The node label every series carries (none where no node name is known).
+        node_label = ((NODE_LABEL, config.node),) if config.node else ()
+        label_sets = LabelSets(const=node_label)
+        options = RenderOptions(
             node_name=config.node,
             label_keys=config.kube_pod_labels,
             annotation_keys=config.kube_pod_annotations,
@@ -159,72 +295,48 @@ class Scraper:
             docker=self.node.given("docker") is not None,
             device_taints=self.node.given("resourceslices") is not None,
         )
-        # The label blocks of our own families (a set formatted once while it is in use, one
-        # turn per collection) and the devices of the upstream's power lines (each series
-        # parsed once): this Scraper's, so that another in the same process (tests, the
-        # bench) neither turns nor fills them.
-        self._label_sets = LabelSets(const=node_label)
-        self._power_line_devices = SeriesDevices()
-        self._memory_line_devices = SeriesDevices()  # the same, for the framebuffer lines
-        # The parts of the body after the rewritten upstream, in order (enricher.stages): the
-        # container families, the power split and energy, the idle ledger. Each keeps its
-        # ledger; the Scraper keeps each one's last chunk with what it read.
-        self.stages: list[Stage] = make_stages(
-            self._options, config.idle_threshold, self._label_sets
+        self.assembler = Assembler(options, config.idle_threshold, label_sets)
+        self.self_metrics = SelfMetricsTail(
+            label_sets, own_procfs=own_procfs, own_cgroupfs=own_cgroupfs, const=node_label
         )
-        self._stage_chunks: dict[Stage, tuple[tuple[object, ...], Chunk]] = {}
+        self.counters = ScrapeCounters()
+        self.schedule = Schedule(
+            config,
+            read_node=self.node.read,
+            fetch_upstream=self._fetch_upstream,
+            on_collection=self._prepare,
+            clock=clock,
+        )
+        # Called with each new body made ahead of the scrapes (following the upstream): the
+        # HTTP side's gzip (compress.GzipBodies.prepare).
+        self.on_new_body: list[Callable[[CollectionBody], Awaitable[None]]] = []
+        self.last: ScrapeResult | None = None
+        self._scrape = Coalescer(self._scrape_once)
+        self._clock = clock
 
     async def close(self) -> None:
         """Stop the background work, then close every source (each bounded: a hung NVML call
         cannot hold up shutdown) and the workers."""
-        if self._follower is not None:
-            await self._follower.close()
-        if self._node_refresh is not None:
-            await self._node_refresh.close()
-        await close_all(m.source for m in self.sources)
+        await self.schedule.close()
+        await close_all(m.source for m in self.node.sources)
         self.node.close_workers()
-        self._rewrite_worker.close()
-
-    def _aligned_max_age(self) -> float:
-        """How old the node side may be when it is read after each upstream collection: one
-        learnt collection interval (with slack) plus a step and the read itself; before the
-        interval is learnt, the follower's coarse poll."""
-        follower, refresh = self._follower, self._node_refresh
-        if follower is None or refresh is None:
-            return 0.0
-        interval = follower.interval
-        if interval is None:
-            return follower.coarse
-        return interval * 1.1 + follower.step + refresh.last_duration
+        self.assembler.worker.close()
 
     def start(self) -> None:
         """Start the background work (following the upstream, a --collect.interval loop) in the
         running event loop, so that the first scrape finds it under way; a no-op once it runs.
         A scrape starts it too."""
-        if self._node_refresh is not None:
-            self._node_refresh.start()
-        if self._follower is not None:
-            self._follower.start()
+        self.schedule.start()
 
     async def scrape(self, *, counted: bool = True) -> ScrapeResult:
         """Return a fresh scrape; joins the one in flight if there is one. ``counted`` False:
         not a scrape of /metrics (the node page), so dcgm_enricher_scrapes_total keeps still."""
         self.start()
         if counted:
-            self.scrapes_total += 1
-        if self._inflight is not None and not self._inflight.done():
-            if counted:
-                self.shared_scrapes_total += 1
-            return await asyncio.shield(self._inflight)
-        fut: asyncio.Future[ScrapeResult] = asyncio.get_running_loop().create_future()
-        self._inflight = fut
-        try:
-            result = await self._scrape_once()
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved: joiners re-raise it themselves
-            raise
-        fut.set_result(result)
+            self.counters.scrapes += 1
+            if self._scrape.busy:
+                self.counters.shared_scrapes += 1
+        result = await self._scrape()
         self.last = result
         return result
 
@@ -238,261 +350,74 @@ class Scraper:
                 return url_for_pod_ip(self.config.upstream_url, pod.pod_ip)
         return None
 
-    async def _fetch_upstream(self) -> Outcome[str | None]:
-        """The upstream's answer. A body equal to the one the newest head was made from
-        (dcgm-exporter has not collected since) comes back as that head's object: one copy
-        of the body is kept, not one per poll, and what was prepared for it is found by
-        identity (the head, the power split) instead of being compared or worked out again."""
-        answer: Outcome[str | None] = await self._upstream.read(default=None)
-        text = answer.value
-        last = self._newest_head.text if self._newest_head is not None else None
-        if text is not None and last is not None and text is not last and text == last:
-            return Outcome(last, answer.status)
+    async def _fetch_upstream(self) -> UpstreamAnswer:
+        """The upstream's answer. A body equal to the newest collection body's upstream text
+        (dcgm-exporter has not collected since) comes back as that text: one copy of the body
+        is kept, not one per poll."""
+        answer: MeasuredRead[str | None] = await self.node.measured["upstream"].read(default=None)
+        text, newest = answer.value, self.assembler.newest
+        if text is not None and newest is not None and newest.text == text:
+            return MeasuredRead(newest.text, answer.status)
         return answer
 
-    async def _prepare(self, answer: Outcome[str | None]) -> None:
-        """A new upstream collection: read the node side now when aligned with the upstream,
-        rewrite the collection and encode it with the families (and gzip it, once a scraper
-        asked for gzip), so scrapes get the cached results."""
-        node = await (
-            self._node_refresh.refresh()
-            if self._aligned and self._node_refresh
-            else self._node_view()
-        )
-        head = await self._head_for(answer.value, node)
-        if self._gzip_wanted:
-            await self._gzip(head)
-
-    async def _head_for(self, text: str | None, node: NodeView) -> Head:
-        """The head for this upstream body and node view: the last one while neither changed
-        (nor the device labels the families carry), else a new one."""
-        head = self._newest_head
-        if (
-            head is not None
-            and head.text is text
-            and head.node is node
-            and head.identities == {**node.nvml_identities, **self._upstream_device_labels}
-        ):
-            return head
-        if text is not None and (head is None or text is not head.text):
-            # A body that differs from the last head's (_fetch_upstream hands an equal one
-            # back as that head's object): one upstream collection.
-            self.upstream_collections_total += 1
-        # A new collection (or node view): label sets not written since the previous one (a
-        # pod that left) leave the label memo at the next.
-        self._label_sets.turn()
-        rewritten: RewriteResult | None = None
-        if text is not None:
-            rewritten, _ = await self._rewrite(text, node.plan, encode=False)
-            self._remember(rewritten.identities)
-        identities = {**node.nvml_identities, **self._upstream_device_labels}
-        watched = rewritten.watched if rewritten is not None else ()
-        # Each device's memory and the parts of it no listed process holds (enricher.memory),
-        # and the upstream's power readings: read from the lines the rewrite handed over, once
-        # for every stage.
-        memory = parse_device_memory(watched, self._memory_line_devices) if text is not None else {}
-        readings = (
-            upstream_power(watched, self._power_line_devices)
-            if text is not None
-            else UpstreamPower()
-        )
-        collection = Collection(
-            text, node, identities, memory, memory_parts(memory, node.attributions), readings
-        )
-        chunks = [self._run_stage(stage, collection) for stage in self.stages]
-        stage_chunks = tuple(chunk.body for chunk in chunks)
-        power = next((chunk.view for chunk in chunks if chunk.view is not None), None)
-        out = rewritten.text if rewritten is not None else None
-        if head is not None and head.rewritten is out and head.stage_chunks == stage_chunks:
-            # Read again (every scrape without following), but the same bytes: keep the
-            # encoded body and its gzip.
-            head.text, head.node, head.identities, head.power = text, node, identities, power
-            head.memory = collection.memory
-            return head
-        encoded = b""
-        if out is not None:
-            # A body near --upstream.max-bytes is encoded off the loop, as it is rewritten.
-            if len(out) <= REWRITE_INLINE_MAX_CHARS:
-                encoded = out.encode("utf-8")
-            else:
-                encoded = await self._rewrite_worker.run(lambda: out.encode("utf-8"))
-        head = Head(
-            text,
-            node,
-            identities,
-            (encoded, *stage_chunks),
-            rewritten.samples if rewritten is not None else 0,
-            rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten is not None else 0,
-            out,
-            stage_chunks,
-            power,
-            watched,
-            memory=collection.memory,
-        )
-        self._newest_head = head
-        return head
-
-    async def _gzip(self, head: Head) -> GzipHead:
-        """``head`` gzipped, once per head."""
-        if head.gzip is None:
-            if head.size <= GZIP_INLINE_MAX_BYTES or not self._rewrite_worker.idle:
-                gz = GzipHead(*head.chunks)
-            else:
-                gz = await self._rewrite_worker.run(lambda: GzipHead(*head.chunks))
-            if head.gzip is None:
-                head.gzip = gz
-        return head.gzip
-
-    async def gzip_body(self, result: ScrapeResult) -> bytes:
-        """``result``'s body gzipped: its head compressed once (and kept), its tail on each
-        call. From now on each new head is compressed as soon as it is made."""
-        self._gzip_wanted = True
-        if result.head is None:  # not made by this Scraper's scrape: compress it whole
-            return GzipHead(result.body).finish(b"")
-        gz = await self._gzip(result.head)
-        return gz.finish(result.tail)
-
-    async def _rewrite(
-        self, text: str, plan: RewritePlan, *, encode: bool
-    ) -> tuple[RewriteResult, bytes]:
-        """Rewrite ``text`` (and encode the result when ``encode``): inline when it is small
-        and no rewrite is under way, else in the rewrite worker. A pure-Python rewrite in a
-        thread still takes the GIL, but gives it up every switch interval (5 ms), so the
-        loop answers meanwhile."""
-
-        def work() -> tuple[RewriteResult, bytes]:
-            result = self._rewriter.rewrite(text, plan)
-            return result, result.text.encode("utf-8") if encode else b""
-
-        if len(text) <= REWRITE_INLINE_MAX_CHARS and self._rewrite_worker.idle:
-            return work()
-        return await self._rewrite_worker.run(work)
-
-    async def _node_view(self) -> NodeView:
-        return await (
-            self._node_refresh.get() if self._node_refresh is not None else self.node.read()
-        )
-
-    async def _upstream_answer(self) -> Outcome[str | None]:
-        if self._follower is not None:
-            answer, _polled_at = await self._follower.latest()
-            if answer.value is None:
-                # A failure is never served from the cache: while the upstream is down (or not
-                # found yet), every scrape asks again, as without following.
-                await self._follower.poll_once()
-                answer, _polled_at = await self._follower.latest()
-            return answer
-        return await self._fetch_upstream()
-
-    def _run_stage(self, stage: Stage, collection: Collection) -> Chunk:
-        """``stage``'s chunk of this collection: its last one while what it reads is the same
-        (one rule for every stage: enricher.stages), else a new one."""
-        reads = stage.reads(collection)
-        last = self._stage_chunks.get(stage)
-        if last is not None and last[0] == reads:
-            return last[1]
-        chunk = stage.write(collection)
-        self._stage_chunks[stage] = (reads, chunk)
-        return chunk
+    async def _prepare(self, answer: UpstreamAnswer, node: NodeView) -> None:
+        """A new upstream collection: make its body now (and what the HTTP side makes of it),
+        so scrapes get the cached results."""
+        body = await self.assembler.body_for(answer.value, node)
+        for hook in self.on_new_body:
+            await hook(body)
 
     async def _scrape_once(self) -> ScrapeResult:
         started = self._clock()
-        upstream_task = asyncio.create_task(self._upstream_answer())
-        node = await self._node_view()
+        upstream_task = asyncio.create_task(self.schedule.upstream_answer())
+        node = await self.schedule.node_view()
         upstream = await upstream_task
-        head = await self._head_for(upstream.value, node)
-        samples, invalid_lines = head.samples, head.invalid_lines
-
+        body = await self.assembler.body_for(upstream.value, node)
         statuses = [upstream.status, *node.statuses]
-        memo = self._collection_tail
-        if (
-            memo is None
-            or memo.node is not node
-            or memo.upstream is not upstream
-            or memo.head is not head
-        ):
-            # The process's own figures (and its memory limit) are read with the collection:
-            # once per node view and head, not again for each poll that found the upstream's
-            # body unchanged (a new answer, so new upstream figures, but the same collection;
-            # docs/metrics.md).
-            kept = memo if memo is not None and memo.node is node and memo.head is head else None
-            if kept is not None:
-                limit, runtime = kept.memory_limit, kept.runtime_text
-            else:
-                limit = read_limit(self._own_procfs, self._own_cgroupfs)
-                runtime = self._runtime.render()
-            before, after = self._collection_metrics(statuses, node, samples, invalid_lines, limit)
-            memo = self._collection_tail = CollectionTail(
-                node,
-                upstream,
-                head,
-                before,
-                after,
-                before.render(self._label_sets).encode("utf-8"),
-                after.render(self._label_sets).encode("utf-8"),
-                runtime,
-                limit,
+        kubelet = self.node.given("podresources") is not None
+
+        def collection_metrics(memory_limit: int | None) -> tuple[MetricWriter, MetricWriter]:
+            return collection_self_metrics(
+                statuses,
+                node.attributions,
+                samples=body.samples,
+                invalid_lines=body.invalid_lines,
+                pods=node.index.pods if self.kubernetes is not None else None,
+                allocated=len(node.allocated) if kubelet else None,
+                unmapped=node.unmapped + node.listed.skipped,
+                memory_limit=memory_limit,
             )
-        per_scrape = self._scrape_metrics()
-        # The collection's families written once, the per-scrape counters on every scrape.
-        tail = memo.before_text + per_scrape.render(self._label_sets).encode("utf-8")
-        tail += memo.after_text
-        tail += memo.runtime_text
-        self._last_duration = self._clock() - started
-        return ScrapeResult(
-            None,
-            node.attributions,
-            node.snapshot,
-            statuses,
-            time.time(),
-            head.identities,
-            node.allocated,
-            head.power,
-            head,
-            tail,
-        )
 
-    def _collection_metrics(
-        self,
-        statuses: list[SourceStatus],
-        node: NodeView,
-        samples: int,
-        invalid_lines: int,
-        memory_limit: int | None,
-    ) -> tuple[MetricWriter, MetricWriter]:
-        """The self-metrics of one node view and upstream answer (enricher.selfmetrics)."""
-        return collection_self_metrics(
-            statuses,
-            node.attributions,
-            samples=samples,
-            invalid_lines=invalid_lines,
-            pods=node.index.pods if self.kubernetes is not None else None,
-            allocated=len(node.allocated) if self.node.given("podresources") else None,
-            unmapped=node.unmapped + node.listed.skipped,
-            memory_limit=memory_limit,
-        )
-
-    def _scrape_metrics(self) -> MetricWriter:
-        """The self-metrics that move with every scrape (enricher.selfmetrics)."""
-        return scrape_self_metrics(
+        counters = self.counters
+        per_scrape = scrape_self_metrics(
             upstream_requests=self.upstream.requests_total,
-            upstream_collections=self.upstream_collections_total,
-            scrapes=self.scrapes_total,
-            shared_scrapes=self.shared_scrapes_total,
-            node_page_requests=self.node_page_requests_total,
-            last_duration=self._last_duration,
-            kubernetes_last_sync=self.kubernetes.last_sync if self.kubernetes is not None else None,
-            response_bytes=self.response_bytes,
+            upstream_collections=self.assembler.collections_total,
+            scrapes=counters.scrapes,
+            shared_scrapes=counters.shared_scrapes,
+            node_page_requests=counters.node_page_requests,
+            last_duration=counters.last_duration,
+            kubernetes_last_sync=self.kubernetes.last_sync if self.kubernetes else None,
+            response_bytes=counters.response_bytes,
         )
-
-    def _remember(self, seen: DeviceLabels) -> None:
-        """Keep the upstream's device labels so our families keep the same label set when the
-        upstream is briefly down."""
-        if len(self._upstream_device_labels) + len(seen) > MAX_IDENTITIES:
-            self._upstream_device_labels.clear()
-            if len(seen) > MAX_IDENTITIES:  # an upstream claiming absurdly many devices
-                seen = dict(itertools.islice(seen.items(), MAX_IDENTITIES))
-        self._upstream_device_labels.update(seen)
+        # The collection's self-metrics written once per node read, body and upstream answer
+        # (a new poll that found the same body has new upstream figures); the per-scrape
+        # counters on every scrape.
+        tail = self.self_metrics.render(
+            (node.number, body.number), upstream, collection_metrics, per_scrape
+        )
+        counters.last_duration = self._clock() - started
+        return ScrapeResult(
+            attributions=node.attributions,
+            snapshot=node.snapshot,
+            statuses=statuses,
+            finished_at=time.time(),
+            identities=body.identities,
+            allocations=node.allocated,
+            power=body.power,
+            memory=body.memory,
+            shared=body,
+            tail=tail,
+        )
 
 
 def _missing_upstream(config: Config, *, watching: bool) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .model import MAX_ID_LENGTH, DeviceAllocation, DraDevice
-from .sources import Reading
+from .sources import ReadResult
 
 if TYPE_CHECKING:
     from .proto import api_pb2
@@ -254,10 +254,10 @@ class PodResourcesSource:
     def enabled(self) -> bool:
         return bool(self.socket_path)
 
-    def read(self) -> Reading[ListResult]:
+    def read(self) -> ReadResult[ListResult]:
         """The Source read (blocking): one :meth:`fetch`."""
         result = self.fetch()
-        return Reading(result, result.ok, result.error)
+        return ReadResult(result, result.ok, result.error)
 
     def close(self) -> None:
         """Close the connection; a later fetch opens a new one."""

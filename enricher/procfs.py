@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from .cgroups import MAX_FILE_BYTES, parse_cgroup
 from .episodes import EpisodeLog
 from .model import ProcError, ProcInfo
-from .sources import Reading
+from .sources import ReadResult
 
 __all__ = ["ProcfsSource", "parse_btime", "parse_stat", "read_bounded"]
 
@@ -170,12 +170,12 @@ class ProcfsSource:
 
     def read(
         self, pids: Iterable[int], listed_at: float | None = None
-    ) -> Reading[dict[int, ProcInfo | ProcError]]:
+    ) -> ReadResult[dict[int, ProcInfo | ProcError]]:
         """The Source read (blocking): :meth:`read_many`, ok when no file was unreadable (the
         episodes are logged here, per unreadable file)."""
         errors_before = self.errors_total
         found = self.read_many(pids, listed_at)
-        return Reading(found, self.errors_total == errors_before)
+        return ReadResult(found, self.errors_total == errors_before)
 
     def close(self) -> None:
         """Nothing to release: every file is closed after its read."""

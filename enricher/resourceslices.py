@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .model import DeviceIdKind, DeviceTaint, MigInfo, parse_device_id
-from .sources import Reading
+from .sources import ReadResult
 
 SliceKey = tuple[str, str, str]  # (driver, pool, device)
 
@@ -284,7 +284,7 @@ class ResourceSlicesSource:
         self._version = ""  # the API version that answered last
         self.errors_total = 0
 
-    def read(self, wanted: Iterable[SliceKey] = ()) -> Reading[SliceIndex]:
+    def read(self, wanted: Iterable[SliceKey] = ()) -> ReadResult[SliceIndex]:
         """The index, listed again first when ``wanted`` or health watching needs it
         (blocking). Never raises."""
         keys = set(wanted)
@@ -297,22 +297,22 @@ class ResourceSlicesSource:
                 stale = never or now - index.listed_at > self.max_age
                 due = stale or not keys <= index.uuids.keys()
             if not due or now - self._attempted < self.min_interval:
-                return Reading(index)
+                return ReadResult(index)
             self._attempted = now
             try:
                 self._index = self._fetch(now)
             except NotServedError as exc:
                 if keys:
                     self.errors_total += 1
-                    return Reading(index, False, str(exc))
+                    return ReadResult(index, False, str(exc))
                 # No DRA device asked about and no version of the API serves ResourceSlices
                 # (a cluster without DRA): no device, so no taint; not a failure.
                 self._index = SliceIndex(listed_at=now)
             except Exception as exc:  # a malformed answer must never take the scrape down
                 self.errors_total += 1
                 said = str(exc) if isinstance(exc, ResourceSliceError) else None
-                return Reading(index, False, said or f"{type(exc).__name__}: {exc}")
-            return Reading(self._index)
+                return ReadResult(index, False, said or f"{type(exc).__name__}: {exc}")
+            return ReadResult(self._index)
 
     def _fetch(self, now: float) -> SliceIndex:
         versions = [self._version] if self._version else list(API_VERSIONS)

@@ -5,13 +5,15 @@ change once per collection (``collection_self_metrics``) and those that move wit
 process_*, python_*).
 
 No I/O but the runtime families' (prometheus_client reads /proc/self): the pipeline hands in
-the figures and gets writers back (``promclient.MetricWriter``). The enricher's memory limit
-comes from its own data source, ``cgroupmem``.
+the figures and gets writers back (``promclient.MetricWriter``); ``ScrapeCounters`` holds what
+the scrapes and the HTTP side count. The enricher's memory limit comes from its own data
+source, ``cgroupmem``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import Metric
@@ -265,3 +267,15 @@ class RuntimeFamilies(Collector):
         text = render_metrics(self._labelled(self._process.collect()))
         text += self._platform_text + render_metrics(gc)
         return text.encode("utf-8")
+
+
+@dataclass
+class ScrapeCounters:
+    """What the scrapes and the HTTP side count, served by ``scrape_self_metrics``."""
+
+    scrapes: int = 0
+    shared_scrapes: int = 0
+    node_page_requests: int = 0  # GET /: reads the node too, but is not a scrape
+    # Bytes of /metrics bodies sent, by Content-Encoding (enricher.app counts them).
+    response_bytes: dict[str, int] = field(default_factory=lambda: {"gzip": 0, "identity": 0})
+    last_duration: float = 0.0  # of the last scrape, in seconds

@@ -2,8 +2,8 @@
 
 As node_exporter's collectors: a source has a ``name`` (the ``source`` label value, a
 contract), says whether it is ``enabled``, counts its own ``errors_total``, answers ``read``
-with a :class:`Reading`, and has a ``close``. ``read`` and ``close`` are blocking or async as
-the source's I/O is; :class:`Measured` runs a blocking read in a daemon
+with a :class:`ReadResult`, and has a ``close``. ``read`` and ``close`` are blocking or async as
+the source's I/O is; :class:`MeasuredSource` runs a blocking read in a daemon
 :class:`~enricher.worker.Worker` with a time bound, times it, counts reads abandoned there,
 logs failure episodes and turns the outcome into a :class:`~enricher.model.SourceStatus`
 (``dcgm_enricher_source_{up,enabled,duration_seconds,errors_total}``). :func:`close_all` is
@@ -34,7 +34,7 @@ SOURCE_CLOSE_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Reading(Generic[T]):
+class ReadResult(Generic[T]):
     """What one read returned: the value (partial when not ``ok``) and why it failed. An
     empty ``error`` on failure: the source logs its own episodes (a background thread)."""
 
@@ -56,12 +56,12 @@ class Source(Protocol):
     @property
     def errors_total(self) -> int: ...
 
-    def read(self, *args: Any, **kwargs: Any) -> Reading[Any] | Awaitable[Reading[Any]]: ...
+    def read(self, *args: Any, **kwargs: Any) -> ReadResult[Any] | Awaitable[ReadResult[Any]]: ...
 
     def close(self) -> Awaitable[None] | None: ...
 
 
-class Off:
+class SwitchedOff:
     """A source switched off: reported with enabled 0, never read."""
 
     enabled = False
@@ -70,22 +70,22 @@ class Off:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def read(self, *args: Any, **kwargs: Any) -> Reading[None]:
-        return Reading(None, ok=False)
+    def read(self, *args: Any, **kwargs: Any) -> ReadResult[None]:
+        return ReadResult(None, ok=False)
 
     def close(self) -> None:
         pass
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome(Generic[T]):
+class MeasuredRead(Generic[T]):
     """One measured read: the value (``None`` when the source is off) and its status."""
 
     value: T
     status: SourceStatus
 
 
-class Measured:
+class MeasuredSource:
     """A source with its bookkeeping: the episode log, the reads abandoned here (busy, past
     ``timeout``, or raising: counted into errors_total on top of the source's own count) and
     the worker its blocking reads run in (None: inline, for in-memory reads)."""
@@ -119,15 +119,15 @@ class Measured:
             enabled=source.enabled,
         )
 
-    def skip(self, value: T) -> Outcome[T]:
+    def skip(self, value: T) -> MeasuredRead[T]:
         """Nothing to read this time (procfs with no GPU process): up, and no time spent."""
-        return Outcome(value, self.status(True, 0.0))
+        return MeasuredRead(value, self.status(True, 0.0))
 
-    async def read(self, *args: Any, default: T, timeout: float | None = None) -> Outcome[T]:
+    async def read(self, *args: Any, default: T, timeout: float | None = None) -> MeasuredRead[T]:
         """Read the source once; ``default`` is the value when the read is abandoned."""
         source = self.source
-        if isinstance(source, Off):
-            return Outcome(default, self.status(False, 0.0))
+        if isinstance(source, SwitchedOff):
+            return MeasuredRead(default, self.status(False, 0.0))
         start = self._clock()
         limit = self.timeout if timeout is None else timeout
         try:
@@ -142,9 +142,9 @@ class Measured:
             self._log.ok()
         elif reading.error:
             self._log.fail(reading.error)
-        return Outcome(reading.value, self.status(reading.ok, self._clock() - start))
+        return MeasuredRead(reading.value, self.status(reading.ok, self._clock() - start))
 
-    async def _call(self, args: tuple[Any, ...], limit: float | None) -> Reading[Any]:
+    async def _call(self, args: tuple[Any, ...], limit: float | None) -> ReadResult[Any]:
         read = self.source.read
         if inspect.iscoroutinefunction(read):
             return await asyncio.wait_for(read(*args), limit)
@@ -158,9 +158,9 @@ class Measured:
         assert not inspect.isawaitable(result)
         return result
 
-    def _abandon(self, default: T, error: str) -> Reading[T]:
+    def _abandon(self, default: T, error: str) -> ReadResult[T]:
         self.abandoned_total += 1
-        return Reading(default, ok=False, error=error)
+        return ReadResult(default, ok=False, error=error)
 
 
 class _Busy(Exception):

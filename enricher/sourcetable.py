@@ -1,14 +1,14 @@
 """The table of sources: one entry per source says its name, what its read takes from the
 sources read before it, where its read runs, how long it may take and how ``serve`` makes it.
 
-From this table alone the Scraper builds its ``sources.Measured`` wrappers, the order of the
+From this table alone the Scraper builds its ``sources.MeasuredSource`` wrappers, the order of the
 ``dcgm_enricher_source_*`` series (the table's) and the node side's reads, each started as
 soon as the sources it depends on have answered: NVML, then procfs for NVML's PIDs, then
 Docker for the containers procfs found outside pods; the kubelet's PodResources beside them,
 then the ResourceSlices of the DRA devices it reported; the pod index last, so it is at least
 as new as the PIDs. A new source that is read, timed and reported is one module plus one
 entry here (docs/sources.md); one whose value the attribution uses is also named in
-``node.NodeSide.read``, which hands each source's value to ``attribution`` by name.
+``nodeside.NodeSide.read``, which hands each source's value to ``attribution`` by name.
 
 An entry's name is the source's one name: the Scraper's keyword, the ``source`` label value
 (a contract) and the name the source itself reports.
@@ -126,7 +126,7 @@ def make_nvml_source(config: Config) -> NvmlSource | None:
         return None
     from .nvml import NvmlSource
 
-    return NvmlSource(library_path=config.nvml_library, retry_interval=config.nvml_retry_interval)
+    return NvmlSource(library_path=config.nvml_library)
 
 
 def make_procfs_source(config: Config) -> ProcfsSource:

@@ -22,7 +22,7 @@ from .families import RenderOptions, render_families
 from .idle import IdleLedger, render_last_active
 from .labels import DeviceKey
 from .memory import DeviceMemory
-from .node import NodeView
+from .nodeside import NodeView
 from .power import (
     DeviceDraw,
     EnergyLedger,

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from .httpread import read_body
-from .sources import Reading
+from .sources import ReadResult
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _ACCEPTED_TYPES = ("text/plain", "")
@@ -107,7 +107,7 @@ class UpstreamSource:
         self.requests_total = 0
         self._session: aiohttp.ClientSession | None = None
 
-    async def read(self) -> Reading[str | None]:
+    async def read(self) -> ReadResult[str | None]:
         """The body, or None and why not (logged by the caller's episode log)."""
         url = self.url()
         try:
@@ -119,8 +119,8 @@ class UpstreamSource:
             )
         except UpstreamError as exc:
             self.errors_total += 1
-            return Reading(None, False, f"{url}: {exc}" if url is not None else str(exc))
-        return Reading(text)
+            return ReadResult(None, False, f"{url}: {exc}" if url is not None else str(exc))
+        return ReadResult(text)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from enricher.config import Config
 from enricher.model import ProcError, ProcInfo
-from enricher.sources import Reading
+from enricher.sources import ReadResult
 
 # The product follows the upstream by default (--upstream.follow-step): dcgm-exporter is
 # fetched right after each of its collections and the node side read with it, so a change
@@ -26,8 +26,8 @@ class NoProcs:
 
     def read(
         self, pids: Any, listed_at: float | None = None
-    ) -> Reading[dict[int, ProcInfo | ProcError]]:
-        return Reading({})
+    ) -> ReadResult[dict[int, ProcInfo | ProcError]]:
+        return ReadResult({})
 
     def close(self) -> None:
         pass

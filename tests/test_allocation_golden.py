@@ -413,7 +413,7 @@ async def test_concurrent_scrapes_share_one_kubelet_call(node_factory: Any) -> N
         assert await asyncio.to_thread(entered.wait, 10)
         # Hold the kubelet until the other two scrapes have joined the one in flight.
         for _ in range(1000):
-            if node.scraper.shared_scrapes_total == 2:
+            if node.scraper.counters.shared_scrapes == 2:
                 break
             await asyncio.sleep(0.01)
     finally:
@@ -421,7 +421,7 @@ async def test_concurrent_scrapes_share_one_kubelet_call(node_factory: Any) -> N
     bodies = await asyncio.gather(*scrapes)
     assert node.kubelet is not None
     assert (node.kubelet.calls, node.kubelet.max_concurrent) == (1, 1)
-    assert node.scraper.shared_scrapes_total == 2
+    assert node.scraper.counters.shared_scrapes == 2
     assert len(set(bodies)) == 1
     assert len(series(bodies[0], "gpu_container_allocated")) == 8
 

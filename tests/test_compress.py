@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 
 from bench import payloads
 from devkit.tools import require_tool
-from enricher import pipeline
+from enricher import compress
 from enricher.compress import GzipHead, accepts_gzip
 
 from .harness import MakeStack, Stack
@@ -114,7 +114,7 @@ async def test_gzip_when_accepted_identity_otherwise(full_stack: MakeStack) -> N
         assert int(zipped.headers["Content-Length"]) == len(data)
         text = gzip.decompress(data)
         # The same collection: everything but the self-metrics' tail is the same bytes.
-        head = stack.scraper.last.head if stack.scraper.last else None
+        head = stack.scraper.last.shared if stack.scraper.last else None
         assert head is not None
         body = b"".join(head.chunks)
         assert text.startswith(body) and identity.startswith(body)
@@ -127,26 +127,26 @@ async def test_gzip_when_accepted_identity_otherwise(full_stack: MakeStack) -> N
         await raw.close()
 
 
-async def test_head_is_compressed_once_per_collection(
+async def test_a_collection_body_is_compressed_once(
     full_stack: MakeStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made: list[int] = []
 
     class Counted(GzipHead):
-        """GzipHead, counted: each head is compressed once (white box)."""
+        """GzipHead, counted: each collection body is compressed once (white box)."""
 
         def __init__(self, *chunks: bytes, **kw: Any) -> None:
             made.append(len(chunks))
             super().__init__(*chunks, **kw)
 
-    monkeypatch.setattr(pipeline, "GzipHead", Counted)
+    monkeypatch.setattr(compress, "GzipHead", Counted)
     stack, raw = await node(full_stack)
     try:
         bodies = []
         for _ in range(3):
             resp = await raw.get("/metrics", headers={"Accept-Encoding": "gzip"})
             bodies.append(gzip.decompress(await resp.read()))
-        # Per scrape (upstream fetched on every scrape here, the same body): one head.
+        # Per scrape (upstream fetched on every scrape here, the same body): one compression.
         assert len(made) == 1
         assert len({b.split(b"# HELP dcgm_enricher_")[0] for b in bodies}) == 1
         stack.upstream.body = payloads.generate("node8", 1)  # type: ignore[union-attr]

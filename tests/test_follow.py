@@ -149,7 +149,7 @@ async def test_following_starts_with_the_app(env: Env) -> None:
     while env.exporter.requests == 0:
         assert time.monotonic() < deadline, "the follower did not start with the app"
         await asyncio.sleep(STEP)
-    assert env.scraper.scrapes_total == 0
+    assert env.scraper.counters.scrapes == 0
 
 
 async def test_node_side_is_read_with_each_upstream_collection(env: Env) -> None:
@@ -198,7 +198,7 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
     dcgm-exporter's body unchanged brings new upstream figures, but not a new collection, so
     the scrapes after it serve the process figures read with the collection."""
     await env.scrape()
-    runtime = env.scraper._runtime
+    runtime = env.scraper.self_metrics.runtime
     reads: list[bytes] = []
     render = runtime.render
 
@@ -212,10 +212,10 @@ async def test_polls_of_an_unchanged_body_do_not_read_the_process_figures_again(
     while env.exporter.requests < polls + 3:
         assert time.monotonic() < deadline, "the follower stopped polling"
         await asyncio.sleep(STEP)
-    head = env.scraper._newest_head
+    head = env.scraper.assembler.newest
     await env.scrape()
     await env.scrape()
-    assert env.scraper._newest_head is head
+    assert env.scraper.assembler.newest is head
     assert reads == []
     # A new collection: read again, with it.
     env.exporter.collection = 2
@@ -231,8 +231,8 @@ async def test_a_new_collection_turns_the_label_memo(
     collection turns it, before its families are written."""
     await env.scrape()
     turns: list[object] = []
-    memo = env.scraper._label_sets
-    monkeypatch.setattr(memo, "turn", lambda: turns.append(env.scraper._newest_head))
+    memo = env.scraper.assembler.label_sets
+    monkeypatch.setattr(memo, "turn", lambda: turns.append(env.scraper.assembler.newest))
     polls = env.exporter.requests
     deadline = time.monotonic() + WAIT
     while env.exporter.requests < polls + 3:
@@ -240,41 +240,41 @@ async def test_a_new_collection_turns_the_label_memo(
         await asyncio.sleep(STEP)
     await env.scrape()
     assert turns == []
-    head = env.scraper._newest_head
+    head = env.scraper.assembler.newest
     env.exporter.collection = 2
     await eventually(env, lambda v: v["upstream"] == 2)
-    assert turns[:1] == [head]  # turned while the head before was still the current one
+    assert turns[:1] == [head]  # turned while the body before was still the newest
 
 
 async def test_an_unchanged_body_is_kept_once(env: Env) -> None:
     """Between two collections dcgm-exporter serves the same body: each poll's copy is dropped
     for the one already prepared, so the enricher keeps one copy of it, and a scrape finds the
-    prepared head by identity (the body is neither compared nor rewritten again)."""
+    prepared collection body (the upstream's body is not rewritten again)."""
     await env.scrape()
-    head = env.scraper._newest_head
+    head = env.scraper.assembler.newest
     assert head is not None
     polls = env.exporter.requests
     deadline = time.monotonic() + WAIT
     while env.exporter.requests < polls + 3:  # the follower polls every step while learning
         assert time.monotonic() < deadline, "the follower stopped polling"
         await asyncio.sleep(STEP)
-    follower = env.scraper._follower
+    follower = env.scraper.schedule.follower
     assert follower is not None
     latest, _started = await follower.latest()
     assert latest.value is head.text
-    repeated = env.scraper._rewriter.repeated_rewrites
-    (power_stage,) = [s for s in env.scraper.stages if s.name == "power"]
+    repeated = env.scraper.assembler.rewriter.repeated_rewrites
+    (power_stage,) = [s for s in env.scraper.assembler.stages if s.name == "power"]
     power = power_stage.accounted  # type: ignore[attr-defined]  # the prepared head's split
     assert await env.scrape() == {"upstream": 1, "memory": 1 * GIB, "upstream_up": 1}
-    assert env.scraper._newest_head is head
-    assert env.scraper._rewriter.repeated_rewrites == repeated
+    assert env.scraper.assembler.newest is head
+    assert env.scraper.assembler.rewriter.repeated_rewrites == repeated
     assert power_stage.accounted is power  # type: ignore[attr-defined]
 
     # A new collection is a new body: prepared anew, and kept from then on.
     env.exporter.collection = 2
     await eventually(env, lambda v: v["upstream"] == 2)
-    assert env.scraper._newest_head is not head
-    assert (await follower.latest())[0].value is env.scraper._newest_head.text
+    assert env.scraper.assembler.newest is not head
+    assert (await follower.latest())[0].value is env.scraper.assembler.newest.text
 
 
 def _counter(text: str, name: str) -> float:

@@ -327,13 +327,13 @@ async def test_self_metrics_of_a_collection_are_written_once_and_stay_current(
     upstream = (FIXTURES / "node.prom").read_text()
     node = await node_factory(upstream, upstream_follow_step=Config().upstream_follow_step)
     runtime_reads = []
-    render = node.scraper._runtime.render
+    render = node.scraper.self_metrics.runtime.render
 
     def counted() -> bytes:
         runtime_reads.append(1)
         return render()
 
-    node.scraper._runtime.render = counted  # type: ignore[method-assign]
+    node.scraper.self_metrics.runtime.render = counted  # type: ignore[method-assign]
     bodies = [await scrape(node) for _ in range(3)]
     fixed = [_own(body)[0] for body in bodies]
     assert fixed[0] == fixed[1] == fixed[2] and fixed[0]

@@ -59,7 +59,7 @@ from enricher.podparse import build_index, parse_pod
 from enricher.procfs import ProcfsSource
 from enricher.rewrite import Rewriter
 from enricher.simnode import fakeproc
-from enricher.sources import Reading
+from enricher.sources import ReadResult
 from enricher.textformat import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH
 from enricher.upstream import UpstreamError, fetch_upstream
 from tests.promcheck import check_metrics_batch
@@ -421,8 +421,8 @@ class SnapshotSource:
     def fetch(self) -> GpuSnapshot:
         return replace(self.snapshot, taken_at=time.time())
 
-    def read(self) -> Reading[GpuSnapshot]:
-        return Reading(self.fetch())
+    def read(self) -> ReadResult[GpuSnapshot]:
+        return ReadResult(self.fetch())
 
     def close(self) -> None:
         pass
@@ -443,8 +443,8 @@ class FixedPods:
     def index(self) -> PodIndex:
         return self._index
 
-    def read(self) -> Reading[PodIndex]:
-        return Reading(self._index)
+    def read(self) -> ReadResult[PodIndex]:
+        return ReadResult(self._index)
 
     def upstream_pods(self) -> list[PodInfo]:
         return []

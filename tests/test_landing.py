@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.attribution import AllocatedDevice, Attribution
-from enricher.collection import PowerView, ScrapeResult
+from enricher.collection import PowerView
 from enricher.config import Config
 from enricher.labels import RewritePlan
 from enricher.landing import build_view, render_landing
@@ -180,9 +182,22 @@ FB = (
 STATUSES = [SourceStatus("upstream", True, 0.01, 0), SourceStatus("nvml", False, 0.0, 3)]
 
 
-def result(**kw: Any) -> ScrapeResult:
+@dataclass(frozen=True)
+class Model:
+    """A scrape's model as the page reads it (landing.ScrapeModel: the pipeline's ScrapeResult
+    is one), with no served body at all."""
+
+    attributions: Sequence[Attribution] = ()
+    allocations: Sequence[AllocatedDevice] = ()
+    snapshot: GpuSnapshot = field(default_factory=GpuSnapshot)
+    statuses: Sequence[SourceStatus] = ()
+    finished_at: float = 0.0
+    power: PowerView | None = None
+    memory: Mapping[Any, DeviceMemory] = field(default_factory=dict)
+
+
+def result(**kw: Any) -> Model:
     fields = {
-        "body": FB,
         "memory": parse_device_memory(watched_lines(FB.decode(), MEMORY_NAMES)),
         "attributions": ATTRIBUTIONS,
         "snapshot": SNAPSHOT,
@@ -190,7 +205,7 @@ def result(**kw: Any) -> ScrapeResult:
         "finished_at": time.time(),
     }
     fields.update(kw)
-    return ScrapeResult(**fields)
+    return Model(**fields)
 
 
 def test_view_lists_every_device_and_who_is_on_it() -> None:
@@ -245,33 +260,17 @@ def test_view_shows_the_reservation_and_the_remainder_as_metrics_writes_them() -
     assert "held by no process NVML lists" in page
 
 
-class _Model:
-    """A collection's model as the page reads it, with no served body at all."""
-
-    def __init__(self, memory: dict[Any, DeviceMemory]) -> None:
-        self.attributions = ATTRIBUTIONS
-        self.allocations: list[AllocatedDevice] = []
-        self.snapshot = SNAPSHOT
-        self.statuses = STATUSES
-        self.finished_at = time.time()
-        self.power = None
-        self._memory = memory
-
-    def device_memory(self) -> dict[Any, DeviceMemory]:
-        return self._memory
-
-
 def test_device_memory_comes_from_the_model_never_the_body() -> None:
     """The page reads the collection's model (the framebuffer gauges as the rewrite handed
     them over), not the bytes /metrics served: a model without a body builds the page, and
-    where a body says otherwise, the model wins."""
-    view = build_view(_Model({(G0, ""): DeviceMemory(1 * MIB, 1 * MIB)}))
+    each device's memory is the model's."""
+    view = build_view(result(memory={(G0, ""): DeviceMemory(1 * MIB, 1 * MIB)}))
     assert (view.devices[0].used_bytes, view.devices[0].total_bytes) == (MIB, 2 * MIB)
-    page = render_landing(_Model({(G0, ""): DeviceMemory(MIB, MIB)}), Config())
+    page = render_landing(result(memory={(G0, ""): DeviceMemory(MIB, MIB)}), Config())
     assert "1 MiB of 2 MiB used" in page
     served = result(memory={(G2, ""): DeviceMemory(3 * MIB, MIB)})
     devices = {d.key: d for d in build_view(served).devices}
-    assert devices[(G0, "")].used_bytes is None  # in the body, not in the model
+    assert devices[(G0, "")].used_bytes is None  # not in this model
     assert devices[(G2, "")].used_bytes == 3 * MIB
 
 
@@ -501,7 +500,7 @@ def test_power_column_and_idle_row() -> None:
         {((u0, ""), ("ns", "p", "c")): 300.0},
         {((u0, ""), "host_process"): 0.0, ((u1, ""), "idle"): 60.0},
     )
-    last = ScrapeResult(b"", atts, snap, [], 0.0, power=power)
+    last = Model(atts, (), snap, [], 0.0, power=power)
     devices = {d.key[0]: d for d in build_view(last).devices}
     assert devices[u0].power_watts == 300.0
     assert [(o.pod, o.reason, o.power_watts) for o in devices[u0].owners] == [

@@ -63,7 +63,7 @@ async def test_large_rewrite_leaves_the_loop(tmp_path: Path, chars: int, off_loo
         scraper = Scraper(config, nvml=None, procfs=ProcfsSource(str(tmp_path)), kubernetes=None)
         release = threading.Event()
         threads: list[str] = []
-        rewrite = scraper._rewriter.rewrite
+        rewrite = scraper.assembler.rewriter.rewrite
 
         def held_rewrite(*args: Any) -> Any:
             threads.append(threading.current_thread().name)
@@ -71,7 +71,7 @@ async def test_large_rewrite_leaves_the_loop(tmp_path: Path, chars: int, off_loo
                 release.wait(5.0)  # on the loop, this wait would keep /healthz from answering
             return rewrite(*args)
 
-        scraper._rewriter.rewrite = held_rewrite  # type: ignore[method-assign]
+        scraper.assembler.rewriter.rewrite = held_rewrite  # type: ignore[method-assign]
         async with TestClient(TestServer(make_app(scraper))) as client:
             scrape = asyncio.create_task(client.get("/metrics"))
             while not threads:

@@ -24,7 +24,8 @@ import pytest
 from devkit import nvmlfake
 from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from enricher.model import GpuProcess, ProcessKind
-from enricher.nvml import UTILIZATION_RETRY_SECONDS, NvmlUnavailable
+from enricher.nvml import NvmlUnavailable
+from enricher.nvmlcalls import UTILIZATION_RETRY_SECONDS
 from enricher.nvmlparse import (
     REASON_DRIVER_NOT_LOADED,
     REASON_INIT_FAILED,

@@ -163,8 +163,10 @@ def judge(prom_release: PromRelease, tmp_path_factory: pytest.TempPathFactory) -
                 "static_configs": [{"targets": [f"127.0.0.1:{enricher_port}"]}],
             }
         )
+        # Twice a second: the setup waits for every body of the sequence twice over (the
+        # enricher answers in milliseconds; the bound leaves room on a loaded machine).
         config = {
-            "global": EVERY_SECOND,
+            "global": {**EVERY_SECOND, "scrape_interval": "500ms", "scrape_timeout": "500ms"},
             "scrape_configs": jobs,
         }
         prom = stack.enter_context(serve(prom_release, config, tmp))

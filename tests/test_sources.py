@@ -27,7 +27,7 @@ from enricher.podresources import PodResourcesSource
 from enricher.procfs import ProcfsSource
 from enricher.simnode.api import StaticPods
 from enricher.simnode.gpus import SimulatedGpus
-from enricher.sources import Measured, Reading, Source, close_all
+from enricher.sources import MeasuredSource, ReadResult, Source, close_all
 from enricher.sourcetable import SOURCES as SOURCE_TABLE
 from enricher.sourcetable import SourceEntry
 from enricher.upstream import UpstreamSource
@@ -79,7 +79,10 @@ class Fake:
     enabled = True
 
     def __init__(
-        self, name: str, read: Callable[..., Reading[Any]], close: Callable[[], None] = lambda: None
+        self,
+        name: str,
+        read: Callable[..., ReadResult[Any]],
+        close: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.errors_total = 0
@@ -87,7 +90,7 @@ class Fake:
         self._read = read
         self._close = close
 
-    def read(self, *args: Any) -> Reading[Any]:
+    def read(self, *args: Any) -> ReadResult[Any]:
         return self._read(*args)
 
     def close(self) -> None:
@@ -116,14 +119,14 @@ def with_entries(*sources: Source) -> tuple[SourceEntry, ...]:
     )
 
 
-def _boom() -> Reading[Any]:
+def _boom() -> ReadResult[Any]:
     raise RuntimeError("boom")
 
 
 async def test_a_new_source_is_reported_without_scraper_code() -> None:
     """Sources added to the table get the four series, whatever their read did."""
-    ok = Fake("gpfs", lambda: Reading(42))
-    down = Fake("lustre", lambda: Reading(None, ok=False, error="unmounted"))
+    ok = Fake("gpfs", lambda: ReadResult(42))
+    down = Fake("lustre", lambda: ReadResult(None, ok=False, error="unmounted"))
     broken = Fake("infiniband", _boom)
     config = replace(PER_SCRAPE, upstream_url="http://127.0.0.1:9/metrics", upstream_timeout=0.5)
     scraper = Scraper(
@@ -164,9 +167,9 @@ async def test_a_hung_blocking_read_is_bounded_and_counted() -> None:
     """A read past its timeout reports down and counts an error; the next one, while the first
     still hangs, is refused (busy) instead of queued, and counted too."""
     release = threading.Event()
-    source = Fake("slow", lambda: Reading(release.wait(10)))
+    source = Fake("slow", lambda: ReadResult(release.wait(10)))
     worker = Worker("test-slow")
-    measured = Measured(source, worker=worker, timeout=0.1)
+    measured = MeasuredSource(source, worker=worker, timeout=0.1)
     try:
         first = await measured.read(default=None)
         second = await measured.read(default=None)
@@ -186,8 +189,8 @@ class AsyncHang:
     def __init__(self) -> None:
         self.closed = 0
 
-    async def read(self) -> Reading[None]:
-        return Reading(None)
+    async def read(self) -> ReadResult[None]:
+        return ReadResult(None)
 
     async def close(self) -> None:
         self.closed += 1
@@ -198,9 +201,9 @@ async def test_close_all_closes_each_source_once_and_bounds_a_hung_one() -> None
     """One close per source; a blocking close that hangs (NVML waiting on a wedged call) and
     an async one that hangs are each cut at the timeout, and the others still close."""
     release = threading.Event()
-    hung = Fake("hangs", lambda: Reading(None), close=lambda: release.wait(10) and None)
+    hung = Fake("hangs", lambda: ReadResult(None), close=lambda: release.wait(10) and None)
     async_hung = AsyncHang()
-    plain = [Fake(f"fine-{i}", lambda: Reading(None)) for i in range(3)]
+    plain = [Fake(f"fine-{i}", lambda: ReadResult(None)) for i in range(3)]
     started = time.monotonic()
     try:
         done = await close_all([hung, async_hung, *plain], timeout=0.2)
@@ -215,9 +218,9 @@ async def test_close_all_closes_each_source_once_and_bounds_a_hung_one() -> None
 async def test_scraper_close_closes_every_source_once(tmp_path: Path) -> None:
     """Scraper.close is the one close path: every source it was given, once, hung or not."""
     release = threading.Event()
-    gpu = Fake("nvml", lambda: Reading(None), close=lambda: release.wait(10) and None)
-    procs = Fake("procfs", lambda: Reading({}))
-    extra = Fake("gpfs", lambda: Reading(None))
+    gpu = Fake("nvml", lambda: ReadResult(None), close=lambda: release.wait(10) and None)
+    procs = Fake("procfs", lambda: ReadResult({}))
+    extra = Fake("gpfs", lambda: ReadResult(None))
     scraper = Scraper(
         PER_SCRAPE, table=with_entries(extra), nvml=gpu, procfs=procs, kubernetes=None, gpfs=extra
     )
@@ -303,11 +306,11 @@ async def test_an_entry_orders_the_reads_and_hands_over_the_values(tmp_path: Pat
     """A source that needs another is read after it, with its value; one the table leaves
     out of the keywords is off; a name the table does not have is refused."""
     seen: list[Any] = []
-    gpu = Fake("nvml", lambda: Reading(GpuSnapshot(taken_at=1.0)))
+    gpu = Fake("nvml", lambda: ReadResult(GpuSnapshot(taken_at=1.0)))
 
-    def count(snapshot: GpuSnapshot) -> Reading[int]:
+    def count(snapshot: GpuSnapshot) -> ReadResult[int]:
         seen.append(snapshot)
-        return Reading(len(snapshot.processes))
+        return ReadResult(len(snapshot.processes))
 
     counter = Fake("gpucount", count)
     entry = SourceEntry(

@@ -58,7 +58,7 @@ async def test_a_stage_added_to_the_list_writes_its_chunk_once_per_change(tmp_pa
         Config(listen_address="127.0.0.1:0"), tmp_path / "proc", socket_path, clock=lambda: T0
     )
     stage = DeviceCountStage()
-    scraper.stages.append(stage)  # what one entry in make_stages does
+    scraper.assembler.stages.append(stage)  # what one entry in make_stages does
     try:
         first = (await scraper.scrape()).body.decode()
         again = (await scraper.scrape()).body.decode()
@@ -67,11 +67,12 @@ async def test_a_stage_added_to_the_list_writes_its_chunk_once_per_change(tmp_pa
         node = await scraper.node.read()
         readings = UpstreamPower()
         for text in ("a", "a", "b"):
-            scraper._run_stage(stage, Collection(text, node, {}, {}, {}, readings))
+            scraper.assembler.run_stage(stage, Collection(text, node, {}, {}, {}, readings))
         assert stage.writes == 1
         text_stage = TextStage()
         for text in ("a", "a", "b", "b", "a"):
-            chunk = scraper._run_stage(text_stage, Collection(text, node, {}, {}, {}, readings))
+            collection = Collection(text, node, {}, {}, {}, readings)
+            chunk = scraper.assembler.run_stage(text_stage, collection)
             assert chunk.body == text.encode()
         assert text_stage.writes == ["a", "b", "a"]
     finally:

@@ -473,3 +473,48 @@ def test_no_module_holds_state() -> None:
 )
 def test_module_state(source: str, state: list[str]) -> None:
     assert module_state(source) == state
+
+
+# The house's bounds on the centre: the Scraper wires its parts and holds no more than a dozen
+# attributes; no module of the product is over about 600 lines.
+MAX_SCRAPER_ATTRIBUTES = 12
+MAX_MODULE_LINES = 600
+
+
+def instance_attributes(source: str, cls: str) -> set[str]:
+    """The ``self.X`` names a class's methods assign."""
+    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return {
+        target.attr
+        for sub in ast.walk(node)
+        if isinstance(sub, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for target in (sub.targets if isinstance(sub, ast.Assign) else [sub.target])
+        if isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    }
+
+
+def test_the_scraper_holds_at_most_a_dozen_attributes() -> None:
+    held = instance_attributes((PACKAGE / "pipeline.py").read_text(), "Scraper")
+    assert len(held) <= MAX_SCRAPER_ATTRIBUTES, sorted(held)
+
+
+def test_the_attribute_count_sees_every_assignment() -> None:
+    source = (
+        "class C:\n"
+        "    def __init__(self):\n"
+        "        self.a = 1\n        self.b: int = 2\n        x = self.c = 3\n"
+        "    def m(self):\n        self.d += 1\n        other.e = 4\n"
+    )
+    assert instance_attributes(source, "C") == {"a", "b", "c", "d"}
+
+
+def test_no_module_of_the_product_is_over_600_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "proto" not in path.parts
+        and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

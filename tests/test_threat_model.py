@@ -22,7 +22,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.nvmlfake import nvml_state_of
 from devkit.promtool import firing
-from enricher import cgroups, docker, kube, nvml, podparse, podresources, procfs, resourceslices
+from enricher import (
+    app,
+    cgroups,
+    docker,
+    kube,
+    nvml,
+    nvmlcalls,
+    podparse,
+    podresources,
+    procfs,
+    resourceslices,
+)
 from enricher.cli import build_parser
 from enricher.config import Config
 from enricher.labels import Owner, RewritePlan, relabel
@@ -507,10 +518,10 @@ FIGURES = [
     (r"a pod list is read up to (\d+) MiB", kube.MAX_LIST_BYTES >> 20),
     (r"at most (\d+) GPUs", nvml.MAX_DEVICES),
     (r"(\d+) MIG slots", nvml.MAX_MIG_SLOTS),
-    (r"(\d+) processes per list", nvml.MAX_PROCESSES_PER_LIST),
+    (r"(\d+) processes per list", nvmlcalls.MAX_PROCESSES_PER_LIST),
     (r"cut at (\d+) KiB", cgroups.MAX_FILE_BYTES >> 10),
     (r"lines at (\d+) KiB", cgroups.MAX_LINE_CHARS >> 10),
-    (r"header lines and fields at (\d+) bytes", Config().max_request_header_bytes),
+    (r"header lines and fields at (\d+) bytes", app.MAX_REQUEST_HEADER_BYTES),
     (r"agrees with it within (\d+) s", procfs.BOOT_CLOCK_MATCH_SECONDS),
     (r"ResourceSlice lists are read up to (\d+) MiB", resourceslices.MAX_LIST_BYTES >> 20),
     (r"its answer at (\d+) MiB", podresources.MAX_MESSAGE_BYTES >> 20),

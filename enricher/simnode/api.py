@@ -13,7 +13,7 @@ from typing import Any
 
 from ..model import DeviceTaint, PodIndex, PodInfo
 from ..podparse import build_index
-from ..sources import Reading
+from ..sources import ReadResult
 from .node import SimNode, SimPod
 
 # NVIDIA's DRA driver (gpu.nvidia.com) publishes one pool per node, named after the node, and
@@ -336,8 +336,8 @@ class StaticPods:
     def index(self) -> PodIndex:
         return self._index
 
-    def read(self) -> Reading[PodIndex]:
-        return Reading(self._index, self.up)
+    def read(self) -> ReadResult[PodIndex]:
+        return ReadResult(self._index, self.up)
 
     def upstream_pods(self) -> list[PodInfo]:
         return []

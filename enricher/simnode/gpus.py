@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from ..model import GpuProcess, GpuSnapshot, PowerReading
-from ..sources import Reading
+from ..sources import ReadResult
 from .node import SimNode, SimProc
 
 # SIMULATED power: each GPU draws 60 W idle plus up to 300 W with its mean load, swinging
@@ -111,8 +111,8 @@ class SimulatedGpus:
             taken_at=t,
         )
 
-    def read(self) -> Reading[GpuSnapshot]:
-        return Reading(self.fetch())
+    def read(self) -> ReadResult[GpuSnapshot]:
+        return ReadResult(self.fetch())
 
     def close(self) -> None:
         pass

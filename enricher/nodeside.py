@@ -1,10 +1,11 @@
 """The node side of a collection: every source of the table (``sourcetable``), each read
-through ``sources.Measured``, and one read of the node's into a :class:`NodeView` (who owns
+through ``sources.MeasuredSource``, and one read of the node's into a :class:`NodeView` (who owns
 each GPU process, what the kubelet allocated, the rewrite's plan)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from .labels import DeviceKey, RewritePlan
 from .model import DeviceTaint, GpuSnapshot, PodIndex, PodInfo, SourceStatus
 from .podresources import ListResult
 from .resourceslices import SliceIndex
-from .sources import Measured, Off, Outcome, Source
+from .sources import MeasuredRead, MeasuredSource, Source, SwitchedOff
 from .sourcetable import SOURCES, SourceEntry, check_table
 from .worker import Worker
 
@@ -56,6 +57,9 @@ class NodeView:
     nvml_identities: dict[DeviceKey, tuple[tuple[str, str], ...]]
     # The DRA driver's taints on each device (its ResourceSlices): gpu_device_taint.
     taints: dict[DeviceKey, tuple[DeviceTaint, ...]] = field(default_factory=dict)
+    # Which read of the node this is (NodeSide counts them from 1): what a cache of the work
+    # done on a node view is keyed by.
+    number: int = 0
 
 
 class NodeSide:
@@ -86,14 +90,15 @@ class NodeSide:
             for key in dict.fromkeys(e.worker for e in table if e.worker is not None)
         }
         self.measured = {
-            e.name: Measured(
-                self._given.get(e.name) or Off(e.name),
+            e.name: MeasuredSource(
+                self._given.get(e.name) or SwitchedOff(e.name),
                 worker=self._workers[e.worker] if e.worker is not None else None,
                 clock=clock,
             )
             for e in table
         }
-        self.sources: list[Measured] = [self.measured[e.name] for e in table]
+        self.sources: list[MeasuredSource] = [self.measured[e.name] for e in table]
+        self._reads = itertools.count(1)
 
     def given(self, name: str) -> Source | None:
         """The source of that name (None: switched off)."""
@@ -136,22 +141,23 @@ class NodeSide:
             ),
             nvml_identities=nvml_identities(snapshot, self.config.node),
             taints=device_taints(slice_index.taints, slice_index.uuids, snapshot),
+            number=next(self._reads),
         )
 
-    async def read_sources(self) -> dict[str, Outcome[Any]]:
+    async def read_sources(self) -> dict[str, MeasuredRead[Any]]:
         """One read of every node-side source, each started once the sources it depends on
         have answered; all of them at once otherwise."""
-        tasks: dict[str, asyncio.Task[Outcome[Any]]] = {}
+        tasks: dict[str, asyncio.Task[MeasuredRead[Any]]] = {}
         spent: dict[str, float] = {}
 
-        async def read(entry: SourceEntry) -> Outcome[Any]:
+        async def read(entry: SourceEntry) -> MeasuredRead[Any]:
             for name in (*entry.needs, *entry.after):
                 await tasks[name]
             values = {name: tasks[name].result().value for name in entry.needs}
             measured = self.measured[entry.name]
             args = entry.args(values)
             if args is None:
-                outcome: Outcome[Any] = measured.skip(entry.default())
+                outcome: MeasuredRead[Any] = measured.skip(entry.default())
             else:
                 outcome = await measured.read(
                     *args,
