@@ -27,6 +27,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -780,3 +781,23 @@ def test_requests_wake_a_deployment_at_zero(culling: Culling, tmp_path: Path) ->
     (tmp_path / "wake.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
     proc = promtool_run(culling.release.promtool, "test", "rules", "wake.tests.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_z2jh_values_give_the_same_service_and_role() -> None:
+    """z2jh-values.yaml is jupyterhub_config.py for the Zero to JupyterHub chart, which
+    appends each hub.services and hub.loadRoles entry, named by its key, to the same lists:
+    the same service (its script where hub.extraFiles mounts it) and the same role."""
+    service, role = hub_config({"name": "other"})
+    hub = yaml.safe_load((CULLING / "jupyterhub" / "z2jh-values.yaml").read_text())["hub"]
+    ((name, values_service),) = hub["services"].items()
+    assert {"name": name, **values_service} | {"command": service["command"]} == service
+    ((role_name, values_role),) = hub["loadRoles"].items()
+    assert {"name": role_name, **values_role} == role
+    assert hub["extraFiles"][name]["mountPath"] == service["command"][1]
+
+
+def test_the_docs_show_the_shipped_query() -> None:
+    """docs/culling.md's KEDA block (the last PromQL block, which tests/test_idle.py runs) is
+    the gpu-busy trigger's query as shipped."""
+    blocks = re.findall(r"```promql\n(.+?)\n```", (ROOT / "docs" / "culling.md").read_text(), re.S)
+    assert " ".join(blocks[-1].split()) == " ".join(keda_queries()["gpu-busy"].split())
