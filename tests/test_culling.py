@@ -341,19 +341,21 @@ def culling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Culling]:
     clock = MovingClock()
     demo = FrozenDemo(tmp / "demo", clock=clock)
     url = f"http://127.0.0.1:{demo.port}/metrics"
+    config = {"global": EVERY_SECOND, "scrape_configs": [demo.scrape_job()]}
     try:
-        assert _last_active(url)  # the first collection, three hours back
-        clock.catch_up()
-        deadline = time.monotonic() + 30
-        while max(_last_active(url)) < time.time() - 600:
-            assert time.monotonic() < deadline, "no collection at the real time"
-            time.sleep(0.2)
-        config = {"global": EVERY_SECOND, "scrape_configs": [demo.scrape_job()]}
+        # Prometheus first: its first scrape waits for service discovery's first update
+        # (5 s), time the demo's clock spends catching up meanwhile.
         with serve(release, config, tmp / "prometheus") as server:
+            assert _last_active(url)  # the first collection, three hours back
+            clock.catch_up()
             deadline = time.monotonic() + 60
-            while not server.query(f"{LAST_ACTIVE} < time() - 3600"):
+            while max(_last_active(url)) < time.time() - 600:
+                assert time.monotonic() < deadline, "no collection at the real time"
+                time.sleep(0.2)
+            # A scrape after the catch-up: the busy containers are active now.
+            while not server.query(f"{LAST_ACTIVE} > time() - 600"):
                 assert time.monotonic() < deadline, server.log_tail()
-                time.sleep(0.5)
+                time.sleep(0.2)
             yield Culling(release, server, tmp)
     finally:
         demo.close()
@@ -457,7 +459,9 @@ def hub_env(hub: HubStandIn, apply: bool) -> dict[str, str]:
     return {
         "JUPYTERHUB_API_URL": f"{hub.url}/hub/api",
         "JUPYTERHUB_API_TOKEN": HUB_TOKEN,
-        "POD_NAMESPACE": "ml-team",  # the hub's namespace, which z2jh sets on the hub
+        # The hub's namespace, which the service finds in its service account's files in a
+        # pod: for the servers whose state names none.
+        "GPU_IDLE_CULLER_NAMESPACE": "ml-team",
         "GPU_IDLE_CULLER_APPLY": "true" if apply else "false",
     }
 

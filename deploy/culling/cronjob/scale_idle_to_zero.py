@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         token = f.read().strip()
     cafile = args.ca_file if os.path.exists(args.ca_file) else None
     if not args.apply:
-        LOG.info("dry run: nothing is scaled (--apply scales them)")
+        LOG.info("dry run: nothing is scaled (--apply or SCALE_IDLE_APPLY=true scales them)")
     api = Http(args.timeout, token, cafile, https=args.api_server.startswith("https:"))
     prom = Http(args.timeout, https=args.prometheus_url.startswith("https:"))
     run(args, api, prom)

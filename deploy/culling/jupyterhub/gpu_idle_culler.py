@@ -37,6 +37,7 @@ IDLE_QUERY = "min by (namespace, pod) (time() - gpu_container_last_active_timest
 PAGE_SIZE = 200
 MAX_PAGES = 1000  # bounds a hub that keeps sending a next page
 MAX_BODY = 64 << 20  # bytes of one answer, from Prometheus or the hub
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,16 @@ class Server:
 
 def _flag_env(name: str, default: str) -> str:
     return os.environ.get("GPU_IDLE_CULLER_" + name.upper().replace("-", "_"), default)
+
+
+def _own_namespace() -> str:
+    """The namespace of the pod this runs in: a managed service gets few of the hub's
+    variables (not POD_NAMESPACE), but the hub pod's service account names it."""
+    try:
+        with open(NAMESPACE_FILE) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -88,9 +99,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--namespace",
-        default=_flag_env("namespace", os.environ.get("POD_NAMESPACE", "")),
+        default=_flag_env("namespace", "") or _own_namespace(),
         help="the namespace of servers whose state names none (KubeSpawner before 4 saved "
-        "only the pod name; default: $POD_NAMESPACE, which z2jh sets on the hub)",
+        "only the pod name; default: the hub pod's own, from its service account)",
     )
     p.add_argument(
         "--apply",
@@ -182,7 +193,10 @@ def running_servers(users: Iterator[dict[str, Any]], namespace: str) -> Iterator
             state = server.get("state") or {}
             pod = state.get("pod_name")
             if not pod:
-                LOG.warning("%s: the hub names no pod (state: %s); left alone", user["name"], state)
+                # The state itself is not logged: another spawner may keep secrets there.
+                LOG.warning(
+                    "%s/%s: no pod_name in the server's state; left alone", user["name"], name
+                )
                 continue
             yield Server(user["name"], name, state.get("namespace") or namespace, pod)
 
@@ -222,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         context = ssl.create_default_context(cafile=os.environ.get("GPU_IDLE_CULLER_CA_FILE"))
     hub = Hub(url, os.environ["JUPYTERHUB_API_TOKEN"], args.timeout, context)
     if not args.apply:
-        LOG.info("dry run: nothing is stopped (--apply stops them)")
+        LOG.info("dry run: nothing is stopped (--apply or GPU_IDLE_CULLER_APPLY=true stops them)")
     while True:
         try:
             cull_round(args, hub)
