@@ -81,9 +81,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--selector",
-        default=_flag_env("selector", ""),
-        help='extra label matchers for the idle series, e.g. cluster="prod" where one '
-        "Prometheus holds several clusters",
+        default=_flag_env("selector", 'job="dcgm-enricher"'),
+        help="label matchers for the idle series: the enricher's scrape job (the job every "
+        "install path here sets), so that no other source's series can stop anything; add "
+        'cluster="prod" where one Prometheus holds several clusters (default %(default)s)',
     )
     p.add_argument(
         "--idle-seconds",
