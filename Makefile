@@ -122,7 +122,7 @@ check: system-deps prometheus3 $(HIGHEST_BIN)/dcgm-enricher
 	$(MAKE) --no-print-directory lint typecheck TOOLS=$(HIGHEST_BIN)
 	HYPOTHESIS_PROFILE=dev $(HIGHEST_BIN)/pytest -q $(CHECK_TESTS)
 
-LINT_PATHS := enricher tests $(wildcard bench) devkit deploy/dcgm-enricher-post-renderer
+LINT_PATHS := enricher tests $(wildcard bench) devkit deploy/dcgm-enricher-post-renderer deploy/culling
 
 # lint, typecheck and unit run in a test virtualenv (`make test` makes both; TOOLS picks one).
 TOOLS ?= $(HIGHEST_BIN)

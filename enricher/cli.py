@@ -41,6 +41,20 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def pod_annotation_keys(text: str) -> tuple[str, ...]:
+    """The annotation keys ``--kube.pod-annotations`` asks for: the default keys, plus each
+    key it names, less each it names with a leading ``-`` (annotation keys never start with
+    one), in order. Naming one more key never drops the JupyterHub user annotation that the
+    rules, the dashboard and the culling recipes read."""
+    keys = list(_D.kube_pod_annotations)
+    for key in _csv(text):
+        if key.startswith("-"):
+            keys = [k for k in keys if k != key[1:].strip()]
+        elif key not in keys:
+            keys.append(key)
+    return tuple(keys)
+
+
 def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
     """Flags shared by the commands; ``server`` adds those only a server needs."""
     g = p.add_argument_group("flags (each also read from ENRICHER_<FLAG>)")
@@ -265,9 +279,10 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
         "--kube.pod-annotations",
         metavar="KEYS",
         dest="kube_pod_annotations",
-        default=_env("--kube.pod-annotations", ",".join(_D.kube_pod_annotations)),
-        help="pod annotations to copy onto gpu_pod_info as annotation_<name> "
-        "(comma list, default %(default)s)",
+        default=_env("--kube.pod-annotations", ""),
+        help="pod annotations to copy onto gpu_pod_info as annotation_<name>, besides "
+        f"{','.join(_D.kube_pod_annotations)} (comma list; a key with a leading - drops it "
+        f"from the list: --kube.pod-annotations=-{_D.kube_pod_annotations[0]})",
     )
     g.add_argument(
         "--mps.daemon-pod-selector",
@@ -381,7 +396,7 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
     for name in values["upstream_pod_labels"]:
         if LABEL_NAME_RE.match(name) is None:
             parser.error(f"--upstream.pod-labels: {name!r} is not a label name")
-    values["kube_pod_annotations"] = _csv(values.get("kube_pod_annotations") or "")
+    values["kube_pod_annotations"] = pod_annotation_keys(values.get("kube_pod_annotations") or "")
     values["mps_daemon_pod_namespace"] = _csv(values.get("mps_daemon_pod_namespace") or "")
     if "kubelet_pod_resources_socket" in values:
         socket_path = values.pop("kubelet_pod_resources_socket")

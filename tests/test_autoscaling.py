@@ -53,9 +53,11 @@ RECIPES = ROOT / "deploy" / "autoscaling"
 ADAPTER = RECIPES / "prometheus-adapter.yaml"
 KEDA = RECIPES / "keda-scaledobject.yaml"
 HPA = RECIPES / "hpa.yaml"
+HPA_MIG = RECIPES / "hpa-mig.yaml"
 DEADLINE_SECONDS = 60
 UTIL = "gpu_container_utilization_ratio"
 MEMORY = "gpu_container_memory_used_bytes"
+MIG_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 
 # The adapter's discovery config (pkg/config/config.go: MetricsDiscoveryConfig, DiscoveryRule,
 # RegexFilter, ResourceMapping, GroupResource, NameMapping, LabelValueReplacement), loaded with
@@ -170,6 +172,11 @@ def adapter_name(name: Mapping[str, str], series: str) -> str | None:
     return re.sub(r"\$\{?(\d+)\}?", lambda g: m.group(int(g.group(1))) or "", as_)
 
 
+def gpu_rules() -> list[dict[str, Any]]:
+    """The adapter's rules on the enricher's per-container series (not the MIG rule)."""
+    return [r for r in load(ADAPTER)["rules"] if series_of(r) in (UTIL, MEMORY)]
+
+
 # --------------------------------------------------------------------------- the demo's truth
 
 
@@ -208,6 +215,14 @@ def truth() -> dict[str, dict[tuple[str, str], float]]:
     out[MEMORY] = dict(memory)
     out[UTIL] = dict(out[UTIL])
     return out
+
+
+def mig_pods() -> list[tuple[demo.SimPod, tuple[int, int]]]:
+    """The demo's pods with a process on a MIG instance, and that instance (GPU, GPU_I_ID)."""
+    return sorted(
+        {(p.pod, (p.gpu, p.gi)) for p in demo.PROCS if p.pod is not None and p.gi is not None},
+        key=lambda item: item[0].name,
+    )
 
 
 def test_the_demo_has_a_time_sliced_and_an_mps_deployment() -> None:
@@ -326,11 +341,27 @@ def test_the_crd_check_refuses_a_broken_scaled_object(path: tuple[str, ...], val
 def test_hpa_matches_the_kubernetes_schema(k8s_version: str) -> None:
     import kubernetes_validate
 
-    kubernetes_validate.validate(load(HPA), k8s_version, strict=True)
+    for path in (HPA, HPA_MIG):
+        kubernetes_validate.validate(load(path), k8s_version, strict=True)
+
+
+def test_mig_hpa_asks_only_for_what_a_mig_pod_has() -> None:
+    """hpa-mig.yaml asks for the MIG rule's metric alone: never the SM time a MIG pod never
+    has (an HPA missing one of its metrics never scales down), for one of the demo's
+    StatefulSets on MIG instances."""
+    hpa = load(HPA_MIG)
+    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG_ACTIVE]
+    asked = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
+    assert asked == [adapter_name(rule["name"], MIG_ACTIVE)] == ["gpu_pod_mig_engine_active_ratio"]
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (hpa["metadata"]["namespace"], target["kind"], target["name"]) in {
+        (p.namespace, p.owner[0], p.owner[1]) for p, _ in mig_pods() if p.owner
+    }
 
 
 def test_hpa_and_scaled_object_scale_the_same_deployment_on_the_adapters_metrics() -> None:
     hpa, scaled = load(HPA), load(KEDA)
+    assert [series_of(r) for r in load(ADAPTER)["rules"]] == [UTIL, MEMORY, MIG_ACTIVE]
     assert hpa["metadata"]["namespace"] == scaled["metadata"]["namespace"]
     assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
     assert hpa["spec"]["scaleTargetRef"]["name"] == scaled["spec"]["scaleTargetRef"]["name"]
@@ -406,7 +437,11 @@ def test_adapter_discovers_the_metrics_on_workload_pods(stack: Stack) -> None:
         for series in found:
             assert (series["namespace"], series["pod"]) in workloads, series
             names.add(adapter_name(rule["name"], series["__name__"]))
-    assert names == {"gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes"}
+    assert names == {
+        "gpu_pod_utilization_ratio",
+        "gpu_pod_memory_used_bytes",
+        "gpu_pod_mig_engine_active_ratio",
+    }
 
 
 @pytest.mark.parametrize("deployment", deployments(), ids=lambda d: d.name)
@@ -414,7 +449,7 @@ def test_adapter_gives_each_pod_its_own_value(stack: Stack, deployment: Deployme
     """The metricsQuery of each rule, rendered as the adapter renders it for the HPA of
     ``deployment`` (all its pods), returns one value per pod: the simulated node's truth."""
     real = truth()
-    for rule in load(ADAPTER)["rules"]:
+    for rule in gpu_rules():
         series = series_of(rule)
         promql = adapter_query(
             rule["metricsQuery"], series, deployment.namespace, list(deployment.pods)
@@ -499,7 +534,7 @@ def test_recipes_add_up_a_pod_on_two_gpus(promtool: str, tmp_path: Path) -> None
     }
     assert per_pod[UTIL]["vllm-two-gpus"] == 0.75  # not 0.5, as max by would say
     cases: list[dict[str, Any]] = []
-    for rule in load(ADAPTER)["rules"]:
+    for rule in gpu_rules():
         series = series_of(rule)
         cases.append(
             {
@@ -550,3 +585,29 @@ def test_recipes_add_up_a_pod_on_two_gpus(promtool: str, tmp_path: Path) -> None
     (tmp_path / "two-gpus.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
     proc = promtool_run(promtool, "test", "rules", "two-gpus.tests.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- MIG
+
+
+def test_mig_rule_gives_each_mig_pod_its_instances_activity(stack: Stack) -> None:
+    """The MIG rule's metricsQuery, rendered as the adapter renders it for each MIG pod (the
+    demo's StatefulSets bert-finetune and eval-harness, and the DRA pod dra-whisper-0), is
+    one value per pod: the simulated activity of its instance. The SM-time rule that hpa.yaml
+    asks for has nothing for them: the reason hpa-mig.yaml exists."""
+    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG_ACTIVE]
+    (util_rule,) = [r for r in gpu_rules() if series_of(r) == UTIL]
+    _, busy = demo.device_usage(demo.demo_gpus(lambda: T0), T0)
+    found = mig_pods()
+    assert {p.name for p, _ in found} >= {"bert-finetune-0", "eval-harness-0"}
+    for pod, instance in found:
+        promql = adapter_query(rule["metricsQuery"], MIG_ACTIVE, pod.namespace, [pod.name])
+        got = values_by_pod(stack.query(promql))
+        assert got == pytest.approx({pod.name: busy[instance]}, abs=1e-6), promql
+        assert 0 < got[pod.name] <= 1
+        util = adapter_query(util_rule["metricsQuery"], UTIL, pod.namespace, [pod.name])
+        assert stack.query(util) == [], util
+    # A whole GPU's device series names one pod of the two that time-slice it: never served.
+    vllm = next(d for d in deployments() if d.name == "vllm")
+    promql = adapter_query(rule["metricsQuery"], MIG_ACTIVE, vllm.namespace, list(vllm.pods))
+    assert stack.query(promql) == []
