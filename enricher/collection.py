@@ -8,11 +8,13 @@ Nothing here does I/O; ``device_memory`` is pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .attribution import AllocatedDevice, Attribution
 from .compress import GzipHead
+from .idle import IdleKey
 from .labels import DeviceKey
 from .memory import DeviceMemory, parse_device_memory
 from .model import GpuSnapshot, SourceStatus
@@ -56,6 +58,8 @@ class Head:
     watched: tuple[WatchedLine, ...] = ()  # the upstream's lines the rewrite handed over
     gzip: GzipHead | None = None
     memory: dict[DeviceKey, DeviceMemory] | None = None  # parse_device_memory(watched), once
+    # When each container last used each device it holds, as the idle stage wrote it.
+    last_active: Mapping[IdleKey, float] | None = None
 
     @property
     def size(self) -> int:
@@ -81,6 +85,7 @@ class ScrapeResult:
         "finished_at",
         "head",
         "identities",
+        "last_active",
         "memory",
         "power",
         "snapshot",
@@ -101,9 +106,11 @@ class ScrapeResult:
         head: Head | None = None,
         tail: bytes = b"",
         memory: dict[DeviceKey, DeviceMemory] | None = None,
+        last_active: Mapping[IdleKey, float] | None = None,
     ) -> None:
         """``body`` None: ``head``'s chunks followed by ``tail``. ``memory``: each device's
-        memory (None: the head's, from the lines the rewrite watched)."""
+        memory (None: the head's, from the lines the rewrite watched). ``last_active``: the
+        idle ledger as the body writes it (None: the head's)."""
         self._body = body
         self.attributions = attributions
         self.snapshot = snapshot
@@ -115,6 +122,9 @@ class ScrapeResult:
         self.head = head
         self.tail = tail
         self.memory = memory
+        if last_active is None:
+            last_active = head.last_active if head is not None else None
+        self.last_active: Mapping[IdleKey, float] = last_active or {}
 
     @property
     def body(self) -> bytes:

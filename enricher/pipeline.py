@@ -302,12 +302,13 @@ class Scraper:
         chunks = [self._run_stage(stage, collection) for stage in self.stages]
         stage_chunks = tuple(chunk.body for chunk in chunks)
         power = next((chunk.view for chunk in chunks if chunk.view is not None), None)
+        last_active = next((c.last_active for c in chunks if c.last_active is not None), None)
         out = rewritten.text if rewritten is not None else None
         if head is not None and head.rewritten is out and head.stage_chunks == stage_chunks:
             # Read again (every scrape without following), but the same bytes: keep the
             # encoded body and its gzip.
             head.text, head.node, head.identities, head.power = text, node, identities, power
-            head.memory = collection.memory
+            head.memory, head.last_active = collection.memory, last_active
             return head
         encoded = b""
         if out is not None:
@@ -328,6 +329,7 @@ class Scraper:
             power,
             watched,
             memory=collection.memory,
+            last_active=last_active,
         )
         self._newest_head = head
         return head
