@@ -235,6 +235,17 @@ async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> 
         for labels, value in samples(text, "gpu_container_memory_used_bytes")
     }
     assert served_rows <= page_rows
+    # One name for the node: the page's, the simulated dcgm-exporter's host label (the defect:
+    # its pod's name, dcgm-exporter-demo) and the enricher's node label.
+    (named,) = re.findall(r"<h1>GPUs on ([^<]+)</h1>", page)
+    hosts = {
+        (labels.get("hostname", labels.get("Hostname")), labels["node"])
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("DCGM_FI_")
+        for labels in [s.labels]
+    }
+    assert hosts == {(named, named)}, hosts
 
 
 async def test_ps_the_page_and_metrics_read_one_clock(tmp_path: Path) -> None:
