@@ -55,7 +55,13 @@ def pod_annotation_keys(text: str) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
+# The demo answers on loopback alone unless told otherwise: it is for the machine it runs on.
+DEMO_LISTEN_ADDRESS = "127.0.0.1" + _D.listen_address
+
+
+def _add_common(
+    p: argparse.ArgumentParser, *, server: bool, listen_address: str = _D.listen_address
+) -> None:
     """Flags shared by the commands; ``server`` adds those only a server needs."""
     g = p.add_argument_group("flags (each also read from ENRICHER_<FLAG>)")
     if server:
@@ -63,8 +69,13 @@ def _add_common(p: argparse.ArgumentParser, *, server: bool) -> None:
             "--web.listen-address",
             metavar="ADDR",
             dest="listen_address",
-            default=_env("--web.listen-address", _D.listen_address),
-            help="address to serve /metrics, /healthz and / on (default %(default)s)",
+            default=_env("--web.listen-address", listen_address),
+            help="address to serve /metrics, /healthz and / on (default %(default)s"
+            + (
+                f"; demo's: {DEMO_LISTEN_ADDRESS}, this machine alone)"
+                if listen_address == _D.listen_address
+                else ": this machine alone)"
+            ),
         )
         g.add_argument(
             "--upstream.url",
@@ -340,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the sidecar (the default command)")
     _add_common(p, server=True)
     p = sub.add_parser("demo", help="run the real pipeline on a simulated node (no GPU needed)")
-    _add_common(p, server=True)
+    _add_common(p, server=True, listen_address=DEMO_LISTEN_ADDRESS)
     from .simnode.dialects import ALIASES, DIALECTS, NEWEST
 
     p.add_argument(
@@ -499,10 +510,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         gpu, pods = None, None
         if ns.demo:
-            config, gpu, pods = _demo_sources(config)
-        if command == "resolve":
-            return resolve(config, ns.pids, sys.stdout, pods=pods)
-        return ps(config, sys.stdout, pods=pods, gpu=gpu)
+            from .demo import looking_at
+
+            try:
+                config, gpu, pods = looking_at(config)
+            except (OSError, ValueError) as exc:
+                print(
+                    f"dcgm-enricher {command} --demo: no running demo's /proc tree at "
+                    f"{config.procfs} ({exc}): give the --path.procfs that "
+                    "`dcgm-enricher demo` printed while it runs",
+                    file=sys.stderr,
+                )
+                return 2
+        try:
+            if command == "resolve":
+                status = resolve(config, ns.pids, sys.stdout, pods=pods)
+            else:
+                status = ps(config, sys.stdout, pods=pods, gpu=gpu)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader left (`ps | head`): no traceback, and nothing more to flush at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        return status
     if command == "demo":
         from .demo import run_demo
         from .simnode.dialects import dialect_for
@@ -517,14 +547,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .commands import run_server
 
     return asyncio.run(run_server(config))
-
-
-def _demo_sources(config: Config) -> tuple[Config, Any, Any]:
-    """For ``ps --demo`` and ``resolve --demo``: ``config`` on the demo's node (Kubernetes
-    mode: no Docker lookups), and the running demo's SIMULATED NVML and pods (the simulated
-    values are a function of the clock, so they are what the demo reads now)."""
-    from dataclasses import replace
-
-    from .demo import NODE, demo_gpus, demo_pods
-
-    return replace(config, kube_node_name=NODE, kube_enabled=True), demo_gpus(), demo_pods(config)

@@ -6,10 +6,12 @@ hands over, never the served bytes), and one scrape's result. Nothing here does 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 from .attribution import AllocatedDevice, Attribution
+from .idle import IdleKey
 from .labels import DeviceKey
 from .memory import DeviceMemory
 from .model import GpuSnapshot, SourceStatus
@@ -51,6 +53,8 @@ class CollectionBody:
     stage_chunks: tuple[bytes, ...]  # what the stages wrote after it (enricher.stages)
     power: PowerView | None  # the power split the power stage wrote them from
     memory: dict[DeviceKey, DeviceMemory]  # each device's memory (enricher.memory)
+    # When each container last used each device it holds, as the idle stage wrote it.
+    last_active: Mapping[IdleKey, float]
 
     @property
     def size(self) -> int:
@@ -75,6 +79,8 @@ class ScrapeResult:
     memory: dict[DeviceKey, DeviceMemory]
     shared: CollectionBody
     tail: bytes
+    # The idle ledger as the body writes it (gpu_container_last_active_timestamp_seconds).
+    last_active: Mapping[IdleKey, float]
 
     @cached_property
     def body(self) -> bytes:

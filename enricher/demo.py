@@ -1,19 +1,22 @@
 """``dcgm-enricher demo``: the real pipeline on a SIMULATED node, for a newcomer with no GPU.
 
 This module is the demo node's story (its GPUs, MIG devices, pods and processes, and what
-dcgm-exporter's own mapping says of them), its simulated dcgm-exporter and the commands that
-start it; the simulation itself is enricher.simnode, and says so: the GPUs (a stand-in for
-NVML), the /proc tree (written to a temporary directory), the node's pods (a fixed list
-instead of a watch), the kubelet's PodResources API (a real gRPC server on a temporary unix
-socket, answering with the simulated allocations, DRA devices among them) and the DRA
-driver's ResourceSlices (a fixed list body). The dcgm-exporter is an HTTP server on loopback.
+dcgm-exporter's own mapping says of them) and the wiring that starts it and prints how to
+look at it; the simulation itself is enricher.simnode, and says so: the GPUs (a stand-in for
+NVML whose load, power and energy follow one clock: :mod:`.simnode.gpus`), the dcgm-exporter
+(an HTTP server on loopback: :mod:`.simnode.exporter`), the /proc tree (written to a
+temporary directory), the node's pods (a fixed list instead of a watch), the kubelet's
+PodResources API (a real gRPC server on a temporary unix socket, answering with the simulated
+allocations, DRA devices among them) and the DRA driver's ResourceSlices (a fixed list body).
 What runs on top is the real thing: the upstream fetch over HTTP, the PodResources client, the
 procfs reader and cgroup parser, attribution, the rewrite and the HTTP server.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -30,7 +33,7 @@ from .model import DeviceTaint, DraDevice, GpuDevice, MigDevice, ProcessKind
 from .pipeline import Scraper
 from .podparse import parse_mps_daemon_pods, parse_pod
 from .podresources import PodResourcesSource
-from .procfs import ProcfsSource
+from .procfs import ProcfsSource, parse_btime
 from .resourceslices import ResourceSlicesSource
 from .simnode.api import (
     DRA_DRIVER,
@@ -39,25 +42,19 @@ from .simnode.api import (
     resource_slices,
     static_slice_lister,
 )
-from .simnode.dialects import (
-    NEWEST,
-    PER_PROCESS_FIELDS,
-    VIRTUAL_COPIES,
-    VIRTUAL_SHARES,
-    Row,
-    dialect,
-    dialect_for,
-    render,
-)
+from .simnode.dialects import NEWEST, dialect, dialect_for
+from .simnode.exporter import ExporterStory, make_exporter_app, render_exporter
 from .simnode.fakeproc import write_proc_tree
-from .simnode.gpus import MIG_PROCESS_LOAD, SimulatedGpus, collected_at, wave
+from .simnode.gpus import UPTIME_AT_START, SimulatedGpus, collected_at
 from .simnode.kubelet import SimulatedKubelet, allocations, list_response
 from .simnode.node import SimNode, SimPod, SimProc
+from .webconfig import WebConfig, WebConfigError, apply, load_web_config, ssl_context
 
 NODE = "demo-gpu-node-1"
-# The simulated dcgm-exporter's host label holds its pod's name, as dcgm-exporter writes it
-# where the manifest sets no NODE_NAME; the enricher's node label names the node.
-EXPORTER_POD = "dcgm-exporter-demo"
+# The simulated dcgm-exporter's host label names the node, as dcgm-exporter writes it where its
+# manifest sets NODE_NAME (NVIDIA's chart and the GPU Operator do): the page, the series'
+# Hostname and the enricher's node label say one name.
+EXPORTER_HOST = NODE
 
 
 def _cid(n: int) -> str:
@@ -285,263 +282,53 @@ UPSTREAM_PODS: dict[tuple[int, int | None], SimPod] = {
     (2, 14): DRA_WHISPER,  # and a MIG device's dra_mig_profile and dra_mig_device_uuid
 }
 DEMO = SimNode(NODE, GPUS, MIGS, PROCS, PODS, mig_placements=MIG_PLACEMENTS)
+# What the SIMULATED driver holds on GPU 5, allocated to a pod that leaves it idle, that no
+# listed process holds (MiB): what an exited process's context left behind until the driver
+# frees it.
+UNLISTED_MIB: dict[tuple[int, int | None], float] = {(5, None): 1536}
+EXPORTER = ExporterStory(EXPORTER_HOST, UPSTREAM_PODS, UNLISTED_MIB)
 # The SIMULATED DRA driver's health report: it lost track of GPU 7's health events, which
 # dra-train-0 runs on (gpu_device_taint, GpuDeviceTainted).
 TAINTS = {GPUS[7].uuid: (DeviceTaint("gpu.nvidia.com/unmonitored", "", "NoSchedule"),)}
-
-
-# --------------------------------------------------------------------------- fake dcgm-exporter
-
-# The fields of the simulated exporter's counters file, and whether a MIG GPU reports each per
-# GPU instance (memory and profiling) or for the whole GPU. Which of them a release writes, in
-# which order and with which HELP text: enricher.simnode.dialects.
-_PER_INSTANCE = frozenset(
-    {
-        "DCGM_FI_DEV_FB_FREE",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_FB_RESERVED",
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    }
-)
-
-
-# What the SIMULATED driver holds that no process NVML lists has (MiB), as DCGM 3.x reports
-# it: its reservation on each whole GPU (FB_RESERVED; none inside a MIG instance), and on
-# GPU 5, allocated to a pod that leaves it idle, memory no listed process holds (what an
-# exited process's context left behind until the driver frees it).
-DRIVER_RESERVED_MIB = 512
-UNLISTED_MIB = {(5, None): 1536}
-
-
-def device_usage(
-    gpus: SimulatedGpus, t: float
-) -> tuple[dict[tuple[int, int | None], float], dict[tuple[int, int | None], float]]:
-    """The SIMULATED devices' used memory (MiB) and load (0..1) at ``t``, per (GPU, GPU
-    instance) and per whole GPU (GPU, None): each process counted once on its instance and
-    once on its GPU (on a GPU without MIG the two are one key). FB_USED is its processes'
-    memory and what the simulated driver holds outside them (``UNLISTED_MIB``)."""
-    used: dict[tuple[int, int | None], float] = {}
-    busy: dict[tuple[int, int | None], float] = {}
-    for p in PROCS:
-        util = gpus.proc_util(p, t)
-        for key in {(p.gpu, p.gi), (p.gpu, None)}:
-            used[key] = used.get(key, 0.0) + (gpus.proc_memory(p, t) or 0) / 2**20
-            busy[key] = busy.get(key, 0.0) + (MIG_PROCESS_LOAD if util is None else util)
-    for key, mib in UNLISTED_MIB.items():
-        used[key] = used.get(key, 0.0) + mib
-    return used, busy
-
-
-def _device_labels(gpu: GpuDevice, mig: MigDevice | None) -> tuple[tuple[str, str], ...]:
-    labels = [
-        ("gpu", str(gpu.index)),
-        ("UUID", gpu.uuid),
-        ("pci_bus_id", f"00000000:{0x17 + gpu.index * 0x10:02X}:00.0"),
-        ("device", f"nvidia{gpu.index}"),
-        ("modelName", gpu.name),
-    ]
-    if mig is not None:
-        labels += [("GPU_I_PROFILE", mig.profile), ("GPU_I_ID", str(mig.gi_id))]
-    return tuple(labels)
-
-
-def _pod_attributes(pod: SimPod, mig: MigDevice | None, dra: bool) -> list[tuple[str, str]]:
-    attributes = [("container", pod.container), ("namespace", pod.namespace), ("pod", pod.name)]
-    for c in pod.claims if dra else ():
-        attributes += [
-            ("dra_claim_name", c.claim_name),
-            ("dra_claim_namespace", c.claim_namespace),
-            ("dra_driver_name", c.driver),
-            ("dra_pool_name", c.pool),
-            ("dra_device_name", c.device),
-        ]
-        if mig is not None:
-            attributes += [("dra_mig_profile", mig.profile), ("dra_mig_device_uuid", mig.uuid)]
-    return attributes
-
-
-def sharing_pods() -> dict[tuple[int, int | None], list[tuple[SimPod, str]]]:
-    """What dcgm-exporter's PodResources mapping for --kubernetes-virtual-gpus holds: per
-    device (GPU, GPU instance), each pod the kubelet gives it to, with the replica number the
-    device ID ends in (``vgpu``; empty for a whole device), in the kubelet's order."""
-    out: dict[tuple[int, int | None], list[tuple[SimPod, str]]] = {}
-    by_uuid = {g.uuid: (g.index, None) for g in GPUS} | {
-        m.uuid: (m.gpu_index, m.gi_id) for m in MIGS
-    }
-    for pod in PODS:
-        for device in pod.devices:
-            uuid, _, replica = device.partition("::")
-            key = by_uuid.get(uuid)
-            if key is not None:
-                out.setdefault(key, []).append((pod, replica))
-    return out
-
-
-def _pod_share(
-    gpus: SimulatedGpus, t: float, name: str, pod: SimPod, key: tuple[int, int | None]
-) -> int:
-    """The value 4.8.2 on writes for ``pod`` on device ``key``: its processes' FB_USED (each
-    one's bytes in whole MiB, process_metrics.go@691c927:88-100) or SM utilization (NVML's
-    per-process %, none on a MIG instance), summed per pod (buildPodValueMap, formatted %d)."""
-    total = 0
-    for p in PROCS:
-        if p.pod is not pod or (p.gpu, p.gi) != key:
-            continue
-        if name == "DCGM_FI_DEV_FB_USED":
-            total += (gpus.proc_memory(p, t) or 0) // 2**20
-        else:
-            util = gpus.proc_util(p, t)
-            total += 0 if util is None else round(100 * util)
-    return total
-
-
-def render_upstream(
-    gpus: SimulatedGpus,
-    t: float,
-    version: str = NEWEST,
-    virtual_gpus: bool = False,
-) -> str:
-    """The SIMULATED dcgm-exporter's /metrics at ``t``, in the dialect of dcgm-exporter
-    ``version`` (enricher.simnode.dialects), in Kubernetes mode, with or without
-    ``--kubernetes-virtual-gpus``."""
-    dia = dialect_for(version, virtual_gpus)
-    used, busy = device_usage(gpus, t)
-    sharing = sharing_pods() if virtual_gpus else {}
-    rows: list[Row] = []
-    for name, _typ, _help in dia.counters:
-        for gpu in GPUS:
-            instances: list[MigDevice | None] = (
-                [m for m in MIGS if m.gpu_index == gpu.index]
-                if gpu.mig_enabled and name in _PER_INSTANCE
-                else [None]
-            )
-            for mig in instances:
-                gi = mig.gi_id if mig else None
-                key = (gpu.index, gi)
-                device = _device_labels(gpu, mig)
-                value = _field_value(name, gpus, t, gpu, mig, used, busy)
-                xid: list[tuple[str, str]] = []
-                if name == "DCGM_FI_DEV_XID_ERRORS" and dia.xid_attributes:
-                    xid = [("err_code", str(value)), ("err_msg", "No Error")]
-                pod = UPSTREAM_PODS.get(key)
-                if pod is not None and pod.claims and not dia.dra:
-                    pod = None  # a ResourceClaim's device: this release cannot see its pod
-                on_device = sharing.get(key, []) if pod is None or not pod.claims else []
-                if on_device:
-                    if dia.virtual == VIRTUAL_SHARES and name in PER_PROCESS_FIELDS:
-                        rows.append(Row(name, device, tuple(xid), value))
-                        rows.extend(
-                            Row(
-                                name,
-                                device,
-                                (
-                                    *_pod_attributes(p, mig, False),
-                                    ("pod_uid", p.uid),
-                                    *((("vgpu", replica),) if replica else ()),
-                                ),
-                                _pod_share(gpus, t, name, p, key),
-                            )
-                            for p, replica in on_device
-                        )
-                    else:
-                        rows.extend(
-                            Row(
-                                name,
-                                device,
-                                (
-                                    *xid,
-                                    *_pod_attributes(p, mig, False),
-                                    *((("vgpu", replica),) if replica else ()),
-                                ),
-                                value,
-                            )
-                            for p, replica in on_device
-                        )
-                    continue
-                if virtual_gpus and dia.virtual == VIRTUAL_COPIES and pod is None:
-                    continue  # 4.2.0: a device no pod holds loses its series
-                attributes = list(xid)
-                if pod is not None:
-                    attributes += _pod_attributes(pod, mig, dia.dra)
-                elif dia.empty_pod_labels:
-                    attributes += [("container", ""), ("namespace", ""), ("pod", "")]
-                rows.append(Row(name, device, tuple(attributes), value))
-    return render(dia, EXPORTER_POD, rows)
-
-
-def _field_value(
-    name: str,
-    gpus: SimulatedGpus,
-    t: float,
-    gpu: GpuDevice,
-    mig: MigDevice | None,
-    used: dict[tuple[int, int | None], float],
-    busy: dict[tuple[int, int | None], float],
-) -> int | float:
-    gi = mig.gi_id if mig else None
-    total = (
-        40_960
-        if mig and mig.profile == "3g.40gb"
-        else (20_480 if mig and mig.profile == "2g.20gb" else (10_240 if mig else 81_920))
-    )
-    # Whole MiB, as DCGM writes them: rounded up, so the processes never list more than
-    # FB_USED says the device holds.
-    mem = math.ceil(used.get((gpu.index, gi), 0.0))
-    reserved = 0 if mig else DRIVER_RESERVED_MIB
-    load = min(1.0, busy.get((gpu.index, gi), 0.0))
-    values: dict[str, int | float] = {
-        "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
-        "DCGM_FI_DEV_MEM_CLOCK": 1593,
-        "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * wave(t, 300, gpu.index)),
-        "DCGM_FI_DEV_POWER_USAGE": round(gpus.power_watts(gpu.index, t), 3),
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(gpus.energy_millijoules(gpu.index, t)),
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
-        "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
-        "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),
-        "DCGM_FI_DEV_XID_ERRORS": 0,
-        "DCGM_FI_DEV_FB_FREE": max(0, total - mem - reserved),
-        "DCGM_FI_DEV_FB_USED": mem,
-        "DCGM_FI_DEV_FB_RESERVED": reserved,
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(load, 6),
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
-        # One GPU has had a few correctable errors, as aging HBM does.
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2 if gpu.index == 3 else 0,
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
-    }
-    return values[name]
-
 
 # Like dcgm-exporter, the simulated one collects on an interval and serves the same body
 # in between (dcgm-exporter's default is 30 s; shorter here so the demo moves).
 UPSTREAM_COLLECT_INTERVAL = 5.0
 
 
-def make_upstream_app(
-    gpus: SimulatedGpus,
-    collect_interval: float = UPSTREAM_COLLECT_INTERVAL,
-    version: str = NEWEST,
-    virtual_gpus: bool = False,
-) -> web.Application:
-    dialect_for(version, virtual_gpus)  # an unknown release or mode fails here, at start
-
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(
-            text=render_upstream(
-                gpus, collected_at(gpus.clock(), collect_interval), version, virtual_gpus
-            ),
-            content_type="text/plain",
-            charset="utf-8",
-        )
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app
+def render_upstream(
+    gpus: SimulatedGpus, t: float, version: str = NEWEST, virtual_gpus: bool = False
+) -> str:
+    """The demo's SIMULATED dcgm-exporter's /metrics at ``t`` (enricher.simnode.exporter)."""
+    return render_exporter(gpus, t, EXPORTER, version, virtual_gpus)
 
 
-def demo_gpus(clock: Callable[[], float] = time.time) -> SimulatedGpus:
+def demo_gpus(
+    clock: Callable[[], float] = time.time, started: float | None = None
+) -> SimulatedGpus:
     """The demo node's SIMULATED NVML: memory and utilization step with its dcgm-exporter's
-    collections."""
-    return SimulatedGpus(DEMO, clock, step=UPSTREAM_COLLECT_INTERVAL)
+    collections; ``started``: when the demo started (None: now)."""
+    return SimulatedGpus(DEMO, clock, step=UPSTREAM_COLLECT_INTERVAL, started=started)
+
+
+def running_demo_gpus(proc_root: Path, clock: Callable[[], float] = time.time) -> SimulatedGpus:
+    """The SIMULATED NVML of the demo whose /proc tree is ``proc_root``, on that demo's
+    clock: its story started ``UPTIME_AT_START`` after the boot its /proc/stat says, so the
+    demo's enricher, ``ps --demo`` and ``resolve --demo`` read one node at every moment.
+    OSError or ValueError when there is no such tree."""
+    btime = parse_btime((proc_root / "stat").read_text(encoding="utf-8"))
+    return demo_gpus(clock, started=float(btime + UPTIME_AT_START))
+
+
+def looking_at(
+    config: Config, clock: Callable[[], float] = time.time
+) -> tuple[Config, SimulatedGpus, StaticPods]:
+    """For ``ps --demo`` and ``resolve --demo``: ``config`` on the demo's node (Kubernetes
+    mode: no Docker lookups), and the SIMULATED NVML and pods of the demo whose /proc tree is
+    ``config.procfs``, on that demo's clock (``running_demo_gpus``). OSError or ValueError
+    without a demo's tree there."""
+    gpus = running_demo_gpus(Path(config.procfs), clock)
+    return replace(config, kube_node_name=NODE, kube_enabled=True), gpus, demo_pods(config)
 
 
 def demo_pods(config: Config) -> StaticPods:
@@ -570,12 +357,24 @@ async def start_demo(
     exporter_version: str = NEWEST,
     virtual_gpus: bool = False,
 ) -> tuple[Scraper, list[web.AppRunner], SimulatedKubelet]:
-    """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them.
+    """Start the simulated dcgm-exporter and kubelet, and the enricher in front of them, served
+    as ``config.web_config_file`` says (TLS, basic auth; WebConfigError if it cannot be).
     ``clock``: the simulated node's time (tests freeze it); ``exporter_version`` and
     ``virtual_gpus``: the dialect the simulated dcgm-exporter speaks (ValueError if unknown)."""
-    gpus = demo_gpus(clock)
-    upstream_app = make_upstream_app(gpus, version=exporter_version, virtual_gpus=virtual_gpus)
+    dialect_for(exporter_version, virtual_gpus)  # an unknown release or mode fails here
+    web_cfg = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
+    tls = ssl_context(web_cfg)
     write_proc_tree(proc_root, DEMO, clock())
+    # The demo reads its clock as ps --demo does: from the tree it wrote.
+    gpus = running_demo_gpus(proc_root, clock)
+    upstream_app = make_exporter_app(
+        lambda: render_upstream(
+            gpus,
+            collected_at(clock(), UPSTREAM_COLLECT_INTERVAL),
+            exporter_version,
+            virtual_gpus,
+        )
+    )
     response = list_response(allocations(PODS))
     kubelet = SimulatedKubelet(str(socket_path), lambda _context: response)
     kubelet.start()
@@ -607,10 +406,13 @@ async def start_demo(
             static_slice_lister(resource_slices(DEMO, taints=TAINTS)), NODE
         ),
     )
+    app = make_app(scraper)
+    apply(app, web_cfg)
     try:
         runner = await serve(
-            make_app(scraper),
+            app,
             config.listen_address,
+            ssl_context=tls,
         )
     except OSError:
         await scraper.close()  # its upstream client session, before the error is shown
@@ -625,15 +427,52 @@ async def start_demo(
 RESOLVE_EXAMPLE_PIDS = (4101, 8101, 7001)
 
 
-def ps_command(proc_root: Path) -> str:
+def program(executable: str | None = None, path: str | None = None) -> str:
+    """How a shell runs this installation's dcgm-enricher, as the demo prints it: the bare name
+    where ``path`` (default $PATH) finds the script beside ``executable`` (default this
+    interpreter: a virtualenv's), that script's absolute path where it does not (a virtualenv
+    not activated), and the interpreter with ``-m enricher`` where there is no script."""
+    interpreter = executable or sys.executable
+    script = Path(interpreter).parent / "dcgm-enricher"
+    if not script.is_file():
+        return f"{shlex.quote(interpreter)} -m enricher"
+    found = shutil.which("dcgm-enricher", path=path)
+    if found is not None and os.path.samefile(found, script):
+        return "dcgm-enricher"
+    return shlex.quote(str(script))
+
+
+def ps_command(proc_root: Path, prog: str) -> str:
     """The ``ps`` command line that looks at the demo whose /proc tree is ``proc_root``."""
-    return f"dcgm-enricher ps --demo --path.procfs {proc_root}"
+    return f"{prog} ps --demo --path.procfs {shlex.quote(str(proc_root))}"
 
 
-def resolve_command(proc_root: Path) -> str:
+def resolve_command(proc_root: Path, prog: str) -> str:
     """The ``resolve`` command line for a few of the demo's PIDs (see ps_command)."""
     pids = " ".join(str(pid) for pid in RESOLVE_EXAMPLE_PIDS)
-    return f"dcgm-enricher resolve --demo --path.procfs {proc_root} {pids}"
+    return f"{prog} resolve --demo --path.procfs {shlex.quote(str(proc_root))} {pids}"
+
+
+def demo_url(config: Config) -> str:
+    """Where the demo's enricher answers, as ``config`` serves it."""
+    host_port = config.listen_address
+    host = "localhost" + host_port if host_port.startswith(":") else host_port
+    scheme = "http"
+    if config.web_config_file and load_web_config(config.web_config_file).tls is not None:
+        scheme = "https"
+    return f"{scheme}://{host}"
+
+
+def _served_as(config: Config) -> str:
+    """What the printed URLs need beyond themselves: the web config's TLS and basic auth."""
+    if not config.web_config_file:
+        return ""
+    cfg = load_web_config(config.web_config_file)
+    needs = [
+        *(["TLS: curl --cacert <its CA>"] if cfg.tls is not None else []),
+        *(["basic auth: curl -u <user>"] if cfg.auth_enabled else []),
+    ]
+    return f"\n  as {config.web_config_file} says" + (f" ({'; '.join(needs)})" if needs else "")
 
 
 async def run_demo(
@@ -652,14 +491,17 @@ async def run_demo(
                 exporter_version=exporter_version,
                 virtual_gpus=virtual_gpus,
             )
+        except WebConfigError as exc:
+            print(f"dcgm-enricher demo: {exc}", file=sys.stderr)
+            return 2
         except OSError as exc:
             print(
                 f"dcgm-enricher demo: cannot listen on {config.listen_address}: {exc}",
                 file=sys.stderr,
             )
             return 2
-        host_port = config.listen_address
-        url = f"http://{'localhost' + host_port if host_port.startswith(':') else host_port}"
+        url = demo_url(config)
+        prog = program()
         print(
             "dcgm-enricher demo: a SIMULATED GPU node (8 A100s: one training job, one GPU\n"
             "time-sliced between two inference pods, one in MIG mode with pods on three\n"
@@ -673,10 +515,10 @@ async def run_demo(
             f"dcgm-exporter speaks {dialect(exporter_version).version}'s dialect"
             f"{' with --kubernetes-virtual-gpus' if virtual_gpus else ''}.\n"
             f"\n  enriched metrics:  {url}/metrics\n"
-            f"  who is on the GPUs: {url}/\n"
+            f"  who is on the GPUs: {url}/{_served_as(config)}\n"
             f"\n  try: curl -s {url}/metrics | grep -E '^gpu_(container|pod|unattr)'\n"
-            f"       {ps_command(proc_root)}\n"
-            f"       {resolve_command(proc_root)}\n"
+            f"       {ps_command(proc_root, prog)}\n"
+            f"       {resolve_command(proc_root, prog)}\n"
             "\nCtrl-C to stop.",
             flush=True,
         )

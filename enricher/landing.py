@@ -26,6 +26,7 @@ from . import __version__
 from .attribution import Attribution
 from .collection import PowerView
 from .config import Config
+from .idle import IdleKey
 from .labels import DeviceKey
 from .memory import (
     MIB,
@@ -36,6 +37,7 @@ from .memory import (
 )
 from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
 from .power import REASON_IDLE
+from .textformat import cut_values
 
 REFRESH_SECONDS = 10
 MAX_PIDS_SHOWN = 8
@@ -79,6 +81,8 @@ class ScrapeModel(Protocol):
     def power(self) -> PowerView | None: ...
     @property
     def memory(self) -> Mapping[DeviceKey, DeviceMemory]: ...
+    @property
+    def last_active(self) -> Mapping[IdleKey, float]: ...
 
 
 def allocation_label(al: Allocation) -> str:
@@ -103,6 +107,14 @@ class OwnerRow:
     reason: str = ""  # non-empty: no pod, and why
     allocated: str = ""  # resource names the kubelet allocated to it on this device
     power_watts: float | None = None  # its share of the GPU's draw; None: no power reading
+    # When it last used the device, where that is before this collection (idle since then, as
+    # gpu_container_last_active_timestamp_seconds says); None: active now, or not known.
+    idle_since: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(namespace, pod, container): whose row it is."""
+        return (self.namespace, self.pod, self.container)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +221,18 @@ def _with_power(
     return tuple(rows)
 
 
+def _with_idle_since(
+    key: DeviceKey, owners: tuple[OwnerRow, ...], last_active: Mapping[IdleKey, float], now: float
+) -> tuple[OwnerRow, ...]:
+    """Each container's row with the time it went idle on the device: the idle stage's ledger
+    (``enricher.idle``), the value /metrics writes, where it is before this collection."""
+    rows = []
+    for o in owners:
+        since = None if o.reason else last_active.get((key, *cut_values(o.key)))
+        rows.append(replace(o, idle_since=since) if since is not None and since < now else o)
+    return tuple(rows)
+
+
 def _with_memory_parts(
     key: DeviceKey, owners: tuple[OwnerRow, ...], parts: Mapping[tuple[DeviceKey, str], float]
 ) -> tuple[OwnerRow, ...]:
@@ -267,6 +291,7 @@ def build_view(last: ScrapeModel | None) -> PageView:
         if power is not None:
             owners = _with_power(key, owners, power)
             device_watts = power.device_watts.get(key[0])
+        owners = _with_idle_since(key, owners, last.last_active, last.snapshot.taken_at)
         owners = _with_memory_parts(key, owners, parts)
         devices.append(DeviceView(key, title, model, used, total, owners, device_watts))
     # Devices NVML did not list on this scrape: never hide who is on them.
@@ -315,6 +340,10 @@ def _bar(part: float | None, whole: float | None, css: str = "") -> str:
     )
 
 
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
 def _watts(value: float | None) -> str:
     return "" if value is None else f"{value:.1f} W"
 
@@ -348,7 +377,9 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
     not_allocated = "<span class='un'>not allocated</span>" if allocations_known else ""
     rows = []
     for i, o in enumerate(dev.owners):
-        util = "n/a" if o.util_ratio is None else f"{o.util_ratio * 100:.0f}%"
+        util = _e("n/a" if o.util_ratio is None else f"{o.util_ratio * 100:.0f}%")
+        if o.idle_since is not None:
+            util += f"<small class='since'>idle since {_e(_stamp(o.idle_since))}</small>"
         mem = (
             f"{_bar(o.memory_bytes, scale, 'un' if o.reason else '')}"
             f"<span class='num'>{_e(_bytes(o.memory_bytes))}</span>"
@@ -369,7 +400,7 @@ def _device_rows(dev: DeviceView, allocations_known: bool) -> str:
             or f"<span class='un'>{_e(_NO_PROCESS.get(o.reason, _IDLE_ALLOCATION))}</span>"
         )
         cells = (
-            f"<td class='mem'>{mem}</td><td class='num'>{_e(util)}</td>"
+            f"<td class='mem'>{mem}</td><td class='num'>{util}</td>"
             f"<td class='num'>{_e(_watts(o.power_watts))}</td>"
             f"{who}<td class='pids'>{procs}</td>"
         )
@@ -401,7 +432,7 @@ _CSS = (
     "th,td{border-bottom:1px solid #ddd;padding:.3em .4em;text-align:left;vertical-align:top}"
     "table{font-size:.92em}thead th{background:#f3f3f5}th.dev{width:11em;background:#fafafa}"
     ".bar{background:#e6e6ea;height:.7em;width:4em;display:inline-block;margin-right:.4em}"
-    "td.mem,td.num{white-space:nowrap}"
+    "td.mem,td.num{white-space:nowrap}small.since{white-space:normal}"
     ".bar span{display:block;height:100%;background:#3b7dd8}.bar span.un{background:#d8893b}"
     ".num{font-variant-numeric:tabular-nums}.un{color:#a65a00}.idle{color:#888}"
     ".pids{font-size:.85em;color:#555}.chip{padding:.1em .5em;border-radius:.8em;"
@@ -425,8 +456,7 @@ def render_landing(last: ScrapeModel | None, config: Config) -> str:
         when = "no scrape yet: open /metrics, or wait for Prometheus to scrape"
     else:
         age = max(0.0, time.time() - view.finished_at)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.finished_at))
-        when = f"as of the last scrape, {stamp} ({age:.0f} s ago)"
+        when = f"as of the last scrape, {_stamp(view.finished_at)} ({age:.0f} s ago)"
     summary = (
         f"<p>{len(view.devices)} devices · {len(view.pods)} pods on them · "
         f"unattributed memory {_e(_bytes(view.unattributed_bytes))} · {_sources(view.statuses)}"

@@ -107,6 +107,7 @@ class Assembler:
         chunks = [self.run_stage(stage, collection) for stage in self.stages]
         stage_chunks = tuple(chunk.body for chunk in chunks)
         power = next((chunk.view for chunk in chunks if chunk.view is not None), None)
+        last_active = next((c.last_active for c in chunks if c.last_active is not None), {})
         out = rewritten.text if rewritten is not None else None
         samples = rewritten.samples if rewritten is not None else 0
         invalid = rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten else 0
@@ -123,6 +124,7 @@ class Assembler:
                 invalid_lines=invalid,
                 power=power,
                 memory=collection.memory,
+                last_active=last_active,
             )
             return self.newest
         encoded = b""
@@ -144,6 +146,7 @@ class Assembler:
             stage_chunks=stage_chunks,
             power=power,
             memory=collection.memory,
+            last_active=last_active,
         )
         return self.newest
 
@@ -417,6 +420,7 @@ class Scraper:
             memory=body.memory,
             shared=body,
             tail=tail,
+            last_active=body.last_active,
         )
 
 

@@ -14,12 +14,13 @@ a worked example, which tests/test_stages.py runs).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from .collection import DeviceLabels, PowerView
 from .families import RenderOptions, render_families
-from .idle import IdleLedger, render_last_active
+from .idle import IdleKey, IdleLedger, render_last_active
 from .labels import DeviceKey
 from .memory import DeviceMemory
 from .nodeside import NodeView
@@ -56,6 +57,8 @@ class Chunk:
 
     body: bytes
     view: PowerView | None = None
+    # The idle ledger as this chunk wrote it (gpu_container_last_active_timestamp_seconds).
+    last_active: Mapping[IdleKey, float] | None = None
 
 
 class Stage(Protocol):
@@ -169,8 +172,9 @@ class IdleStage:
                 node.snapshot.taken_at, node.attributions, node.allocated, c.readings.activity
             )
             self._advanced = (c.text, node)
-        body = render_last_active(self.ledger.last_active, c.identities, self._label_sets)
-        return Chunk(body.encode("utf-8"))
+        last_active = self.ledger.last_active  # replaced, never changed, on each advance
+        body = render_last_active(last_active, c.identities, self._label_sets)
+        return Chunk(body.encode("utf-8"), last_active=last_active)
 
 
 def make_stages(

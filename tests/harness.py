@@ -97,9 +97,12 @@ class DemoProcess:
 
 
 @contextlib.contextmanager
-def demo_process(folder: Path, wait: float = 30.0) -> Iterator[DemoProcess]:
+def demo_process(
+    folder: Path, wait: float = 30.0, path: str | None = None
+) -> Iterator[DemoProcess]:
     """``dcgm-enricher demo`` started as a user starts it, its output in ``folder``/demo.log,
-    answering on /healthz before it is yielded; SIGTERM at the end (``returncode`` set)."""
+    answering on /healthz before it is yielded; SIGTERM at the end (``returncode`` set).
+    ``path``: its PATH (default the test's)."""
     port = free_port()
     log = folder / "demo.log"
     with log.open("wb") as out:
@@ -108,7 +111,7 @@ def demo_process(folder: Path, wait: float = 30.0) -> Iterator[DemoProcess]:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=CHECKOUT,
-            env={**os.environ, "PYTHONPATH": str(CHECKOUT)},
+            env={**os.environ, "PYTHONPATH": str(CHECKOUT), "PATH": path or os.environ["PATH"]},
         )
         running = DemoProcess(f"http://127.0.0.1:{port}", log)
         try:

@@ -42,6 +42,14 @@ def test_env_names(flag: str, env: str) -> None:
     assert env_name(flag) == env
 
 
+def test_demo_listens_on_loopback_unless_told() -> None:
+    """The demo answers on 127.0.0.1 alone by default (it used to listen on every interface);
+    --web.listen-address chooses, and serve keeps every interface for Prometheus."""
+    assert parse_config(["demo"])[1].listen_address == "127.0.0.1:9401"
+    assert parse_config(["demo", "--web.listen-address", ":9500"])[1].listen_address == ":9500"
+    assert parse_config(["serve"])[1].listen_address == ":9401"
+
+
 def test_defaults_and_serve_is_default() -> None:
     command, cfg, _ = parse_config([])
     assert command == "serve"

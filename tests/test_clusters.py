@@ -42,7 +42,7 @@ import yaml
 from devkit.dashboard import interpolate, queries
 from devkit.prometheus import EVERY_SECOND
 from devkit.upstream import TextServer
-from enricher.demo import EXPORTER_POD, NODE
+from enricher.demo import EXPORTER_HOST, NODE
 
 from .frozendemo import FrozenDemo
 from .promreleases import PromRelease, Server, releases, require, serve
@@ -206,9 +206,9 @@ def test_every_dashboard_query_keeps_the_clusters_apart(ref: str, expr: str) -> 
 # an enricher that lost every source, near its memory limit. Node 4: an enricher that does not
 # answer. The values differ between the clusters, so one cluster's answer given for another's
 # fails the comparison. The fleet is in the middle of a dcgm-exporter upgrade: the demo's
-# exporter writes 4.8.4's hostname, node 2's writes 4.8.2's Hostname (both hold the exporter
-# pod's name); the enricher's node label names the node on both.
-DEMO_GPUS = f'DCGM_FI_DEV_GPU_TEMP{{hostname="{EXPORTER_POD}",node="{NODE}"}}'
+# exporter writes 4.8.4's hostname (the node's name, from NODE_NAME), node 2's writes 4.8.2's
+# Hostname (its pod's name: no NODE_NAME); the enricher's node label names the node on both.
+DEMO_GPUS = f'DCGM_FI_DEV_GPU_TEMP{{hostname="{EXPORTER_HOST}",node="{NODE}"}}'
 SICK_HOST = "dcgm-exporter-node-2"  # node 2's dcgm-exporter pod: its series' Hostname
 SICK_NODE = "gpu-node-2"
 SOURCES = ("upstream", "nvml", "kubernetes", "procfs", "podresources", "resourceslices", "docker")

@@ -11,12 +11,21 @@ dcgm-exporter, the kubelet, /proc and the pods of enricher.demo.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import io
 import json
+import math
+import os
 import re
+import shlex
 import socket
+import ssl
 import subprocess
+import time
 import urllib.request
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +34,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher import demo
+from enricher.cli import parse_config
+from enricher.commands import ps
 from enricher.config import Config
 from enricher.landing import MIB
+from enricher.simnode.exporter import DRIVER_RESERVED_MIB
+from enricher.simnode.gpus import POWER_MODELS, UPTIME_AT_START, SimulatedGpus, power_model
+from enricher.simnode.node import SimNode
 
-from .harness import cli, demo_process
+from .certs import bcrypt_hash, make_pki
+from .harness import CHECKOUT, cli, demo_process
 
 ROOT = Path(__file__).resolve().parent.parent
 # A moment at the start of one of the simulated dcgm-exporter's collections.
@@ -77,7 +92,7 @@ def test_device_memory_is_its_processes_memory(t: float) -> None:
         gi = int(key[1]) if key[1] else None
         unlisted = demo.UNLISTED_MIB.get((index[key[0]], gi), 0)
         assert mib == -(-listed.get(key, 0) // MIB) + unlisted, key
-        assert reserved[key] == (0 if key[1] else demo.DRIVER_RESERVED_MIB), key
+        assert reserved[key] == (0 if key[1] else DRIVER_RESERVED_MIB), key
         if not key[1]:
             assert mib + reserved[key] + free[key] == 81_920, key
     # Every device with a process reports its memory: none is left out of the comparison.
@@ -94,6 +109,60 @@ def test_zero_utilization_stays_zero() -> None:
         assert util["5"] == 0 and util["6"] == 0, util
         on_4 = sum(gpus.proc_util(p, t) or 0 for p in demo.PROCS if p.gpu == 4)
         assert util["4"] == round(100 * on_4)
+
+
+# --------------------------------------------------------------------------- the physics
+
+NOTEBOOK = next(p for p in demo.PROCS if p.pod is demo.JUPYTER)
+# Two power swings (300 s each), every 2 s from before the demo started to after the
+# notebook's stop.
+SWINGS = [T0 - 60 + 2 * i for i in range(300)]
+
+
+def test_power_stays_within_each_models_limit() -> None:
+    """No GPU draws more than its model's power limit (the defect: an A100-SXM4-80GB, limit
+    400 W, at 438 W), and a fully loaded one reaches it: the power brake, not a scale-down,
+    keeps it there. Every model the simulated nodes use, on the demo's loads."""
+    for name, model in POWER_MODELS.items():
+        gpus = [replace(g, name=name) for g in demo.GPUS]
+        sim = SimulatedGpus(
+            SimNode(demo.NODE, tuple(gpus), demo.MIGS, demo.PROCS, demo.PODS), lambda: T0
+        )
+        top = {g.index: max(sim.power_watts(g.index, t) for t in SWINGS) for g in gpus}
+        assert max(top.values()) == model.limit_watts, (name, top)
+        assert min(top.values()) == model.idle_watts, (name, top)  # GPU 5: nothing runs
+
+
+def test_an_idle_notebooks_gpu_draws_idle_power() -> None:
+    """Once the notebook stops computing (two minutes in), its GPU draws its model's idle
+    power, as the GPUs nobody computes on do (the defect: 118 W against their 60 W)."""
+    gpus = demo.demo_gpus(lambda: T0)
+    idle = power_model(demo.GPUS[NOTEBOOK.gpu].name).idle_watts
+    assert NOTEBOOK.busy_for is not None
+    stop = T0 + NOTEBOOK.busy_for
+    assert all(gpus.power_watts(NOTEBOOK.gpu, t) > idle for t in (T0, stop - 1))
+    assert {gpus.power_watts(NOTEBOOK.gpu, t) for t in (stop, stop + 77, stop + 86_400)} == {idle}
+    assert gpus.power_watts(5, T0) == idle  # the allocated idle GPU: no process at all
+
+
+def test_energy_counts_from_boot_and_is_the_power_drawn() -> None:
+    """DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION ("since boot", mJ) starts at 0 when the SIMULATED
+    node booted, a day before the demo started, as its /proc/stat says (the defect: power
+    times Unix time, 160 MWh), and grows by exactly the energy the power draws, across the
+    notebook's stop and the power brake (a numerical integral of power_watts)."""
+    gpus = demo.demo_gpus(lambda: T0)
+    assert gpus.booted == T0 - UPTIME_AT_START
+    for gpu in demo.GPUS:
+        i = gpu.index
+        model = power_model(gpu.name)
+        assert gpus.energy_millijoules(i, gpus.booted) == 0.0
+        at_start = gpus.energy_millijoules(i, T0) / 1000  # joules
+        assert model.idle_watts * UPTIME_AT_START <= at_start <= model.limit_watts * UPTIME_AT_START
+        a, b, n = T0 + 60, T0 + 420, 3600  # 0.1 s steps, the notebook's stop in between
+        h = (b - a) / n
+        drawn = sum(gpus.power_watts(i, a + (k + 0.5) * h) for k in range(n)) * h
+        counted = (gpus.energy_millijoules(i, b) - gpus.energy_millijoules(i, a)) / 1000
+        assert math.isclose(counted, drawn, rel_tol=1e-6), (i, counted, drawn)
 
 
 @pytest.fixture
@@ -166,29 +235,167 @@ async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> 
         for labels, value in samples(text, "gpu_container_memory_used_bytes")
     }
     assert served_rows <= page_rows
+    # One name for the node: the page's, the simulated dcgm-exporter's host label (the defect:
+    # its pod's name, dcgm-exporter-demo) and the enricher's node label.
+    (named,) = re.findall(r"<h1>GPUs on ([^<]+)</h1>", page)
+    hosts = {
+        (labels.get("hostname", labels.get("Hostname")), labels["node"])
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("DCGM_FI_")
+        for labels in [s.labels]
+    }
+    assert hosts == {(named, named)}, hosts
+
+
+async def test_ps_the_page_and_metrics_read_one_clock(tmp_path: Path) -> None:
+    """ps --demo (its sources as the CLI makes them from the demo's /proc tree), /metrics and
+    the node page say the same of the notebook at each moment: computing at first, then, once
+    it stops two minutes into the demo, at 0 % on its GPU, which draws idle power, and idle
+    since the series' gpu_container_last_active_timestamp_seconds on the page (the defects:
+    ps counted busy_for from its own start and showed 12 %; the GPU stayed at 118 W; the page
+    said nothing of idleness)."""
+    now = [T0]
+    socket_path = tmp_path / "pod-resources" / "kubelet.sock"
+    socket_path.parent.mkdir()
+    proc = tmp_path / "proc"
+    _scraper, runners, kubelet = await demo.start_demo(
+        Config(listen_address="127.0.0.1:0"), proc, socket_path, clock=lambda: now[0]
+    )
+    url = f"http://127.0.0.1:{runners[0].addresses[0][1]}"
+    idle_watts = power_model(demo.GPUS[NOTEBOOK.gpu].name).idle_watts
+    _, config, _ = parse_config(["ps", "--demo", "--path.procfs", str(proc)])
+    # What ps --demo reads, as the CLI makes it, on the test's clock instead of the wall's.
+    ps_config, gpus, pods = demo.looking_at(config, lambda: now[0])
+    try:
+        async with aiohttp.ClientSession() as session:
+            for t in (T0 + 30, T0 + 300):
+                now[0] = t
+                # The enricher follows the simulated exporter: wait for its collection at t.
+                draw = round(gpus.power_watts(0, t), 3)
+                deadline = time.monotonic() + 30
+                while True:
+                    async with session.get(url + "/metrics") as r:
+                        text = await r.text()
+                    got = samples(text, "DCGM_FI_DEV_POWER_USAGE")
+                    if [v for lb, v in got if lb["gpu"] == "0"] == [draw]:
+                        break
+                    assert time.monotonic() < deadline, "no collection at the moved clock"
+                    await asyncio.sleep(0.1)
+                async with session.get(url + "/") as r:
+                    page = await r.text()
+                out = io.StringIO()
+                # ps is a command: it runs its own event loop, so not on this one.
+                assert await asyncio.to_thread(ps, ps_config, out, pods, gpus) == 0
+                row = next(r for r in out.getvalue().splitlines() if "jupyter-alice" in r)
+                (served,) = (
+                    v
+                    for labels, v in samples(text, "gpu_container_utilization_ratio")
+                    if labels["pod"] == "jupyter-alice"
+                )
+                assert row.split()[4] == f"{served * 100:.0f}%", (t, row, served)
+                watts = {lb["gpu"]: v for lb, v in samples(text, "DCGM_FI_DEV_POWER_USAGE")}
+                (since,) = (
+                    v
+                    for labels, v in samples(text, "gpu_container_last_active_timestamp_seconds")
+                    if labels["pod"] == "jupyter-alice"
+                )
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
+                notebook_row = next(r for r in page.split("<tr>") if "jupyter-alice" in r)
+                if t == T0 + 30:
+                    assert served > 0 and watts[str(NOTEBOOK.gpu)] > idle_watts
+                    assert since == t and "idle since" not in notebook_row, notebook_row
+                else:
+                    assert served == 0 and watts[str(NOTEBOOK.gpu)] == idle_watts
+                    assert since == T0 + 30
+                    assert f"idle since {stamp}" in notebook_row, notebook_row
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        kubelet.stop()
+
+
+async def test_the_demo_honours_its_web_config(tmp_path: Path) -> None:
+    """`demo --web.config.file` serves as the file says, as serve does (it used to serve plain
+    HTTP without a word): TLS with the file's certificate, basic auth on /metrics, and the
+    printed URL says https."""
+    pki = make_pki(tmp_path / "pki")
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"basic_auth_users:\n  alice: '{bcrypt_hash(b'secret')}'\n"
+    )
+    socket_path = tmp_path / "pod-resources" / "kubelet.sock"
+    socket_path.parent.mkdir()
+    config = Config(listen_address="127.0.0.1:0", web_config_file=str(web_config))
+    _scraper, runners, kubelet = await demo.start_demo(
+        config, tmp_path / "proc", socket_path, clock=lambda: T0
+    )
+    port = runners[0].addresses[0][1]
+    assert demo.demo_url(replace(config, listen_address=f"127.0.0.1:{port}")).startswith("https:")
+    tls = ssl.create_default_context(cafile=str(pki.ca))
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = f"https://127.0.0.1:{port}/metrics"
+            async with session.get(url, ssl=tls) as r:
+                assert r.status == 401
+            auth = {"Authorization": "Basic " + base64.b64encode(b"alice:secret").decode()}
+            async with session.get(url, ssl=tls, headers=auth) as r:
+                assert r.status == 200 and "gpu_container_memory_used_bytes" in await r.text()
+            with pytest.raises(aiohttp.ClientError):
+                async with session.get(f"http://127.0.0.1:{port}/metrics", headers=auth) as r:
+                    await r.read()
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        kubelet.stop()
 
 
 # --------------------------------------------------------------------------- a running demo
 
 
 def run(command: str) -> subprocess.CompletedProcess[str]:
-    """A printed ``dcgm-enricher ...`` command line, run as the user runs it."""
+    """A ``dcgm-enricher ...`` command line of the docs, run from this checkout."""
     program, *args = command.split()
     assert program == "dcgm-enricher"
     return cli(*args)
 
 
+# A shell's PATH without the test's virtualenv: where a bare `dcgm-enricher` is not found, as
+# in a new user's second terminal.
+BARE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def run_as_printed(command: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """A command line as the demo printed it, run as a shell runs it (PATH without the
+    virtualenv): only this checkout on the import path, as the printed program has it."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    return subprocess.run(
+        shlex.split(command),
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        cwd=CHECKOUT,
+        env={**os.environ, "PATH": BARE_PATH, "PYTHONPATH": str(CHECKOUT)},
+        check=False,
+        **kw,
+    )
+
+
 def test_ps_and_resolve_against_a_running_demo(tmp_path: Path) -> None:
-    """The ps and resolve lines the demo prints work, agree with its /metrics, and are the
-    ones docs/commands.md shows; resolve's exit status says whether every PID resolved."""
-    with demo_process(tmp_path) as running:
+    """The ps and resolve lines the demo prints run as printed, from a shell whose PATH lacks
+    the virtualenv (the defect: "dcgm-enricher: command not found"), agree with its /metrics,
+    and are the ones docs/commands.md shows; resolve's exit status says whether every PID
+    resolved; ps into a pipe its reader closed ends without a traceback."""
+    with demo_process(tmp_path, path=BARE_PATH) as running:
         check_ps_and_resolve(running.url, running.printed())
 
 
 def check_ps_and_resolve(url: str, printed: str) -> None:
-    commands = re.findall(r"^\s+(dcgm-enricher (?:ps|resolve) .*)$", printed, re.MULTILINE)
+    commands = re.findall(r"^\s+(\S+(?: -m enricher)? (?:ps|resolve) .*)$", printed, re.MULTILINE)
     assert len(commands) == 2, printed
     ps_line, resolve_line = commands
+    assert ps_line.startswith(demo.program()), ps_line  # no bare name: PATH cannot find it
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     served = {
@@ -196,7 +403,7 @@ def check_ps_and_resolve(url: str, printed: str) -> None:
         for labels, _ in samples(text, "gpu_container_memory_used_bytes")
     }
 
-    ps = run(ps_line)
+    ps = run_as_printed(ps_line)
     assert ps.returncode == 0, ps.stderr
     header, *rows = ps.stdout.splitlines()
     cols = [m.start() for m in re.finditer(r"\S+", header)]
@@ -215,7 +422,7 @@ def check_ps_and_resolve(url: str, printed: str) -> None:
     assert listed == served
     assert ps.stderr == ""
 
-    resolved = run(resolve_line)
+    resolved = run_as_printed(resolve_line)
     assert resolved.returncode == 0, resolved.stdout + resolved.stderr
     by_pid = {int(cell(r, "PID")): r for r in rows if not r.startswith("#")}
     for line in resolved.stdout.splitlines():
@@ -223,18 +430,47 @@ def check_ps_and_resolve(url: str, printed: str) -> None:
         assert rec.get("pod", "") == cell(by_pid[rec["pid"]], "POD"), rec
 
     # A PID that is not on the node: resolve says so, and its exit status too.
-    missing = run(resolve_line + " 424242")
+    missing = run_as_printed(resolve_line + " 424242")
     assert missing.returncode == 1
     assert json.loads(missing.stdout.splitlines()[-1]) == {
         "pid": 424242,
         "error": "process_exited",
     }
 
-    # docs/commands.md shows these very commands (the demo's temporary folder as XXXXXXXX).
+    # `ps | head` where head has gone: a pipe with no reader. No traceback, exit status 1.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        closed = run_as_printed(ps_line, stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert (closed.returncode, closed.stderr) == (1, ""), closed.stderr
+
+    # docs/commands.md shows these very commands (the demo's temporary folder as XXXXXXXX;
+    # the program as a shell with the virtualenv on its PATH finds it).
     doc = (ROOT / "docs" / "commands.md").read_text()
     for line in (ps_line, resolve_line):
         shown = re.sub(r"dcgm-enricher-demo-[^/]+/", "dcgm-enricher-demo-XXXXXXXX/", line)
+        shown = "dcgm-enricher" + shown.removeprefix(demo.program())
         assert shown in doc, shown
+
+
+def test_the_printed_program_runs_where_it_is_printed(tmp_path: Path) -> None:
+    """The demo prints `dcgm-enricher` only where PATH finds this installation's script; else
+    the script's absolute path, or the interpreter with -m enricher where there is no script."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python"
+    python.touch()
+    assert demo.program(str(python), str(venv)) == f"{python} -m enricher"
+    script = venv / "dcgm-enricher"
+    script.touch(mode=0o755)
+    assert demo.program(str(python), BARE_PATH) == str(script)
+    assert demo.program(str(python), f"{BARE_PATH}:{venv}") == "dcgm-enricher"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "dcgm-enricher").touch(mode=0o755)
+    assert demo.program(str(python), f"{other}:{venv}") == str(script)
 
 
 def test_ps_refuses_without_nvml_and_demo_needs_its_procfs() -> None:

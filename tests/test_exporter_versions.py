@@ -204,7 +204,7 @@ def test_the_enricher_serves_the_same_truths_on_every_release(
     assert all_samples
     assert all(labels.get("node") == demo.NODE for _, labels in all_samples)
     dcgm = [labels for fam, labels in all_samples if fam.startswith("DCGM_FI_")]
-    assert dcgm and all(labels[host] == demo.EXPORTER_POD for labels in dcgm)
+    assert dcgm and all(labels[host] == demo.EXPORTER_HOST for labels in dcgm)
     assert_memory_adds_up(text)
     # Power: the containers' watts and the unattributed watts sum to the device's draw.
     draw = {labels["gpu"]: v for labels, v in samples(text, "DCGM_FI_DEV_POWER_USAGE")}

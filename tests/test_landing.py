@@ -13,7 +13,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,7 @@ class Model:
     finished_at: float = 0.0
     power: PowerView | None = None
     memory: Mapping[Any, DeviceMemory] = field(default_factory=dict)
+    last_active: Mapping[Any, float] = field(default_factory=dict)
 
 
 def result(**kw: Any) -> Model:
@@ -291,6 +292,35 @@ def _allocation(
     key: tuple[str, str], pod_name: str, resource: str = "nvidia.com/gpu"
 ) -> AllocatedDevice:
     return AllocatedDevice(key, "ml", pod_name, "main", resource, "GPU-x")
+
+
+def test_idle_since_is_the_ledgers() -> None:
+    """Each container idle on a device shows since when, as the idle stage's ledger (what
+    gpu_container_last_active_timestamp_seconds writes) says: one active at this collection
+    shows nothing, and an allocation with no process shows its time too."""
+    now = 1_800_000_300.0
+    idle = _allocation((G2, ""), "finetune-0")
+    last_active = {
+        ((G0, ""), "ml", "train-0", "main"): now,  # active now
+        ((G0, ""), "inference", "vllm-abc", "vllm"): now - 3600.5,
+        ((G2, ""), "ml", "finetune-0", "main"): now - 90_000,
+    }
+    last = result(
+        snapshot=replace(SNAPSHOT, taken_at=now), allocations=[idle], last_active=last_active
+    )
+    since = {(o.pod, o.key[2]): o.idle_since for d in build_view(last).devices for o in d.owners}
+    assert since[("train-0", "main")] is None
+    assert since[("vllm-abc", "vllm")] == now - 3600.5
+    assert since[("finetune-0", "main")] == now - 90_000
+    page = render_landing(last, Config())
+    rows = {
+        r.split("<td class='pod'>")[1].split("<")[0]: r
+        for r in page.split("<tr>")
+        if "<td class='pod'>" in r
+    }
+    assert "idle since 2027-01-15 07:04:59 UTC" in rows["vllm-abc"], rows["vllm-abc"]
+    assert "idle since 2027-01-14 07:05:00 UTC" in rows["finetune-0"]
+    assert "idle since" not in rows["train-0"]
 
 
 def test_allocated_idle_container_is_shown() -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 
+from .gpus import UPTIME_AT_START
 from .node import SimNode, SimProc
 
 __all__ = [
@@ -166,9 +167,10 @@ def proc_cgroup(proc: SimProc) -> str:
 
 
 def write_proc_tree(root: StrPath, node: SimNode, now: float) -> None:
-    """Write ``node``'s SIMULATED /proc tree (booted a day before ``now``): one directory
-    per live process with stat, comm and cgroup, started one after the other."""
-    write_proc_stat(root, int(now) - 86_400)
+    """Write ``node``'s SIMULATED /proc tree (booted ``UPTIME_AT_START``, a day, before
+    ``now``, in whole seconds as btime is): one directory per live process with stat, comm
+    and cgroup, started one after the other."""
+    write_proc_stat(root, int(now) - UPTIME_AT_START)
     live = [p for p in node.procs if not p.exited]
     for i, proc in enumerate(live):
         ticks = proc.start_ticks
