@@ -42,6 +42,7 @@ from devkit.promtool import run as promtool_run
 from enricher import demo
 from enricher.attribution import is_mps_daemon
 from enricher.model import ProcessKind
+from enricher.simnode.exporter import device_usage
 
 from .frozendemo import T0, FrozenDemo
 from .promreleases import PromRelease, Server, serve
@@ -597,7 +598,7 @@ def test_mig_rule_gives_each_mig_pod_its_instances_activity(stack: Stack) -> Non
     asks for has nothing for them: the reason hpa-mig.yaml exists."""
     (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG_ACTIVE]
     (util_rule,) = [r for r in gpu_rules() if series_of(r) == UTIL]
-    _, busy = demo.device_usage(demo.demo_gpus(lambda: T0), T0)
+    _, busy = device_usage(demo.demo_gpus(lambda: T0), T0, demo.UNLISTED_MIB)
     found = mig_pods()
     assert {p.name for p, _ in found} >= {"bert-finetune-0", "eval-harness-0"}
     for pod, instance in found:
