@@ -976,18 +976,34 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
 
 def test_two_releases_of_one_name_share_no_cluster_scoped_name(helm: HelmRelease) -> None:
     """The same release name in two namespaces (OpenShift's SCC included): no cluster-scoped
-    object of one is the other's, and each binding names its own role and ServiceAccount. A
-    release of another name in another namespace: TLS's serverName is that Service's."""
+    object of one is the other's, and each binding names its own role and ServiceAccount.
+    TLS's serverName follows the release's Service and namespace, a tlsConfig key of the
+    user's replaces the chart's default for it alone, and priorityClassName reaches the pods
+    (none by default: the overlays' pods, and clusters that admit system-node-critical only in
+    kube-system)."""
+    scc_on = ("--set", "openshift.scc.create=true")
 
     def release(name: str, namespace: str, *extra: str) -> Docs:
-        args = ["template", name, str(CHART), "-n", namespace, "--set", "openshift.scc.create=true"]
-        proc = run_helm(helm, *args, *extra)
+        args = ["template", name, str(CHART), "-n", namespace, *scc_on, *extra]
+        proc = run_helm(helm, *args)
         assert proc.returncode == 0, proc.stderr
         return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
 
+    tls_on = ("--set", "webConfig.tls.secretName=enricher-tls")
+    first = render(helm, "sidecar", *scc_on)  # dcgm-enricher in gpu-monitoring
+    second = release(
+        RELEASE,
+        "gpu-monitoring-b",
+        *tls_on,
+        "--set",
+        "monitor.tlsConfig.ca.configMap.name=corporate-ca",
+        "--set",
+        "monitor.tlsConfig.ca.configMap.key=ca.pem",
+        "--set",
+        "priorityClassName=system-node-critical",
+    )
     names = []
-    for namespace in ("gpu-monitoring", "gpu-monitoring-b"):
-        docs = release(RELEASE, namespace)
+    for namespace, docs in (("gpu-monitoring", first), ("gpu-monitoring-b", second)):
         assert rbac_problems(docs) == [] and scc_problems(docs) == []
         assert binding_problems(docs, namespace) == []
         scoped = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
@@ -999,37 +1015,28 @@ def test_two_releases_of_one_name_share_no_cluster_scoped_name(helm: HelmRelease
         names.append(scoped)
     assert names[0] & names[1] == set()
 
-    docs = release("gpu", "monitoring", "--set", "webConfig.tls.secretName=gpu-tls")
-    (service,) = of_kind(docs, "Service")
-    (monitor,) = of_kind(docs, "ServiceMonitor")
-    assert service["metadata"]["name"] == "gpu-dcgm-enricher"
-    assert endpoint_of(monitor)["tlsConfig"] == {
-        "ca": {"secret": {"name": "gpu-tls", "key": "ca.crt"}},
-        "serverName": "gpu-dcgm-enricher.monitoring.svc",
-    }
-    (role,) = of_kind(docs, "ClusterRole")
-    assert role["metadata"]["name"] == "gpu-dcgm-enricher-monitoring"
-
-
-def test_tls_config_keys_of_the_users_win(helm: HelmRelease) -> None:
-    """A key set in monitor.tlsConfig replaces the chart's default for it alone."""
-    docs = render(
-        helm,
-        "tls",
-        "--set",
-        "monitor.tlsConfig.serverName=enricher.example.internal",
-        "--set",
-        "monitor.tlsConfig.ca.configMap.name=corporate-ca",
-        "--set",
-        "monitor.tlsConfig.ca.configMap.key=ca.pem",
-    )
-    (monitor,) = of_kind(docs, "ServiceMonitor")
+    (monitor,) = of_kind(second, "ServiceMonitor")
     assert endpoint_of(monitor)["tlsConfig"] == {
         "ca": {"configMap": {"name": "corporate-ca", "key": "ca.pem"}},
-        "serverName": "enricher.example.internal",
+        "serverName": "dcgm-enricher.gpu-monitoring-b.svc",
     }
-    (monitor,) = of_kind(render(helm, "sidecar"), "ServiceMonitor")
+    workload, _ = enricher_of(second)
+    assert pod_spec(workload)["priorityClassName"] == "system-node-critical"
+    workload, _ = enricher_of(first)
+    assert "priorityClassName" not in pod_spec(workload)
+    (monitor,) = of_kind(first, "ServiceMonitor")
     assert "tlsConfig" not in endpoint_of(monitor)  # plain HTTP: no TLS settings at all
+
+    other = release("gpu", "monitoring", *tls_on)
+    (service,) = of_kind(other, "Service")
+    (monitor,) = of_kind(other, "ServiceMonitor")
+    assert service["metadata"]["name"] == "gpu-dcgm-enricher"
+    assert endpoint_of(monitor)["tlsConfig"] == {
+        "ca": {"secret": {"name": "enricher-tls", "key": "ca.crt"}},
+        "serverName": "gpu-dcgm-enricher.monitoring.svc",
+    }
+    (role,) = of_kind(other, "ClusterRole")
+    assert role["metadata"]["name"] == "gpu-dcgm-enricher-monitoring"
 
 
 def test_docs_certificate_names_what_the_chart_renders(helm: HelmRelease) -> None:
@@ -1058,43 +1065,23 @@ def test_docs_certificate_names_what_the_chart_renders(helm: HelmRelease) -> Non
             assert d["metadata"]["namespace"] == namespace
 
 
-def test_priority_class_name(helm: HelmRelease) -> None:
-    """None by default (the overlays' pods, and clusters that admit system-node-critical only
-    in kube-system); priorityClassName sets it on the pods."""
-    workload, _ = enricher_of(render(helm, "sidecar"))
-    assert "priorityClassName" not in pod_spec(workload)
-    set_it = ("--set", "priorityClassName=system-node-critical")
-    workload, _ = enricher_of(render(helm, "sidecar", *set_it))
-    assert pod_spec(workload)["priorityClassName"] == "system-node-critical"
-
-
 @pytest.mark.parametrize(
-    ("profile", "extra", "capabilities", "volumes", "uids"),
+    ("profile", "capabilities", "volumes", "uids"),
     [
-        ("sidecar", (), ["SYS_ADMIN"], ["emptyDir", "hostPath", "projected"], {"uid": 0}),
+        ("sidecar", ["SYS_ADMIN"], ["emptyDir", "hostPath", "projected"], {"uid": 0}),
         (
             "nonroot",
-            (),
             ["SYS_ADMIN"],
             ["emptyDir", "hostPath", "projected"],
             {"uidRangeMin": 0, "uidRangeMax": IMAGE_UID},
         ),
-        ("gpu-operator", (), None, ["hostPath", "projected"], {"uid": 0}),
-        ("least-privilege", (), None, ["projected"], {"uid": IMAGE_UID}),
-        (
-            "least-privilege",
-            ("-f", str(CHART / "ci" / "tls-values.yaml")),
-            None,
-            ["projected"],
-            {"uid": IMAGE_UID},
-        ),
+        ("openshift", None, ["hostPath", "projected"], {"uid": 0}),
+        ("least-privilege", None, ["projected"], {"uid": IMAGE_UID}),
     ],
-    ids=["sidecar", "sidecar-nonroot", "gpu-operator", "least-privilege", "least-privilege-tls"],
 )
 def test_scc_grants_what_the_pods_use(
     helm: HelmRelease,
     profile: str,
-    extra: tuple[str, ...],
     capabilities: list[str] | None,
     volumes: list[str],
     uids: dict[str, int],
@@ -1102,8 +1089,12 @@ def test_scc_grants_what_the_pods_use(
     """openshift.scc.create: an SCC that admits the pods and grants nothing more (hostPath only
     with the PodResources mount, SYS_ADMIN only beside dcgm-exporter, the UIDs they run as),
     usable by their ServiceAccount alone through a Role; nothing of it otherwise."""
-    assert not of_kind(render(helm, profile, *extra), "SecurityContextConstraints", "Role")
-    docs = render(helm, profile, *extra, "--set", "openshift.scc.create=true")
+    if profile == "openshift":  # the gpu-operator profile with the SCC on
+        assert not of_kind(render(helm, "gpu-operator"), "SecurityContextConstraints", "Role")
+        docs = render(helm, profile)
+    else:
+        assert not of_kind(render(helm, profile), "SecurityContextConstraints", "Role")
+        docs = render(helm, profile, "--set", "openshift.scc.create=true")
     (scc,) = of_kind(docs, "SecurityContextConstraints")
     assert scc_problems(docs) == []
     assert scc["allowedCapabilities"] == capabilities
@@ -1134,6 +1125,7 @@ def test_scc_problems_catch(
 ) -> None:
     docs = copy.deepcopy(render(helm, "sidecar", "--set", "openshift.scc.create=true"))
     (scc,) = of_kind(docs, "SecurityContextConstraints")
+    assert scc_problems(docs) == []
     mutate(scc, docs)
     assert any(expected in p for p in scc_problems(docs)), scc_problems(docs)
 
