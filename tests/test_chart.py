@@ -13,6 +13,10 @@ purpose, and is normalised away before the comparison:
   (``helm uninstall`` would delete everything in it); NOTES.txt says how to label it. The
   namespace profile (namespace.create, the release kept in another namespace) renders it, and
   is compared with the overlay's Namespace included.
+- The names of the cluster-scoped objects (ClusterRole, ClusterRoleBinding): the chart's carry
+  the namespace, <full name>-<namespace>, so that two releases of one name in two namespaces
+  never share one; an overlay's are its own, which kustomize's namePrefix and nameSuffix
+  change (tests/test_manifests.py).
 
 No cluster is needed.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import functools
 import json
 import os
@@ -32,7 +37,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from secrets import token_urlsafe
@@ -46,18 +51,20 @@ from devkit.processes import stop_process
 from devkit.prometheus import EVERY_SECOND
 from enricher.cli import build_parser
 
-from .certs import bcrypt_hash, make_pki
+from .certs import bcrypt_hash
 from .conftest import DEEP
 from .helmreleases import HelmRelease, releases, require
 from .promreleases import PromRelease, serve
 from .test_alert_jobs import operator_job, relabel_config
 from .test_manifests import (
+    CLUSTER_SCOPED,
     IMAGE_UID,
     K8S_VERSIONS,
     MONITOR_KINDS,
     POD_RESOURCES_DIR,
     EntryPoint,
     all_problems,
+    binding_problems,
     build,
     edited_overlay,
     enricher_of,
@@ -66,6 +73,8 @@ from .test_manifests import (
     of_kind,
     pod_spec,
     project_version,
+    rbac_problems,
+    scc_problems,
     schema_errors,
     uncommented_exceptions,
 )
@@ -100,6 +109,7 @@ PROFILES: dict[str, tuple[str, str, str | None]] = {
     "namespace": ("gpu-monitoring", "sidecar", "overlays/sidecar"),
     "tls": ("gpu-monitoring", "sidecar", None),
     "least-privilege": ("nvidia-gpu-operator", "gpu-operator", None),
+    "openshift": ("nvidia-gpu-operator", "gpu-operator", None),
 }
 # Profiles whose release lives in another namespace than its objects (namespace.name).
 RELEASE_NAMESPACES = {"namespace": "default"}
@@ -175,6 +185,26 @@ def normalised(docs: Docs) -> list[Doc]:
         return (d["kind"], meta.get("namespace", ""), meta["name"])
 
     return sorted((strip(d) for d in docs), key=key)
+
+
+def kustomize_cluster_names(docs: Docs) -> Docs:
+    """The chart's objects with the names of the cluster-scoped ones as an overlay gives them:
+    without the chart's ``-<namespace>`` suffix."""
+    out = copy.deepcopy(docs)
+    suffixes = {
+        f"-{s['namespace']}" for b in of_kind(out, "ClusterRoleBinding") for s in b["subjects"]
+    }
+
+    def cut(name: str) -> str:
+        (suffix,) = [x for x in suffixes if name.endswith(x)]
+        return name.removesuffix(suffix)
+
+    for d in out:
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            d["metadata"]["name"] = cut(d["metadata"]["name"])
+        if d["kind"] == "ClusterRoleBinding":
+            d["roleRef"]["name"] = cut(d["roleRef"]["name"])
+    return out
 
 
 def entry_of(profile: str) -> EntryPoint:
@@ -282,7 +312,7 @@ def test_chart_renders_the_kustomize_objects(helm: HelmRelease, profile: str) ->
     assert overlay is not None
     creates = profile in RELEASE_NAMESPACES  # namespace.create
     kustomized = tuple(d for d in build(overlay) if d["kind"] != "Namespace" or creates)
-    chart = normalised(render(helm, profile))
+    chart = normalised(kustomize_cluster_names(render(helm, profile)))
     expected = normalised(kustomized)
     assert [(d["kind"], d["metadata"]["name"]) for d in chart] == [
         (d["kind"], d["metadata"]["name"]) for d in expected
@@ -303,7 +333,7 @@ def test_podmonitor_profile_is_the_overlay_with_the_podmonitor_swap(
         "- ../../components/podmonitor",
     )
     expected = normalised(tuple(d for d in swapped if d["kind"] != "Namespace"))
-    assert normalised(render(helm, "podmonitor")) == expected
+    assert normalised(kustomize_cluster_names(render(helm, "podmonitor"))) == expected
 
 
 def test_schema_lists_every_serve_flag() -> None:
@@ -434,6 +464,7 @@ NOTES_SAY = {
     "gpu-operator": ["labelled app=nvidia-dcgm-exporter in namespace gpu-operator only"],
     "tls": [
         "served with TLS (Secret dcgm-enricher-tls) and basic auth (prometheus);",
+        "against ca.crt of Secret dcgm-enricher-tls and the name dcgm-enricher.gpu-monitoring.svc",
         "curl -sk -u <user>:<password> https://localhost:9401/metrics",
     ],
     "nonroot": ["runs as UID 10001, without the kubelet's PodResources socket"],
@@ -441,6 +472,10 @@ NOTES_SAY = {
         "in namespace nvidia-gpu-operator only",
         "runs as UID 10001, without the kubelet's PodResources socket",
         "dra.enabled is false: no resourceslices rule",
+    ],
+    "openshift": [
+        "the SecurityContextConstraints dcgm-enricher-nvidia-gpu-operator admits these pods,",
+        "the Role dcgm-enricher-scc lets their ServiceAccount use it",
     ],
 }
 
@@ -465,14 +500,14 @@ def test_notes_say_how_to_verify(profile: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("unset", "warning"),
+    ("setting", "warning"),
     [
-        ("monitor.tlsConfig", "Warning: monitor.tlsConfig is empty"),
-        ("monitor.basicAuth", "Warning: monitor.basicAuth is empty"),
+        ("monitor.tlsConfig.insecureSkipVerify=true", "Warning: monitor.tlsConfig.insecureSkip"),
+        ("monitor.basicAuth=null", "Warning: monitor.basicAuth is empty"),
     ],
 )
-def test_notes_warn_of_a_monitor_that_cannot_scrape(unset: str, warning: str) -> None:
-    assert warning in notes_of("tls", "--set", f"{unset}=null")
+def test_notes_warn_of_a_monitor_that_cannot_scrape(setting: str, warning: str) -> None:
+    assert warning in notes_of("tls", "--set", setting)
 
 
 def test_package_holds_the_linked_files(each_helm: HelmRelease, tmp_path: Path) -> None:
@@ -659,9 +694,44 @@ class RunningTls:
     address: str
     secrets: dict[str, dict[str, bytes]]  # the user's Secrets (stand-ins), name -> key -> bytes
     folder: Path
-    ca: Path
     password: str
     metrics: str  # /metrics as the right credentials get it
+
+
+INSTALL_DOC = ROOT / "docs" / "install.md"
+# The line of docs/install.md's openssl recipe that names the release's Service and namespace.
+RECIPE_NAMES = "SVC=dcgm-enricher NS=gpu-monitoring"
+
+
+def doc_blocks(language: str) -> list[str]:
+    """The fenced ``language`` blocks of docs/install.md."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", INSTALL_DOC.read_text(), re.M | re.S)
+
+
+def openssl_recipe_secret(folder: Path, service: str, namespace: str) -> tuple[str, Doc]:
+    """The Secret docs/install.md's openssl recipe makes for ``service`` in ``namespace``: its
+    commands run with the real openssl, its kubectl line recorded (no cluster here) and turned
+    into the Secret's name and keys as ``kubectl create secret generic --from-file`` makes
+    them (a key per file, named after it)."""
+    (recipe,) = [b for b in doc_blocks("sh") if "openssl req -x509" in b]
+    assert RECIPE_NAMES in recipe
+    recipe = recipe.replace(RECIPE_NAMES, f"SVC={service} NS={namespace}")
+    folder.mkdir(parents=True)
+    stand_in = 'kubectl() { printf "%s\\n" "$@" > kubectl.args; }\n'
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", stand_in + recipe],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    args = (folder / "kubectl.args").read_text().splitlines()
+    assert args[:5] == ["-n", namespace, "create", "secret", "generic"], args
+    assert "--type=kubernetes.io/tls" in args
+    files = [a.removeprefix("--from-file=") for a in args if a.startswith("--from-file=")]
+    return args[5], {Path(f).name: (folder / f).read_bytes() for f in files}
 
 
 def project_secrets(volume: Doc, secrets: dict[str, dict[str, bytes]], into: Path) -> None:
@@ -722,11 +792,11 @@ def endpoint_of(monitor: Doc) -> Doc:
 def running_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTls]:
     """The enricher of the tls profile (both monitor kinds), run as the chart renders it.
 
-    Stand-ins, for what cannot exist here: the user's Secrets (dcgm-enricher-tls with a
-    certificate made here for the monitor's serverName, dcgm-enricher-scrape with this run's
-    password, whose bcrypt hash replaces the profile's), the kubelet's projection of the
-    Secrets into the pod's web-config volume (written as files under a folder standing for
-    the pod's root) and the Operator's (tests: operator_endpoint_security)."""
+    Stand-ins, for what cannot exist here: the user's Secrets (dcgm-enricher-tls as
+    docs/install.md's openssl recipe makes it for the rendered Service, dcgm-enricher-scrape
+    with this run's password, whose bcrypt hash replaces the profile's), the kubelet's
+    projection of the Secrets into the pod's web-config volume (written as files under a
+    folder standing for the pod's root) and the Operator's (operator_endpoint_security)."""
     helm4 = require(releases()[1])
     folder = tmp_path_factory.mktemp("tls")
     password = token_urlsafe(18)
@@ -741,14 +811,13 @@ def running_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTls
         for kind in MONITOR_KINDS
     }
     service_monitor = docs["ServiceMonitor"]
-    (monitor,) = of_kind(service_monitor, "ServiceMonitor")
-    pki = make_pki(folder / "pki", server_names=(endpoint_of(monitor)["tlsConfig"]["serverName"],))
+    (service,) = of_kind(service_monitor, "Service")
+    tls_secret, tls_keys = openssl_recipe_secret(
+        folder / "recipe", service["metadata"]["name"], service["metadata"]["namespace"]
+    )
+    assert sorted(tls_keys) == ["ca.crt", "tls.crt", "tls.key"]
     user_secrets = {
-        "dcgm-enricher-tls": {
-            "tls.crt": pki.server_cert.read_bytes(),
-            "tls.key": pki.server_key.read_bytes(),
-            "ca.crt": pki.ca.read_bytes(),
-        },
+        tls_secret: tls_keys,
         "dcgm-enricher-scrape": {"username": b"prometheus", "password": password.encode()},
     }
     for secret in of_kind(service_monitor, "Secret"):
@@ -783,7 +852,10 @@ def running_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTls
     proc = subprocess.Popen(
         [sys.executable, "-m", "enricher", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
     )
-    verified = ssl.create_default_context(cafile=str(pki.ca))
+    # The certificate names the Service, not 127.0.0.1: the chain is checked here, the name by
+    # Prometheus below.
+    verified = ssl.create_default_context(cafile=str(folder / "recipe" / "ca.crt"))
+    verified.check_hostname = False
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -805,7 +877,7 @@ def running_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTls
         )
         with urllib.request.urlopen(request, context=verified, timeout=10) as response:
             metrics = response.read().decode()
-        yield RunningTls(docs, f"127.0.0.1:{port}", user_secrets, folder, pki.ca, password, metrics)
+        yield RunningTls(docs, f"127.0.0.1:{port}", user_secrets, folder, password, metrics)
     finally:
         stop_process(proc)
         log.close()
@@ -829,8 +901,10 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
     running_tls: RunningTls, prom_release: PromRelease, tmp_path: Path
 ) -> None:
     """One real Prometheus per release scrapes the enricher through each rendered monitor's
-    scheme, tlsConfig, basicAuth and metricRelabelings, as the Operator writes them; the same
-    job without the password, or without the CA, is refused (so each setting matters)."""
+    scheme, tlsConfig (the chart's default: the TLS Secret's ca.crt and the Service's name),
+    basicAuth and metricRelabelings, as the Operator writes them; the same job without the
+    password, without the CA, or checking the name of the same release in another namespace is
+    refused (so each setting matters, and the certificate is checked by name, not by IP)."""
     certs = tmp_path / OPERATOR_CERTS
     certs.mkdir()
     jobs = []
@@ -845,7 +919,11 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
         )
         jobs.append(job)
     (monitor,) = of_kind(running_tls.docs["ServiceMonitor"], "ServiceMonitor")
-    for control, drop in (("no-password", "basic_auth"), ("no-ca", "tls_config")):
+    for control, drop in (
+        ("no-password", "basic_auth"),
+        ("no-ca", "tls_config"),
+        ("other-namespace", None),
+    ):
         job = operator_job(
             monitor,
             running_tls.docs["ServiceMonitor"],
@@ -854,7 +932,11 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
         job |= operator_endpoint_security(
             endpoint_of(monitor), monitor["metadata"]["namespace"], running_tls.secrets, certs
         )
-        del job[drop]
+        if drop is None:
+            assert job["tls_config"]["server_name"] == "dcgm-enricher.gpu-monitoring.svc"
+            job["tls_config"]["server_name"] = "dcgm-enricher.other.svc"
+        else:
+            del job[drop]
         job["job_name"] += f"-{control}"
         jobs.append(job)
     for job in jobs:
@@ -867,7 +949,7 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
                 t["labels"]["pod"]: t
                 for t in server.api("targets", state="active")["activeTargets"]
             }
-            if len(targets) == 4 and all(t["health"] != "unknown" for t in targets.values()):
+            if len(targets) == 5 and all(t["health"] != "unknown" for t in targets.values()):
                 break
             if time.monotonic() > deadline:
                 pytest.fail(f"not every target was scraped: {targets}\n{server.log_tail()}")
@@ -877,11 +959,177 @@ def test_prometheus_scrapes_the_tls_enricher_with_the_monitors_settings(
             assert target["health"] == "up", (kind, target["lastError"])
             assert target["scrapeUrl"].startswith("https://")
         assert "401" in targets["dcgm-enricher-no-password"]["lastError"]
-        assert "certificate" in targets["dcgm-enricher-no-ca"]["lastError"]
-        assert targets["dcgm-enricher-no-ca"]["health"] == "down"
+        for control in ("no-ca", "other-namespace"):
+            assert "certificate" in targets[f"dcgm-enricher-{control}"]["lastError"]
+            assert targets[f"dcgm-enricher-{control}"]["health"] == "down"
+        assert "dcgm-enricher.other.svc" in targets["dcgm-enricher-other-namespace"]["lastError"]
         pods = {r["metric"]["pod"] for r in server.query("dcgm_enricher_source_up")}
         assert pods == {f"dcgm-enricher-{kind.lower()}" for kind in MONITOR_KINDS}
         # The monitors' metricRelabelings drop python_gc_*, which the enricher serves.
         assert "\npython_gc_objects_collected_total{" in running_tls.metrics
         assert server.query('{__name__=~"python_gc_.+"}') == []
         assert server.query('{__name__=~"python_info"}')
+
+
+# --------------------------------------------------------------------------- cluster operators
+
+
+def test_two_releases_of_one_name_share_no_cluster_scoped_name(helm: HelmRelease) -> None:
+    """The same release name in two namespaces (OpenShift's SCC included): no cluster-scoped
+    object of one is the other's, and each binding names its own role and ServiceAccount.
+    TLS's serverName follows the release's Service and namespace, a tlsConfig key of the
+    user's replaces the chart's default for it alone, and priorityClassName reaches the pods
+    (none by default: the overlays' pods, and clusters that admit system-node-critical only in
+    kube-system)."""
+    scc_on = ("--set", "openshift.scc.create=true")
+
+    def release(name: str, namespace: str, *extra: str) -> Docs:
+        args = ["template", name, str(CHART), "-n", namespace, *scc_on, *extra]
+        proc = run_helm(helm, *args)
+        assert proc.returncode == 0, proc.stderr
+        return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+    tls_on = ("--set", "webConfig.tls.secretName=enricher-tls")
+    first = render(helm, "sidecar", *scc_on)  # dcgm-enricher in gpu-monitoring
+    second = release(
+        RELEASE,
+        "gpu-monitoring-b",
+        *tls_on,
+        "--set",
+        "monitor.tlsConfig.ca.configMap.name=corporate-ca",
+        "--set",
+        "monitor.tlsConfig.ca.configMap.key=ca.pem",
+        "--set",
+        "priorityClassName=system-node-critical",
+    )
+    names = []
+    for namespace, docs in (("gpu-monitoring", first), ("gpu-monitoring-b", second)):
+        assert rbac_problems(docs) == [] and scc_problems(docs) == []
+        assert binding_problems(docs, namespace) == []
+        scoped = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+        assert {kind for kind, _ in scoped} == {
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "SecurityContextConstraints",
+        }
+        names.append(scoped)
+    assert names[0] & names[1] == set()
+
+    (monitor,) = of_kind(second, "ServiceMonitor")
+    assert endpoint_of(monitor)["tlsConfig"] == {
+        "ca": {"configMap": {"name": "corporate-ca", "key": "ca.pem"}},
+        "serverName": "dcgm-enricher.gpu-monitoring-b.svc",
+    }
+    workload, _ = enricher_of(second)
+    assert pod_spec(workload)["priorityClassName"] == "system-node-critical"
+    workload, _ = enricher_of(first)
+    assert "priorityClassName" not in pod_spec(workload)
+    (monitor,) = of_kind(first, "ServiceMonitor")
+    assert "tlsConfig" not in endpoint_of(monitor)  # plain HTTP: no TLS settings at all
+
+    other = release("gpu", "monitoring", *tls_on)
+    (service,) = of_kind(other, "Service")
+    (monitor,) = of_kind(other, "ServiceMonitor")
+    assert service["metadata"]["name"] == "gpu-dcgm-enricher"
+    assert endpoint_of(monitor)["tlsConfig"] == {
+        "ca": {"secret": {"name": "enricher-tls", "key": "ca.crt"}},
+        "serverName": "gpu-dcgm-enricher.monitoring.svc",
+    }
+    (role,) = of_kind(other, "ClusterRole")
+    assert role["metadata"]["name"] == "gpu-dcgm-enricher-monitoring"
+
+
+def test_docs_certificate_names_what_the_chart_renders(helm: HelmRelease) -> None:
+    """docs/install.md's cert-manager Certificate writes the Secret the tls profile names,
+    with the serverName its monitor checks among its DNS names, issued by a CA issuer that the
+    same page makes (cert-manager then writes that CA as the Secret's ca.crt)."""
+    objects = [d for block in doc_blocks("yaml") for d in yaml.safe_load_all(block) if d]
+    certificates = {
+        d["metadata"]["name"]: d["spec"] for d in objects if d.get("kind") == "Certificate"
+    }
+    issuers = {d["metadata"]["name"]: d["spec"] for d in objects if d.get("kind") == "Issuer"}
+    docs = render(helm, "tls")
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    tls = endpoint_of(monitor)["tlsConfig"]
+    (server,) = [c for c in certificates.values() if c["secretName"] == tls["ca"]["secret"]["name"]]
+    assert tls["serverName"] in server["dnsNames"]
+    assert f"{tls['serverName']}.cluster.local" in server["dnsNames"]
+    assert "server auth" in server["usages"]
+    ca_secret = issuers[server["issuerRef"]["name"]]["ca"]["secretName"]
+    (ca,) = [c for c in certificates.values() if c["secretName"] == ca_secret]
+    assert ca["isCA"] is True and "selfSigned" in issuers[ca["issuerRef"]["name"]]
+    workload, _ = enricher_of(docs)
+    namespace = workload["metadata"]["namespace"]
+    for d in objects:
+        if d.get("kind") in ("Certificate", "Issuer"):
+            assert d["metadata"]["namespace"] == namespace
+
+
+@pytest.mark.parametrize(
+    ("profile", "capabilities", "volumes", "uids"),
+    [
+        ("sidecar", ["SYS_ADMIN"], ["emptyDir", "hostPath", "projected"], {"uid": 0}),
+        (
+            "nonroot",
+            ["SYS_ADMIN"],
+            ["emptyDir", "hostPath", "projected"],
+            {"uidRangeMin": 0, "uidRangeMax": IMAGE_UID},
+        ),
+        ("openshift", None, ["hostPath", "projected"], {"uid": 0}),
+        ("least-privilege", None, ["projected"], {"uid": IMAGE_UID}),
+    ],
+)
+def test_scc_grants_what_the_pods_use(
+    helm: HelmRelease,
+    profile: str,
+    capabilities: list[str] | None,
+    volumes: list[str],
+    uids: dict[str, int],
+) -> None:
+    """openshift.scc.create: an SCC that admits the pods and grants nothing more (hostPath only
+    with the PodResources mount, SYS_ADMIN only beside dcgm-exporter, the UIDs they run as),
+    usable by their ServiceAccount alone through a Role; nothing of it otherwise."""
+    if profile == "openshift":  # the gpu-operator profile with the SCC on
+        assert not of_kind(render(helm, "gpu-operator"), "SecurityContextConstraints", "Role")
+        docs = render(helm, profile)
+    else:
+        assert not of_kind(render(helm, profile), "SecurityContextConstraints", "Role")
+        docs = render(helm, profile, "--set", "openshift.scc.create=true")
+    (scc,) = of_kind(docs, "SecurityContextConstraints")
+    assert scc_problems(docs) == []
+    assert scc["allowedCapabilities"] == capabilities
+    assert scc["volumes"] == volumes
+    assert {k: v for k, v in scc["runAsUser"].items() if k != "type"} == uids
+    assert rbac_problems(docs) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda scc, docs: scc.update(allowHostPID=False), "allowHostPID"),
+        (lambda scc, docs: scc.update(allowedCapabilities=None), "allowedCapabilities"),
+        (lambda scc, docs: scc["volumes"].append("secret"), "volumes"),
+        (lambda scc, docs: scc.update(readOnlyRootFilesystem=True) or _writable(docs), "root"),
+        (lambda scc, docs: scc["runAsUser"].update(uid=10001), "UID 0"),
+        (lambda scc, docs: scc.update(seccompProfiles=["*"]), "seccomp"),
+        (lambda scc, docs: scc.update(users=["system:serviceaccount:x:y"]), "users/groups"),
+        (
+            lambda scc, docs: of_kind(docs, "RoleBinding")[0]["subjects"][0].update(name="x"),
+            "may not use it",
+        ),
+    ],
+    ids=["hostpid", "sys-admin", "extra-volume", "writable-root", "uid", "seccomp", "users", "sa"],
+)
+def test_scc_problems_catch(
+    helm: HelmRelease, mutate: Callable[[Doc, Docs], object], expected: str
+) -> None:
+    docs = copy.deepcopy(render(helm, "sidecar", "--set", "openshift.scc.create=true"))
+    (scc,) = of_kind(docs, "SecurityContextConstraints")
+    assert scc_problems(docs) == []
+    mutate(scc, docs)
+    assert any(expected in p for p in scc_problems(docs)), scc_problems(docs)
+
+
+def _writable(docs: Docs) -> None:
+    _, container = enricher_of(docs)
+    container["securityContext"]["readOnlyRootFilesystem"] = False

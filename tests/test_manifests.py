@@ -68,7 +68,9 @@ DEFAULT_POD_SELECTOR = "app=nvidia-dcgm-exporter"
 OPERATOR_MPS_SELECTOR = "app=nvidia-device-plugin-mps-control-daemon"
 # Oldest and newest Kubernetes schema sets kubernetes-validate ships that we support.
 K8S_VERSIONS = ("1.32.0", "1.37.0")
-CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
+CLUSTER_SCOPED = frozenset(
+    {"Namespace", "ClusterRole", "ClusterRoleBinding", "SecurityContextConstraints"}
+)
 MONITOR_KINDS = ("ServiceMonitor", "PodMonitor")
 WORKLOAD_KINDS = ("DaemonSet", "Deployment", "StatefulSet")
 
@@ -302,7 +304,10 @@ def rbac_problems(docs: Docs) -> list[str]:
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
         )
     problems = []
-    roles = of_kind(docs, "Role", "ClusterRole")
+    scc_roles = {r["metadata"]["name"] for r in scc_use_roles(docs)}
+    roles = [
+        r for r in of_kind(docs, "Role", "ClusterRole") if r["metadata"]["name"] not in scc_roles
+    ]
     if [r["kind"] for r in roles] != ["ClusterRole"]:
         problems.append(f"expected one ClusterRole, found {[r['kind'] for r in roles]}")
     for role in roles:
@@ -326,8 +331,133 @@ def rbac_problems(docs: Docs) -> list[str]:
     names = {r["metadata"]["name"] for r in roles}
     for binding in of_kind(docs, "RoleBinding", "ClusterRoleBinding"):
         ref = binding["roleRef"]
+        if ref.get("kind") == "Role" and ref.get("name") in scc_roles:
+            continue
         if ref.get("kind") != "ClusterRole" or ref.get("name") not in names:
             problems.append(f"{binding['metadata']['name']}: roleRef {ref} is not our ClusterRole")
+    return problems
+
+
+SCC_API = "security.openshift.io"
+
+
+def scc_use_roles(docs: Docs) -> list[Doc]:
+    """Roles whose one rule is `use` of one of these objects' SecurityContextConstraints: the
+    grant OpenShift asks for (the chart's openshift.scc.create), and nothing else."""
+    sccs = {d["metadata"]["name"] for d in of_kind(docs, "SecurityContextConstraints")}
+    return [
+        role
+        for role in of_kind(docs, "Role")
+        if len(sccs) == 1
+        and role.get("rules")
+        == [
+            {
+                "apiGroups": [SCC_API],
+                "resources": ["securitycontextconstraints"],
+                "resourceNames": sorted(sccs),
+                "verbs": ["use"],
+            }
+        ]
+    ]
+
+
+def _volume_type(volume: Doc) -> str:
+    (kind,) = [k for k in volume if k != "name"]
+    return kind
+
+
+def _in_uid_strategy(strategy: Doc, uid: int | None) -> bool:
+    kind = strategy.get("type")
+    if kind == "RunAsAny":
+        return True
+    if uid is None:  # the image's user: OpenShift would have to pick one
+        return False
+    if kind == "MustRunAs":
+        return bool(strategy.get("uid") == uid)
+    if kind == "MustRunAsRange":
+        return bool(strategy.get("uidRangeMin", 1) <= uid <= strategy.get("uidRangeMax", -1))
+    if kind == "MustRunAsNonRoot":
+        return uid != 0
+    return False
+
+
+def scc_problems(docs: Docs) -> list[str]:
+    """Each SecurityContextConstraints admits the pods (as OpenShift's SCC admission judges a
+    pod's hostPID, volumes, capabilities, UIDs, seccomp, privilege and root filesystem) and
+    grants nothing they do not use; the pods' ServiceAccount may `use` it. A stand-in for
+    OpenShift, which cannot run here: the fields it checks, not its code."""
+    problems = []
+    for scc in of_kind(docs, "SecurityContextConstraints"):
+        name = scc["metadata"]["name"]
+        for workload in of_kind(docs, *WORKLOAD_KINDS):
+            spec = pod_spec(workload)
+            for field, allowed in (
+                ("hostPID", "allowHostPID"),
+                ("hostIPC", "allowHostIPC"),
+                ("hostNetwork", "allowHostNetwork"),
+            ):
+                if bool(spec.get(field)) != bool(scc.get(allowed)):
+                    problems.append(
+                        f"{name}: {allowed} {scc.get(allowed)}, the pod's {field} "
+                        f"{spec.get(field, False)}"
+                    )
+            used = {_volume_type(v) for v in spec.get("volumes", [])}
+            if spec.get("automountServiceAccountToken", True) is not False:
+                used.add("projected")  # the kubelet's kube-api-access volume
+            if set(scc.get("volumes") or []) != used:
+                problems.append(
+                    f"{name}: volumes {scc.get('volumes')}, the pod uses {sorted(used)}"
+                )
+            if bool(scc.get("allowHostDirVolumePlugin")) != ("hostPath" in used):
+                problems.append(f"{name}: allowHostDirVolumePlugin does not follow the hostPath")
+            added: set[str] = set()
+            for c in all_containers(spec):
+                security = effective_security(spec, c)
+                caps = security.get("capabilities", {})
+                added |= set(caps.get("add", []))
+                if "ALL" in (scc.get("requiredDropCapabilities") or []) and "ALL" not in caps.get(
+                    "drop", []
+                ):
+                    problems.append(f"{name}: {c['name']} does not drop ALL")
+                if security.get("privileged") and not scc.get("allowPrivilegedContainer"):
+                    problems.append(f"{name}: {c['name']} is privileged")
+                if security.get("allowPrivilegeEscalation", True) and not scc.get(
+                    "allowPrivilegeEscalation", True
+                ):
+                    problems.append(f"{name}: {c['name']} may escalate privileges")
+                if scc.get("readOnlyRootFilesystem") and not security.get("readOnlyRootFilesystem"):
+                    problems.append(f"{name}: {c['name']} has a writable root filesystem")
+                if not _in_uid_strategy(scc.get("runAsUser", {}), security.get("runAsUser")):
+                    problems.append(
+                        f"{name}: {c['name']}'s UID {security.get('runAsUser')} "
+                        f"is outside {scc.get('runAsUser')}"
+                    )
+                seccomp = security.get("seccompProfile", {}).get("type")
+                if seccomp != "RuntimeDefault" or "runtime/default" not in (
+                    scc.get("seccompProfiles") or []
+                ):
+                    problems.append(f"{name}: {c['name']}'s seccomp {seccomp} is not admitted")
+            if set(scc.get("allowedCapabilities") or []) != added:
+                problems.append(
+                    f"{name}: allowedCapabilities {scc.get('allowedCapabilities')}, "
+                    f"the containers add {sorted(added)}"
+                )
+            account = spec.get("serviceAccountName", "default")
+            namespace = workload["metadata"].get("namespace")
+            roles = {r["metadata"]["name"] for r in scc_use_roles(docs)}
+            granted = [
+                b
+                for b in of_kind(docs, "RoleBinding")
+                if b["roleRef"].get("kind") == "Role"
+                and b["roleRef"].get("name") in roles
+                and b["metadata"].get("namespace") == namespace
+                and {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+                in b.get("subjects", [])
+            ]
+            if not granted:
+                problems.append(f"{name}: ServiceAccount {namespace}/{account} may not use it")
+        if scc.get("users") or scc.get("groups"):
+            problems.append(f"{name}: granted through users/groups, not RBAC `use`")
     return problems
 
 
@@ -338,6 +468,8 @@ def binding_problems(docs: Docs, namespace: str) -> list[str]:
     expected = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     problems = []
     bindings = of_kind(docs, "ClusterRoleBinding", "RoleBinding")
+    scc_roles = {r["metadata"]["name"] for r in scc_use_roles(docs)}
+    bindings = [b for b in bindings if b["roleRef"].get("name") not in scc_roles]
     if len(bindings) != 1:
         problems.append(f"expected one binding, found {len(bindings)}")
     for binding in bindings:
@@ -655,6 +787,22 @@ def sidecar_problems(docs: Docs) -> list[str]:
         problems.append("dcgm-exporter declares a port it does not serve on the pod IP")
     if has_api_token(spec, exporter):
         problems.append("dcgm-exporter gets the enricher's API token")
+    # Hardened as far as DCGM allows (docs/security.md): the runtime's default syscall filter,
+    # a read-only root, and its writes (the embedded host engine's log) in bounded emptyDirs.
+    security = effective_security(spec, exporter)
+    if security.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        problems.append("dcgm-exporter's seccompProfile is not RuntimeDefault")
+    if security.get("readOnlyRootFilesystem") is not True:
+        problems.append("dcgm-exporter's root filesystem is writable")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    writable = {
+        m["mountPath"]: m for m in exporter.get("volumeMounts", []) if not m.get("readOnly")
+    }
+    if sorted(writable) != ["/tmp", "/var/log"]:
+        problems.append(f"dcgm-exporter writes to {sorted(writable)}, not /tmp and /var/log")
+    for path, mount in writable.items():
+        if not volumes.get(mount["name"], {}).get("emptyDir", {}).get("sizeLimit"):
+            problems.append(f"dcgm-exporter's {path} is not an emptyDir with a sizeLimit")
     return problems
 
 
@@ -742,6 +890,7 @@ def all_problems(entry: EntryPoint, docs: Docs) -> list[str]:
         + enricher_problems(workload, container, entry.uid)
         + other_container_problems(docs)
         + namespace_problems(docs, entry.namespace)
+        + scc_problems(docs)
     )
     extra: dict[str, Callable[[Docs], list[str]]] = {
         "sidecar": sidecar_problems,
@@ -924,8 +1073,96 @@ MONITOR_SCHEMAS = {
 }
 
 
+# OpenShift's SecurityContextConstraints (security.openshift.io/v1), from the CRD in
+# openshift/api security/v1/zz_generated.crd-manifests/...securitycontextconstraints-Default
+# (commit 9582650e): its fields and required ones, strict about the rest.
+_STRATEGY = {"type": ["object", "null"]}
+_STRINGS = {"type": ["array", "null"], "items": {"type": "string"}}
+_SCC_FLAGS = [
+    "allowHostDirVolumePlugin",
+    "allowHostIPC",
+    "allowHostNetwork",
+    "allowHostPID",
+    "allowHostPorts",
+    "allowPrivilegedContainer",
+    "readOnlyRootFilesystem",
+]
+_SCC_LISTS = [
+    "allowedCapabilities",
+    "defaultAddCapabilities",
+    "requiredDropCapabilities",
+    "allowedUnsafeSysctls",
+    "forbiddenSysctls",
+    "groups",
+    "users",
+    "seccompProfiles",
+    "volumes",
+]
+_SCC_REQUIRED = [
+    "apiVersion",
+    "kind",
+    "metadata",
+    "allowHostDirVolumePlugin",
+    "allowHostIPC",
+    "allowHostNetwork",
+    "allowHostPID",
+    "allowHostPorts",
+    "allowPrivilegedContainer",
+    "allowedCapabilities",
+    "defaultAddCapabilities",
+    "priority",
+    "readOnlyRootFilesystem",
+    "requiredDropCapabilities",
+    "volumes",
+]
+SCC_SCHEMA: Doc = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": _SCC_REQUIRED,
+    "properties": {
+        "apiVersion": {"const": "security.openshift.io/v1"},
+        "kind": {"const": "SecurityContextConstraints"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}, "namespace": False},
+        },
+        **{k: {"type": "boolean"} for k in _SCC_FLAGS},
+        "allowPrivilegeEscalation": {"type": ["boolean", "null"]},
+        "defaultAllowPrivilegeEscalation": {"type": ["boolean", "null"]},
+        **{k: _STRINGS for k in _SCC_LISTS},
+        "allowedFlexVolumes": {"type": ["array", "null"]},
+        "priority": {"type": ["integer", "null"]},
+        "fsGroup": _STRATEGY,
+        "supplementalGroups": _STRATEGY,
+        "runAsUser": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"enum": ["MustRunAs", "MustRunAsRange", "MustRunAsNonRoot", "RunAsAny"]},
+                "uid": {"type": "integer"},
+                "uidRangeMin": {"type": "integer"},
+                "uidRangeMax": {"type": "integer"},
+            },
+        },
+        "seLinuxContext": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {"enum": ["MustRunAs", "RunAsAny"]},
+                "seLinuxOptions": {"type": "object"},
+            },
+        },
+    },
+}
+
+
 def schema_errors(doc: Doc, k8s_version: str) -> list[str]:
-    """Schema violations of one object: Kubernetes kinds strictly, monitors by our subset."""
+    """Schema violations of one object: Kubernetes kinds strictly, monitors and OpenShift's
+    SCC by our subset."""
+    if doc["kind"] == "SecurityContextConstraints":
+        validator = jsonschema.Draft202012Validator(SCC_SCHEMA)
+        return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
     if doc["kind"] == "PrometheusRule":
         validator = jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA)
         return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
@@ -1018,6 +1255,30 @@ def test_without_prometheus_operator(entry: EntryPoint, tmp_path: Path) -> None:
     }
     assert monitor_problems(docs) == ["expected exactly one ServiceMonitor or PodMonitor, found []"]
     assert wiring_problems(docs) == []
+
+
+@needs_kubectl
+def test_a_second_install_with_a_name_prefix_shares_no_cluster_scoped_name(
+    tmp_path: Path,
+) -> None:
+    """The overlays name their ClusterRole and ClusterRoleBinding dcgm-enricher, whatever the
+    namespace: a second install in another namespace sets namePrefix (docs/install.md), which
+    renames every cluster-scoped object and the references to it, and keeps every invariant."""
+    first = build("overlays/sidecar")
+    second = edited_overlay(
+        tmp_path,
+        "overlays/sidecar",
+        "namespace: gpu-monitoring",
+        "namespace: gpu-monitoring-b\nnamePrefix: b-",
+    )
+    entry = EntryPoint("overlays/sidecar (namePrefix)", "gpu-monitoring-b", "sidecar")
+    assert all_problems(entry, second) == []
+
+    def cluster_names(docs: Docs) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+
+    assert cluster_names(first) & cluster_names(second) == set()
+    assert ("ClusterRole", "b-dcgm-enricher") in cluster_names(second)
 
 
 @needs_kubectl
@@ -1301,6 +1562,21 @@ MUTATIONS = [
         lambda d: _enricher(d)["securityContext"].pop("seccompProfile"),
         "seccompProfile",
         id="no-seccomp",
+    ),
+    pytest.param(
+        lambda d: _exporter(d)["securityContext"].pop("seccompProfile"),
+        "dcgm-exporter's seccompProfile",
+        id="exporter-no-seccomp",
+    ),
+    pytest.param(
+        lambda d: _exporter(d)["securityContext"].update(readOnlyRootFilesystem=False),
+        "dcgm-exporter's root filesystem is writable",
+        id="exporter-writable-root",
+    ),
+    pytest.param(
+        lambda d: _pod(d)["volumes"][1]["emptyDir"].pop("sizeLimit"),
+        "dcgm-exporter's /var/log is not an emptyDir with a sizeLimit",
+        id="exporter-unbounded-log",
     ),
     pytest.param(
         lambda d: _enricher(d)["securityContext"].update(allowPrivilegeEscalation=True),

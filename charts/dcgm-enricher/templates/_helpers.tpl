@@ -17,6 +17,18 @@
 {{- default .Release.Namespace .Values.namespace.name -}}
 {{- end -}}
 
+{{/* The name of every cluster-scoped object (ClusterRole, ClusterRoleBinding, the OpenShift
+SCC): the full name and the namespace, so that releases of one name in two namespaces never
+share one. */}}
+{{- define "dcgm-enricher.clusterName" -}}
+{{- printf "%s-%s" (include "dcgm-enricher.fullname" .) (include "dcgm-enricher.namespace" .) -}}
+{{- end -}}
+
+{{/* The Service's name inside the cluster, the name Prometheus checks in the certificate. */}}
+{{- define "dcgm-enricher.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "dcgm-enricher.fullname" .) (include "dcgm-enricher.namespace" .) -}}
+{{- end -}}
+
 {{- define "dcgm-enricher.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -151,7 +163,18 @@ The argument is the root context; .kind is read from .Values.monitor. */}}
 {{- with $scheme }}
 scheme: {{ . }}
 {{- end }}
-{{- with $monitor.tlsConfig }}
+{{- /* With TLS on, Prometheus checks the certificate against the TLS Secret's own ca.crt and
+the Service's name (<fullname>.<namespace>.svc), unless monitor.tlsConfig says otherwise. */ -}}
+{{- $tls := deepCopy ($monitor.tlsConfig | default dict) -}}
+{{- with .Values.webConfig.tls.secretName -}}
+{{- if not (or (hasKey $tls "ca") (hasKey $tls "caFile")) -}}
+{{- $_ := set $tls "ca" (dict "secret" (dict "name" . "key" "ca.crt")) -}}
+{{- end -}}
+{{- if not (hasKey $tls "serverName") -}}
+{{- $_ := set $tls "serverName" (include "dcgm-enricher.serviceHost" $) -}}
+{{- end -}}
+{{- end -}}
+{{- with $tls }}
 tlsConfig:
   {{- toYaml . | nindent 2 }}
 {{- end }}
