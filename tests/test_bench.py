@@ -354,7 +354,7 @@ Rss:                  80 kB
 def test_rss_by_mapping_groups_smaps() -> None:
     """The memory part's breakdown of RSS: files by base name (each of a library's mappings
     added up), the kernel's named regions as named, nameless ones as anonymous."""
-    from bench.run import parse_smaps, rss_over_floor
+    from bench.memory import parse_smaps, rss_over_floor
 
     got = parse_smaps(SMAPS)
     assert got == {

@@ -394,7 +394,12 @@ def relative_links(text: str) -> Iterator[str]:
 
 @pytest.mark.parametrize(
     "path",
-    [*doc_files(), ROOT / "bench" / "README.md", ROOT / "deploy" / "compose" / "README.md"],
+    [
+        *doc_files(),
+        ROOT / "bench" / "README.md",
+        ROOT / "tools" / "README.md",
+        ROOT / "deploy" / "compose" / "README.md",
+    ],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_relative_links_resolve(path: Path) -> None:
