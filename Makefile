@@ -122,7 +122,7 @@ check: system-deps prometheus3 $(HIGHEST_BIN)/dcgm-enricher
 	$(MAKE) --no-print-directory lint typecheck TOOLS=$(HIGHEST_BIN)
 	HYPOTHESIS_PROFILE=dev $(HIGHEST_BIN)/pytest -q $(CHECK_TESTS)
 
-LINT_PATHS := enricher tests $(wildcard bench) devkit deploy/dcgm-enricher-post-renderer deploy/culling
+LINT_PATHS := enricher tests $(wildcard bench) $(wildcard tools) devkit deploy/dcgm-enricher-post-renderer deploy/culling
 
 # lint, typecheck and unit run in a test virtualenv (`make test` makes both; TOOLS picks one).
 TOOLS ?= $(HIGHEST_BIN)
@@ -159,12 +159,12 @@ bench-quick: system-deps $(VENV)/.test-extras
 ## gpu-wheels: pip, the project and its runtime dependencies (CPython 3.10 to 3.13) as wheels in
 ## .cache/gpu-wheels, for gpu-check on a machine with no network (needs the registry here)
 gpu-wheels:
-	PYTHON=$(PYTHON) ./bench/gpu_wheels.sh .cache/gpu-wheels
+	PYTHON=$(PYTHON) ./tools/gpu_wheels.sh .cache/gpu-wheels
 
 ## gpu-check: the real-GPU check (docs/gpu-check.md): a CUDA process, real NVML and /proc, the
 ## enricher scraped; installs from .cache/gpu-wheels into a temporary venv; under 5 minutes
 gpu-check:
-	$(PYTHON) bench/gpu_check.py --wheels .cache/gpu-wheels $(GPU_CHECK_ARGS)
+	$(PYTHON) tools/gpu_check.py --wheels .cache/gpu-wheels $(GPU_CHECK_ARGS)
 
 # mutmut, pinned, and its dependencies (libcst, textual, coverage) go into the highest Python's
 # test virtualenv, which holds everything the tests import; CI's [test] extra never gets them.

@@ -36,8 +36,9 @@ FUNCTIONS: tuple[tuple[str, str, str], ...] = (
     ("idle ledger and last-active family", "enricher.stages", "IdleStage.write"),
     ("gzip of a collection's body", "enricher.compress", "GzipHead.__init__"),
     ("gzip of each scrape's tail", "enricher.compress", "GzipHead.finish"),
-    ("self-metrics of a collection", "enricher.pipeline", "Scraper._collection_metrics"),
-    ("self-metrics of each scrape", "enricher.pipeline", "Scraper._scrape_metrics"),
+    # The pipeline calls the self-metrics writers by the names it imported: wrapped there.
+    ("self-metrics of a collection", "enricher.pipeline", "collection_self_metrics"),
+    ("self-metrics of each scrape", "enricher.pipeline", "scrape_self_metrics"),
     ("process_* and python_*", "enricher.selfmetrics", "RuntimeFamilies.render"),
     ("NVML read", "enricher.nvml", "NvmlSource.fetch"),
     ("procfs read", "enricher.procfs", "ProcfsSource.read_many"),

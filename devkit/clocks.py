@@ -1,6 +1,9 @@
-"""A settable clock for the sources and loops that take one (``clock=``)."""
+"""Clocks for the sources and loops that take one (``clock=``): one that stands still until
+moved, and one that runs behind the real clock until it catches up."""
 
 from __future__ import annotations
+
+import time
 
 
 class Clock:
@@ -12,3 +15,18 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class MovingClock:
+    """The real clock, ``behind`` seconds late until ``catch_up()``: a simulated node whose
+    history a test writes in the past, then the real clock (the one Prometheus's ``time()``
+    reads)."""
+
+    def __init__(self, behind: float) -> None:
+        self.offset = -behind
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def catch_up(self) -> None:
+        self.offset = 0.0

@@ -654,6 +654,32 @@ def _translate(event: _Event, selector: _Selector, bookmarks: bool) -> dict[str,
 # ---------------------------------------------------------------------- client and pod helpers
 
 
+def resource_slice(
+    devices: Sequence[Any],
+    *,
+    node: str,
+    driver: str = "gpu.nvidia.com",
+    pool: str | None = None,
+    generation: int = 1,
+    version: str = "v1",
+) -> dict[str, Any]:
+    """One ResourceSlice of ``devices`` as given (hostile ones too) in ``version``'s envelope:
+    the one pool (named after the node unless ``pool``) and its ``generation``. The shape a DRA
+    driver publishes for a simulated node is enricher.simnode.api.resource_slices'."""
+    pool = node if pool is None else pool
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}-{pool}-{generation}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
+            "devices": list(devices),
+        },
+    }
+
+
 def make_api_client(url: str) -> kubernetes.client.ApiClient:
     """A real ``ApiClient`` pointed at ``url`` with no auth and no urllib3 retries.
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .tools import run_tool
+
 
 def selector(name: str, labels: dict[str, str]) -> str:
     """``name{labels}`` as a series in a promtool test: Prometheus drops empty labels on
@@ -36,9 +38,7 @@ def run(
     promtool: str, *args: str, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``promtool ARGS...``, its output as text (never raises on its exit status)."""
-    return subprocess.run(
-        [promtool, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
-    )
+    return run_tool([promtool, *args], cwd=cwd, timeout=timeout)
 
 
 def run_rule_tests(

@@ -1,11 +1,14 @@
-"""External tools the tests run: a missing one fails in CI and skips elsewhere."""
+"""External tools the tests run: a missing one fails in CI and skips elsewhere; one way to run
+them; and the repository's scripts loaded as modules."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +24,20 @@ def require_tool(name: str, how: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def run_tool(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run to its end (bounded by ``timeout`` seconds), its output as text; never
+    raises on its exit status: the caller asserts on it and shows the output."""
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
+    )
 
 
 def load_script(path: Path, name: str) -> ModuleType:

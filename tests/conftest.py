@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 from pathlib import Path
@@ -138,6 +139,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite tests/golden/*.out from the current output",
     )
+
+
+@pytest.fixture
+def parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The CLI's build_parser() as a clean shell builds it: the defaults read no ENRICHER_*
+    variable (the flags reference and the threat model's table are generated from it)."""
+    from enricher.cli import build_parser
+
+    for name in list(os.environ):
+        if name.startswith("ENRICHER_") or name == "NODE_NAME":
+            monkeypatch.delenv(name)
+    return build_parser()
 
 
 @pytest.fixture

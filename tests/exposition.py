@@ -7,10 +7,21 @@ This one stays as the tests' independent second: test_promclient compares the tw
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from enricher.textformat import format_value, render_labels
+
+
+def float_text(value: float) -> str:
+    """A sample value as a hand-written body writes it: ``NaN``, ``+Inf``, ``-Inf``, else
+    Python's shortest round-trip form (``1.0``, not the ``1`` Prometheus writes)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
 
 
 def escape_help(text: str) -> str:

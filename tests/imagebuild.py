@@ -37,9 +37,6 @@ IMAGE = "enricher-test/dcgm-enricher:test"
 class Built:
     image: str
     base: str
-    seconds: float
-    size_bytes: int
-    base_size_bytes: int
 
 
 def build_image(engine: Engine) -> Built:
@@ -64,7 +61,7 @@ def build_image(engine: Engine) -> Built:
     seconds = time.monotonic() - started
     size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", IMAGE))
     base = int(engine.docker("image", "inspect", "--format", "{{.Size}}", BASE_IMAGE))
-    built = Built(IMAGE, BASE_IMAGE, seconds, size, base)
+    built = Built(IMAGE, BASE_IMAGE)
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FIGURES.write_text(
         json.dumps(

@@ -4,6 +4,7 @@ timing: speed is the benchmark's business, on a machine chosen for it."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -354,7 +355,7 @@ Rss:                  80 kB
 def test_rss_by_mapping_groups_smaps() -> None:
     """The memory part's breakdown of RSS: files by base name (each of a library's mappings
     added up), the kernel's named regions as named, nameless ones as anonymous."""
-    from bench.run import parse_smaps, rss_over_floor
+    from bench.memory import parse_smaps, rss_over_floor
 
     got = parse_smaps(SMAPS)
     assert got == {
@@ -375,3 +376,65 @@ def test_rss_by_mapping_groups_smaps() -> None:
         "over_floor": 3.0,
     }
     assert rows[2]["over_floor"] == 0.0 and rows[2]["end"] == round((128 + 1024 + 80) / 1024, 2)
+
+
+# --------------------------------------------------------------------------- the tree's layout
+
+TOPS = ("enricher", "devkit", "bench", "tools", "tests")
+# A line that starts an import statement, at any indentation (imports inside functions count).
+_IMPORT_LINE = re.compile(r"^[ \t]*((?:from[ \t]+[\w.]+[ \t]+)?import[ \t].*)$", re.MULTILINE)
+
+
+def import_statements(text: str) -> str:
+    """The import statements of a module's text, each at module level: what the import graph
+    reads, at a tenth of the cost of parsing the whole tree. Those under ``if TYPE_CHECKING:``
+    count too (as the package's type-only check counts them); a line that only looks like one
+    (prose in a string) does not parse and is left out."""
+    out: list[str] = []
+    for match in _IMPORT_LINE.finditer(text):
+        statement = match.group(1)
+        if statement.rstrip().endswith("("):  # a parenthesised list: up to its closing paren
+            statement += text[match.end() : text.index(")", match.end()) + 1]
+        try:
+            ast.parse(statement)
+        except SyntaxError:
+            continue
+        out.append(statement)
+    return "\n".join(out)
+
+
+def tree_import_graph() -> dict[str, set[str]]:
+    """Edges module -> module it imports, over every module of the package, the kit, the
+    bench, the tools and the tests (tests/test_structure.py's reading of imports)."""
+    from .test_structure import import_graph, module_name
+
+    sources = {
+        module_name(p): (import_statements(p.read_text()), p.name == "__init__.py")
+        for top in TOPS
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if not {"proto", "_build", "fixtures"} & set(p.relative_to(ROOT).parts)
+    }
+    return import_graph(sources, TOPS)
+
+
+def test_no_import_cycle_in_the_tree_and_the_bench_and_tools_stand_apart() -> None:
+    """No import circle anywhere (bench, tools, kit and tests included); the bench imports
+    nothing from the tests, the tools nothing from the tests or the bench, the kit nothing
+    but the package; and the bench's parts never import its runner back."""
+    from .test_structure import find_cycle
+
+    graph = tree_import_graph()
+    assert {"bench.run", "bench.rewrite", "tools.load", "devkit.kubeapi"} <= set(graph)
+    assert "bench.rewrite" in graph["bench.run"] and "devkit.ports" in graph["tests.harness"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+    crossing = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if (name.startswith("bench") and target.startswith("tests"))
+        or (name.startswith("tools") and target.split(".")[0] in ("tests", "bench"))
+        or (name.startswith("devkit") and target.split(".")[0] in ("tests", "bench", "tools"))
+        or (name not in ("bench.run", "bench.__main__") and target == "bench.run")
+    )
+    assert crossing == []

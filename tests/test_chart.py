@@ -49,6 +49,7 @@ import yaml
 from devkit.ports import free_port
 from devkit.processes import stop_process
 from devkit.prometheus import EVERY_SECOND
+from devkit.tools import run_tool
 from enricher.cli import build_parser
 
 from .certs import bcrypt_hash
@@ -138,9 +139,7 @@ def each_helm(request: pytest.FixtureRequest) -> HelmRelease:
 
 
 def run_helm(release: HelmRelease, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [release.helm, *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    return run_tool([release.helm, *args])
 
 
 def refusal(release: HelmRelease, *overrides: str) -> str:

@@ -45,6 +45,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.clocks import MovingClock
 from devkit.http import get as devkit_get
 from devkit.prometheus import EVERY_SECOND
 from devkit.promtool import run as promtool_run
@@ -293,20 +294,6 @@ class AppsStandIn(StandIn):
 # --------------------------------------------------------------------------- a real Prometheus
 
 
-class MovingClock:
-    """The simulated node's time: HOURS_BEHIND hours behind the real clock until
-    ``catch_up()``, then the real clock (which Prometheus's ``time()`` reads)."""
-
-    def __init__(self) -> None:
-        self.offset = -HOURS_BEHIND * 3600.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
-
-    def catch_up(self) -> None:
-        self.offset = 0.0
-
-
 def _last_active(url: str) -> list[float]:
     text = devkit_get(url).decode()
     return [
@@ -338,7 +325,7 @@ def culling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Culling]:
     PromQL that tests/test_idle.py already runs on both)."""
     release = require(releases()[-1])
     tmp = tmp_path_factory.mktemp("culling")
-    clock = MovingClock()
+    clock = MovingClock(HOURS_BEHIND * 3600.0)
     demo = FrozenDemo(tmp / "demo", clock=clock)
     url = f"http://127.0.0.1:{demo.port}/metrics"
     config = {"global": EVERY_SECOND, "scrape_configs": [demo.scrape_job()]}

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devkit.tools import load_script
+from devkit.tools import load_script, run_tool
 
 from .helmreleases import HelmRelease, releases, require
 from .test_manifests import (
@@ -116,9 +116,7 @@ def helm_home(release: HelmRelease, base: str) -> dict[str, str]:
 def run_helm(
     release: HelmRelease, env: dict[str, str], *args: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [release.helm, *args], capture_output=True, text=True, timeout=60, check=False, env=env
-    )
+    return run_tool([release.helm, *args], env=env)
 
 
 def post_renderer_args(release: HelmRelease, *args: str) -> list[str]:

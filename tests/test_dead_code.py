@@ -6,6 +6,10 @@ A helper only the tests call belongs in tests/, and a constant nothing reads (a 
 a default, a list of names nobody consults) drifts from the one in use. The check reads the
 package's code tokens (names, not strings or comments): a name counts as used wherever it
 appears besides its definition; ``__all__`` lists count, as they are strings.
+
+Outside the package, what the kit (devkit/), the bench, the tools and the tests' helper
+modules define is used somewhere in the tree (a cheaper reading by words: see
+``unused_in_tree``).
 """
 
 from __future__ import annotations
@@ -176,3 +180,77 @@ def test_the_check_finds_an_unread_member() -> None:
         "    def unused(self) -> None:\n        self.count += 1\n\n\nA().used()\n"
     )
     assert unread_members({"m.py": text}) == ["m.py: count", "m.py: size", "m.py: unused"]
+
+
+# --------------------------------------------------------------------------- kit, bench, tools
+
+ROOT = PACKAGE.parent
+# What the rule below reads: every Python file of the tree (the scripts too: the generators
+# and the mixin's build load the kit), and what it checks: the code outside the package that
+# is not a test module.
+TREE = ("enricher", "devkit", "bench", "tools", "tests", "rules", "grafana", "mixin", "deploy")
+KIT = ("devkit", "bench", "tools")
+
+
+def kit_files() -> list[Path]:
+    return [p for top in KIT for p in sorted((ROOT / top).rglob("*.py"))] + [
+        p for p in sorted((ROOT / "tests").glob("*.py")) if not p.name.startswith("test_")
+    ]
+
+
+def class_fields(tree: ast.Module) -> Iterator[str]:
+    """The methods and fields of the top-level classes in ``tree`` (not their ``self.``
+    attributes: walking every method costs the check more than it finds in a kit)."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield item.name
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    yield item.target.id
+
+
+def unused_in_tree(texts: Mapping[str, str], checked: Iterable[str]) -> list[str]:
+    """The top-level names and class members defined in the ``checked`` files whose word
+    appears nowhere in ``texts`` besides its definition. Words, not tokens: a name a comment
+    or a string elsewhere mentions counts as used; that keeps the whole tree's check at a
+    fraction of a second. pytest's hooks (``pytest_*``) are called by pytest."""
+    words = Counter(re.findall(r"\w+", "\n".join(texts.values())))
+    return sorted(
+        {
+            f"{where}: {name}"
+            for where in checked
+            for tree in [ast.parse(texts[where])]
+            for name in [*top_level_names(tree), *class_fields(tree)]
+            if words[name] <= 1
+            and not name.startswith("pytest_")
+            and not (name.startswith("__") and name.endswith("__"))
+        }
+    )
+
+
+def test_every_name_of_the_kit_bench_and_tools_is_used_in_the_tree() -> None:
+    """What the kit, the bench, the tools and the tests' helper modules define, something uses:
+    a helper nobody calls any more is deleted, not kept beside the one that replaced it."""
+    paths = [p for top in TREE for p in (ROOT / top).rglob("*.py") if "fixtures" not in p.parts]
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in paths}
+    checked = [str(p.relative_to(ROOT)) for p in kit_files()]
+    assert {"devkit/ports.py", "bench/run.py", "tools/load.py", "tests/harness.py"} <= set(checked)
+    unused = unused_in_tree(texts, checked)
+    assert unused == [], "defined in the kit, the bench or the tools, used nowhere:\n" + "\n".join(
+        unused
+    )
+
+
+def test_the_tree_check_finds_an_unused_helper() -> None:
+    kit = (
+        "def used() -> int:\n    return 1\n\n\ndef unused() -> int:\n    return 2\n\n\n"
+        "class Stand:\n    seen: int\n    forgotten: int\n\n"
+        "    def pytest_configure(self) -> None: ...\n"
+    )
+    texts = {"devkit/k.py": kit, "tests/test_k.py": "from devkit.k import used\nused().seen\n"}
+    assert unused_in_tree(texts, ["devkit/k.py"]) == [
+        "devkit/k.py: Stand",
+        "devkit/k.py: forgotten",
+        "devkit/k.py: unused",
+    ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from devkit.dashboard import alerts, records
-from enricher.cli import build_parser, env_name
+from enricher.cli import env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -222,15 +221,6 @@ def render_flags_doc(parser: argparse.ArgumentParser) -> str:
     return "\n".join(out) + "\n"
 
 
-@pytest.fixture
-def parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
-    """build_parser() as a clean shell builds it: the defaults read no ENRICHER_* variable."""
-    for name in list(os.environ):
-        if name.startswith("ENRICHER_") or name == "NODE_NAME":
-            monkeypatch.delenv(name)
-    return build_parser()
-
-
 def test_flags_doc_is_generated_from_the_parser(
     parser: argparse.ArgumentParser, update_golden: bool
 ) -> None:
@@ -394,7 +384,12 @@ def relative_links(text: str) -> Iterator[str]:
 
 @pytest.mark.parametrize(
     "path",
-    [*doc_files(), ROOT / "bench" / "README.md", ROOT / "deploy" / "compose" / "README.md"],
+    [
+        *doc_files(),
+        ROOT / "bench" / "README.md",
+        ROOT / "tools" / "README.md",
+        ROOT / "deploy" / "compose" / "README.md",
+    ],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_relative_links_resolve(path: Path) -> None:

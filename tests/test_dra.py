@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from devkit.kubeapi import KubeApiStandIn, make_api_client
+from devkit.kubeapi import KubeApiStandIn, make_api_client, resource_slice
 from enricher.attribution import dra_slice_keys, resolve_allocations
 from enricher.families import ALLOCATED, RenderOptions, render_families
 from enricher.model import (
@@ -82,17 +82,7 @@ def slice_obj(
     node: str = NODE,
     generation: int = 1,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{driver}-{pool}-{generation}"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
+    return resource_slice(devices, node=node, driver=driver, pool=pool, generation=generation)
 
 
 def dev(name: str, uuid: Any, attr: str = "uuid", basic: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py, the real-GPU check (docs/gpu-check.md), proven on the fake NVML.
+"""tools/gpu_check.py, the real-GPU check (docs/gpu-check.md), proven on the fake NVML.
 
 The check runs as a child process, as on the GPU machine: pynvml and the enricher it starts
 load the fake libnvidia-ml.so.1 (``--nvml.library``), /proc is the real one, and the "CUDA
@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from bench import gpu_check
 from devkit.nvmlfake import FakeNvmlState
 from devkit.processes import stop_process
+from tools import gpu_check
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "gpu_check.py"
+SCRIPT = ROOT / "tools" / "gpu_check.py"
 WHEELS = ROOT / ".cache" / "gpu-wheels"
 TIMEOUT_S = 200.0  # the check's own budget is 120 s below; this catches a wedged one
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import math
 import shutil
 import threading
 import time
@@ -62,6 +61,7 @@ from enricher.simnode import fakeproc
 from enricher.sources import ReadResult
 from enricher.textformat import LABEL_NAME_RE, MAX_LABEL_VALUE_LENGTH
 from enricher.upstream import UpstreamError, fetch_upstream
+from tests.exposition import float_text
 from tests.promcheck import check_metrics_batch
 from tests.scraping import PER_SCRAPE, NoProcs
 
@@ -167,14 +167,6 @@ def esc_label(v: str) -> str:
 
 def esc_help(v: str) -> str:
     return "".join({"\\": "\\\\", "\n": "\\n"}.get(ch, ch) for ch in v)
-
-
-def fmt(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
 
 
 def block(labels: Sequence[tuple[str, str]]) -> str:
@@ -306,10 +298,10 @@ def upstream_texts(draw: st.DrawFn) -> tuple[str, str]:
                 for le in ("0.5", "1", "+Inf"):
                     count += draw(_bucket_steps)
                     lines.append(f"{name}_bucket{block([*labels, ('le', le)])} {count}{ts}")
-                lines.append(f"{name}_sum{block(labels)} {fmt(draw(values))}{ts}")
+                lines.append(f"{name}_sum{block(labels)} {float_text(draw(values))}{ts}")
                 lines.append(f"{name}_count{block(labels)} {count}{ts}")
             else:
-                lines.append(f"{name}{block(labels)} {fmt(draw(values))}{ts}")
+                lines.append(f"{name}{block(labels)} {float_text(draw(values))}{ts}")
     valid = "\n".join(lines) + "\n" if lines else ""
     mixed = list(lines)
     for junk in draw(_junk_lines):
@@ -518,7 +510,7 @@ def parse_all(text: str) -> tuple[list[Sample], dict[str, str]]:
         docs[fam.name] = fam.documentation
         for s in fam.samples:
             ts = None if s.timestamp is None else float(s.timestamp)
-            out.append((s.name, tuple(sorted(s.labels.items())), fmt(float(s.value)), ts))
+            out.append((s.name, tuple(sorted(s.labels.items())), float_text(float(s.value)), ts))
     return out, docs
 
 

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.clocks import MovingClock
 from enricher.attribution import REASON_HOST, AllocatedDevice, Attribution
 from enricher.cli import parse_config
 from enricher.idle import LAST_ACTIVE, IdleLedger, render_last_active
@@ -297,20 +298,6 @@ HELD_IDLE = {
 }
 
 
-class MovingClock:
-    """The simulated node's time: ``HOURS_BEHIND`` hours behind the real clock until
-    ``catch_up()``, then the real clock (which Prometheus's ``time()`` reads)."""
-
-    def __init__(self) -> None:
-        self.offset = -HOURS_BEHIND * 3600.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
-
-    def catch_up(self) -> None:
-        self.offset = 0.0
-
-
 def culling_queries() -> list[str]:
     """The PromQL blocks of docs/culling.md, in order."""
     return re.findall(r"```promql\n(.+?)\n```", CULLING.read_text(), re.DOTALL)
@@ -333,7 +320,7 @@ def idle_stack(
     then at the real time (the notebook idle since), scraped by a real Prometheus with the
     shipped rules."""
     tmp = tmp_path_factory.mktemp(f"idle-{prom_release.id}")
-    clock = MovingClock()
+    clock = MovingClock(HOURS_BEHIND * 3600.0)
     demo = FrozenDemo(tmp / "demo", clock=clock)
     url = f"http://127.0.0.1:{demo.port}/metrics"
     try:

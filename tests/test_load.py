@@ -1,16 +1,16 @@
-"""The load test (bench/load.py) in its quick form: 50 scrapers for about five seconds.
+"""The load test (tools/load.py) in its quick form: 50 scrapers for about five seconds.
 
 Real parts: the enricher's app in its own process on the demo's simulated node, a slow
 dcgm-exporter stand-in (200 ms per answer) and aiohttp clients, all on loopback. The
 assertions are about correctness and bounds, never about speed: latency figures depend on the
-machine and belong to the full run's report (python -m bench.load).
+machine and belong to the full run's report (python -m tools.load).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bench.load import LoadConfig, format_result, run_load
+from tools.load import LoadConfig, format_result, run_load
 
 MIB_GROWTH_LIMIT = 32.0
 

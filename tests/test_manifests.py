@@ -34,6 +34,7 @@ import jsonschema
 import pytest
 import yaml
 
+from devkit.tools import run_tool
 from enricher.config import Config
 
 from .promreleases import PromRelease, serve
@@ -104,11 +105,6 @@ COMPANIONS = ("patches/dcgm-exporter-native-sidecar",)
 
 
 # --------------------------------------------------------------------------- building
-
-
-def run_tool(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run one of the tools this file checks with (kubectl, promtool, the enricher), bounded."""
-    return subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=cwd, check=False)
 
 
 def kustomize(directory: Path) -> Docs:

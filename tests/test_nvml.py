@@ -22,6 +22,7 @@ import pynvml
 import pytest
 
 from devkit import nvmlfake
+from devkit.clocks import Clock
 from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from enricher.model import GpuProcess, ProcessKind
 from enricher.nvml import NvmlUnavailable
@@ -44,14 +45,6 @@ def fake(
     f = nvmlfake.install_fake_nvml(tmp_path_factory, tmp_path, monkeypatch)
     yield f
     f.close()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def by_key(processes: tuple[GpuProcess, ...]) -> dict[tuple[int, int | None, int], GpuProcess]:
@@ -489,7 +482,7 @@ def test_state_over_the_fake_limits_fails_init_instead_of_overflowing(fake: Fake
 def test_init_failure_waits_for_the_retry_interval(fake: FakeNvml, code: int, reason: str) -> None:
     good = FakeNvmlState().gpu().process(42)
     fake.write(FakeNvmlState().gpu().process(42).fail_init(code))
-    clock = FakeClock()
+    clock = Clock()
     src = fake.source(retry_interval=30.0, clock=clock)
 
     with pytest.raises(NvmlUnavailable) as first:
@@ -515,7 +508,7 @@ def test_init_failure_waits_for_the_retry_interval(fake: FakeNvml, code: int, re
 def test_whole_read_failure_reinitialises_after_the_interval(fake: FakeNvml) -> None:
     good = FakeNvmlState().gpu().process(42)
     fake.write(good)
-    clock = FakeClock()
+    clock = Clock()
     src = fake.source(retry_interval=10.0, clock=clock)
     assert [p.pid for p in src.fetch().processes] == [42]
 
@@ -657,7 +650,7 @@ def test_a_gpu_that_leaves_and_comes_back(fake: FakeNvml) -> None:
     through its handle), the next initialises NVML again and numbers the GPUs left; while it
     is missing NVML is initialised again once per retry interval, and the one after it comes
     back lists it, without a restart."""
-    clock = FakeClock()
+    clock = Clock()
     src = fake.source(retry_interval=30.0, clock=clock)
     fake.write(gpus(GPU_A, GPU_B, GPU_C))
     assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B), (2, GPU_C)]
@@ -691,7 +684,7 @@ def test_gpus_that_swap_indices(fake: FakeNvml) -> None:
     """Two GPUs unbound and bound again in the other order: their old handles are lost, so
     the fetch that sees it lists neither (never one's processes under the other's UUID or
     index), and the next lists each under its new index."""
-    clock = FakeClock()
+    clock = Clock()
     src = fake.source(clock=clock)
     fake.write(gpus(GPU_A, GPU_B))
     assert seen(src.fetch()) == [(0, GPU_A), (1, GPU_B)]
@@ -705,7 +698,7 @@ def test_gpus_that_swap_indices(fake: FakeNvml) -> None:
 def test_a_gpu_that_arrives_while_another_is_missing(fake: FakeNvml) -> None:
     """The count changes at a new init only: a GPU that takes the place of one that left is
     found when NVML is initialised again to look for the missing one."""
-    clock = FakeClock()
+    clock = Clock()
     src = fake.source(retry_interval=10.0, clock=clock)
     fake.write(gpus(GPU_A, GPU_B))
     src.fetch()
@@ -731,7 +724,7 @@ def test_a_gpu_lost_for_good_starts_nvml_over_once_per_interval(fake: FakeNvml, 
     """A GPU that stays enumerated but answers that it is lost (fallen off the bus) makes
     NVML start over at most once per retry interval; each fetch meanwhile reports it, and it
     is read again as soon as it answers."""
-    clock = FakeClock()
+    clock = Clock()
     src = fake.source(retry_interval=30.0, clock=clock)
     fake.write(gpus(GPU_A, GPU_B).fail("nvmlDeviceGetMigMode", code, gpu=1))
     for _ in range(4):

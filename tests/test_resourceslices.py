@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devkit.kubeapi import KubeApiStandIn, make_api_client
+from devkit.kubeapi import KubeApiStandIn, make_api_client, resource_slice
 from enricher.model import DeviceTaint, MigInfo
 from enricher.resourceslices import (
     MAX_TAINTS,
@@ -91,17 +91,7 @@ def body(*devices: Any, generation: int = 1, version: str = "v1") -> bytes:
 def slice_obj(
     *devices: Any, generation: int = 1, version: str = "v1", node: str = NODE
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": f"resource.k8s.io/{version}",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}-{generation}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": list(devices),
-        },
-    }
+    return resource_slice(devices, node=node, driver=DRIVER, generation=generation, version=version)
 
 
 # --------------------------------------------------------------------------- taints

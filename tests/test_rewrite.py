@@ -22,7 +22,7 @@ from enricher.textformat import (
 )
 
 from .conftest import shared_dcgm_fixtures
-from .exposition import FamilyWriter
+from .exposition import FamilyWriter, float_text
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
@@ -479,14 +479,6 @@ def _esc(v: str) -> str:
     return "".join(out)
 
 
-def _val(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
-
-
 @st.composite
 def expositions(draw: st.DrawFn) -> tuple[str, dict[tuple[str, str], Owner]]:
     uuids = [UUID_A, UUID_B, 'GPU-"odd\\uuid\n']
@@ -521,9 +513,9 @@ def expositions(draw: st.DrawFn) -> tuple[str, dict[tuple[str, str], Owner]]:
             block = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
             ts = f" {draw(st.integers(0, 2**40))}" if draw(st.booleans()) else ""
             lines.append(
-                f"{name}{{{block}}} {_val(draw(values))}{ts}"
+                f"{name}{{{block}}} {float_text(draw(values))}{ts}"
                 if block
-                else f"{name} {_val(draw(values))}{ts}"
+                else f"{name} {float_text(draw(values))}{ts}"
             )
     if draw(st.booleans()):
         lines.insert(draw(st.integers(0, len(lines))), "# a comment line")
@@ -827,7 +819,9 @@ def test_caches_follow_the_payload_not_the_uptime() -> None:
 # Mostly what exporters write; one value in eight is odd (slow-path only, or invalid).
 _VALUE_TEXT = st.integers(0, 7).flatmap(
     lambda n: (
-        values.map(_val) if n else st.sampled_from(FAST_OK + SLOW_ONLY + INVALID[1:] + PYTHON_ONLY)
+        values.map(float_text)
+        if n
+        else st.sampled_from(FAST_OK + SLOW_ONLY + INVALID[1:] + PYTHON_ONLY)
     )
 )
 

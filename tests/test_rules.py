@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from devkit.dashboard import alert_rules, record_rules, rule_groups
-from devkit.tools import load_script
+from devkit.tools import load_script, run_tool
 
 from .schemas import PROMETHEUS_RULE_SCHEMA
 from .test_manifests import build
@@ -46,21 +46,17 @@ KUBECTL = shutil.which("kubectl")
 generate = load_script(RULES_DIR / "generate.py", "rules_generate")
 
 
-def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
-
-
 # --------------------------------------------------------------------------- promtool
 
 
 def test_promtool_check_rules(promtool: str) -> None:
-    proc = run([promtool, "check", "rules", str(RULES)])
+    proc = run_tool([promtool, "check", "rules", str(RULES)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(alert_rules()) + len(record_rules())} rules found" in proc.stdout
 
 
 def test_promtool_unit_tests(promtool: str) -> None:
-    proc = run([promtool, "test", "rules", *(p.name for p in TEST_FILES)], cwd=RULES_DIR)
+    proc = run_tool([promtool, "test", "rules", *(p.name for p in TEST_FILES)], cwd=RULES_DIR)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -72,7 +68,7 @@ def test_promtool_unit_tests_catch_a_changed_threshold(promtool: str, tmp_path: 
     (tmp_path / RULES.name).write_text(text.replace(old, old.replace("> 85", "> 95")))
     for file in TEST_FILES:
         shutil.copy(file, tmp_path / file.name)
-    proc = run([promtool, "test", "rules", "dcgm-enricher.tests.yaml"], cwd=tmp_path)
+    proc = run_tool([promtool, "test", "rules", "dcgm-enricher.tests.yaml"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "GpuTemperatureHigh" in proc.stdout + proc.stderr
 
@@ -263,7 +259,7 @@ def test_generate_writes_the_rules_with_runbook_urls(
     assert generate.main(["--runbook-url", RUNBOOK_BASE]) == 0
     copy_file = tmp_path / "dcgm-enricher.rules.yaml"
     copy_file.write_text(capsys.readouterr().out)
-    proc = run([promtool, "check", "rules", str(copy_file)])
+    proc = run_tool([promtool, "check", "rules", str(copy_file)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     written = yaml.safe_load(copy_file.read_text())["groups"]
     sections = runbook_sections()
@@ -332,7 +328,7 @@ def test_prometheus_rule_schema_rejects(mutate: Any, where: str) -> None:
 def test_promtool_accepts_the_prometheus_rule_groups(promtool: str, tmp_path: Path) -> None:
     rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     (tmp_path / "groups.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    proc = run([promtool, "check", "rules", str(tmp_path / "groups.yaml")])
+    proc = run_tool([promtool, "check", "rules", str(tmp_path / "groups.yaml")])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -350,7 +346,7 @@ def test_monitoring_component_builds(tmp_path: Path) -> None:
             }
         )
     )
-    proc = run([KUBECTL, "kustomize", str(tmp_path)])
+    proc = run_tool([KUBECTL, "kustomize", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
@@ -383,7 +379,7 @@ def runbook_overlay(tmp_path: Path, url_configmap: bool) -> subprocess.Completed
     overlay = manifests / "overlays" / "with-runbook"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return run([KUBECTL or "kubectl", "kustomize", str(overlay)])
+    return run_tool([KUBECTL or "kubectl", "kustomize", str(overlay)])
 
 
 @pytest.mark.usefixtures("kubectl")  # fails in CI, skips elsewhere

@@ -224,14 +224,19 @@ def _imports(tree: ast.AST, type_checking: bool = False) -> Iterator[ast.Import 
 
 
 def import_graph(
-    sources: Mapping[str, tuple[str, bool]], top: str = "enricher", *, type_checking: bool = False
+    sources: Mapping[str, tuple[str, bool]],
+    top: str | tuple[str, ...] = "enricher",
+    *,
+    type_checking: bool = False,
 ) -> dict[str, set[str]]:
-    """Edges module -> package modules it imports, from ``{module: (source, is_package)}``
-    (``type_checking``: imports under ``if TYPE_CHECKING:`` too).
+    """Edges module -> modules of the top-level package(s) ``top`` it imports, from
+    ``{module: (source, is_package)}`` (``type_checking``: imports under ``if TYPE_CHECKING:``
+    too).
 
     ``from . import x`` and ``from .m import x`` are read as Python resolves them: ``x`` is the
     submodule when there is one, otherwise a name in ``m``.
     """
+    tops = (top,) if isinstance(top, str) else top
     graph: dict[str, set[str]] = {name: set() for name in sources}
     for name, (source, is_package) in sources.items():
         package = name if is_package else name.rpartition(".")[0]
@@ -251,7 +256,7 @@ def import_graph(
             for target in targets:
                 while target and target not in sources:
                     target = target.rpartition(".")[0]  # import a.b.c names a.b.c's module
-                if not target or target == name or target.split(".")[0] != top:
+                if not target or target == name or target.split(".")[0] not in tops:
                     continue
                 graph[name].add(target)
                 # Importing a.b.c runs a.b first: an edge to each package above the target

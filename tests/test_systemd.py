@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from devkit.ports import free_port
 from devkit.processes import stop_process
-from devkit.tools import require_tool
+from devkit.tools import require_tool, run_tool
 from devkit.upstream import TextServer
 from enricher.cli import build_parser, env_name, parse_config
 from enricher.memory import REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
@@ -190,10 +190,6 @@ def systemd_analyze() -> str:
     return require_tool("systemd-analyze", "Debian's systemd package (.ci/system-deps installs it)")
 
 
-def run_tool(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-
-
 @dataclass(frozen=True)
 class Analysis:
     verify: str  # what verify printed: nothing when the unit is clean
@@ -234,9 +230,9 @@ def analyze(
     program.chmod(0o755)
     shutil.copytree(HOST_UNITS, root / HOST_UNITS.relative_to("/"), symlinks=True)
     where = (f"--root={root}", UNIT_NAME)
-    verify = run_tool(tool, "verify", "--man=no", *where)
-    security = run_tool(tool, "security", "--offline=true", *where)
-    table = run_tool(tool, "security", "--offline=true", "--json=short", *where)
+    verify = run_tool([tool, "verify", "--man=no", *where])
+    security = run_tool([tool, "security", "--offline=true", *where])
+    table = run_tool([tool, "security", "--offline=true", "--json=short", *where])
     assert table.returncode == 0, table.stderr
     m = _OVERALL.search(security.stdout)
     assert m is not None, security.stdout + security.stderr
@@ -328,7 +324,7 @@ def test_install_doc_scrape_config_is_valid(promtools: list[str], tmp_path: Path
     path = tmp_path / "prometheus.yml"
     path.write_text(block)
     for promtool in promtools:
-        res = run_tool(promtool, "check", "config", str(path))
+        res = run_tool([promtool, "check", "config", str(path)])
         assert res.returncode == 0, res.stdout + res.stderr
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from enricher import (
     procfs,
     resourceslices,
 )
-from enricher.cli import build_parser
 from enricher.config import Config
 from enricher.labels import Owner, RewritePlan, relabel
 from enricher.simnode import fakeproc
@@ -470,15 +468,6 @@ def test_every_signal_has_a_row_and_every_row_a_test() -> None:
     for row in rows:
         assert len(row) == 4, row
         assert re.search(r"`tests/[\w/]+\.py::\w+`", row[3]), f"no named test: {row[0]}"
-
-
-@pytest.fixture
-def parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
-    """build_parser() as a clean shell builds it: the defaults read no ENRICHER_* variable."""
-    for name in list(os.environ):
-        if name.startswith("ENRICHER_") or name == "NODE_NAME":
-            monkeypatch.delenv(name)
-    return build_parser()
 
 
 def _defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:

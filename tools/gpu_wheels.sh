@@ -1,5 +1,5 @@
 #!/bin/sh
-# Fill a folder with the wheels `bench/gpu_check.py --wheels` installs from on a machine with no
+# Fill a folder with the wheels `tools/gpu_check.py --wheels` installs from on a machine with no
 # network: pip itself, this project, and its runtime dependencies for CPython 3.10 to 3.13 on
 # manylinux x86-64 (the device's Python version is not known in advance). Needs the registry.
 # The kubernetes client and its tree (pydantic-core: 18 MiB over four Pythons) are left out:
@@ -13,7 +13,7 @@ mkdir -p "$DEST"
 $PYTHON -m pip wheel -q --no-deps -w "$DEST" .
 $PYTHON -m pip download -q --only-binary=:all: -d "$DEST" pip
 wheel=$(ls "$DEST"/dcgm_enricher-*.whl)
-deps=$($PYTHON bench/gpu_check.py --print-requirements "$wheel")
+deps=$($PYTHON tools/gpu_check.py --print-requirements "$wheel")
 for v in $PYTHONS; do
     abi=cp$(echo "$v" | tr -d .)
     # shellcheck disable=SC2086 # one requirement a word

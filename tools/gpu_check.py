@@ -107,7 +107,7 @@ class Deadline:
 # --------------------------------------------------------------------------- bootstrap
 
 
-# Left out of the wheel folder and the install (bench/gpu_wheels.sh says why).
+# Left out of the wheel folder and the install (tools/gpu_wheels.sh says why).
 NOT_INSTALLED = frozenset({"kubernetes"})
 
 

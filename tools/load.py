@@ -1,7 +1,7 @@
-"""``python -m bench.load``: many concurrent scrapers against the enricher, on loopback.
+"""``python -m tools.load``: many concurrent scrapers against the enricher, on loopback.
 
 The enricher runs in its own process (so its memory is its own), started as
-``python -m bench.load --serve-enricher URL``, with the demo's SIMULATED GPUs, /proc tree and
+``python -m tools.load --serve-enricher URL``, with the demo's SIMULATED GPUs, /proc tree and
 pods behind the real pipeline. This process runs a dcgm-exporter stand-in that takes
 ``--upstream-delay`` seconds per answer (a slow exporter) and counts its requests, and
 ``--scrapers`` clients that scrape /metrics back to back for ``--duration`` seconds.
@@ -85,7 +85,7 @@ async def _serve_enricher(
     from enricher.simnode.fakeproc import write_proc_tree
     from enricher.simnode.gpus import SimulatedGpus
 
-    with tempfile.TemporaryDirectory(prefix="bench-load-proc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="load-proc-") as tmp:
         write_proc_tree(Path(tmp), DEMO, time.time())
         config = replace(
             Config(),
@@ -174,7 +174,7 @@ async def run_load(cfg: LoadConfig) -> LoadResult:
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bench.load",
+        "tools.load",
         "--serve-enricher",
         upstream_url,
         "--upstream-timeout",
@@ -298,7 +298,7 @@ def format_result(r: LoadResult, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.load", description=__doc__.split("\n")[0])
     p.add_argument("--scrapers", type=int, default=LoadConfig.scrapers)
     p.add_argument("--duration", type=float, default=LoadConfig.duration, help="seconds")
     p.add_argument("--upstream-delay", type=float, default=LoadConfig.upstream_delay)
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         follow_step=args.follow_step,
     )
     result = asyncio.run(run_load(cfg))
-    command = "python -m bench.load" + (" --quick" if args.quick else "")
+    command = "python -m tools.load" + (" --quick" if args.quick else "")
     print(format_result(result, command))
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(result), indent=2) + "\n")
