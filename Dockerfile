@@ -1,6 +1,11 @@
-# dcgm-enricher container image.
+# dcgm-enricher container image. No registry publishes it: build it and push it to yours.
 #
-#   docker build -t ghcr.io/dcgm-enricher/dcgm-enricher:0.1.0 .
+#   make image                                 # dcgm-enricher:<version>, labelled
+#   make image-push REGISTRY=<your registry>   # <your registry>/dcgm-enricher:<version>
+#
+# `make image` adds the labels org.opencontainers.image.revision (the commit) and .source (the
+# repository, from `git remote get-url origin`) that a plain `docker build .` leaves out;
+# docs/release.md has the multi-arch build (linux/amd64 and linux/arm64).
 #
 # Both stages use the same Python image: the virtualenv's interpreter is a link to that
 # image's /usr/local/bin/python3.12, so the final stage must have Python at the same path.
@@ -22,14 +27,11 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/venv/bin/pip uninstall --yes pip
 
 FROM ${PYTHON_IMAGE}
+# pyproject.toml's version (make release-check holds them equal; make image passes it).
 ARG VERSION=0.1.0
-# The repository the image is built from, for org.opencontainers.image.source: no default, as
-# the project names no public home; `docker build --build-arg SOURCE=<URL of your repository>`.
-ARG SOURCE=
 LABEL org.opencontainers.image.title="dcgm-enricher" \
       org.opencontainers.image.description="Attributes dcgm-exporter GPU metrics to Kubernetes pods and containers" \
       org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /opt/venv /opt/venv
 # The image runs with a read-only root filesystem; bytecode was compiled at install time.

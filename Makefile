@@ -11,7 +11,7 @@ LOWEST_BIN := .venv-py$(PY_LOWEST)/bin
 HIGHEST_BIN := .venv-py$(PY_HIGHEST)/bin
 
 .PHONY: demo test test-deps static suite-lowest suite-highest test-deep check venv system-deps prometheus3 helm compose image-base lint typecheck unit \
-	mixin generate bench bench-quick gpu-wheels gpu-check mutate clean
+	mixin generate bench bench-quick gpu-wheels gpu-check mutate clean image image-push release-check
 
 # The product alone, what `make demo` runs: the package and its runtime dependencies, none of
 # the test toolchain.
@@ -155,6 +155,94 @@ bench: system-deps $(VENV)/.test-extras
 ## bench-quick: every part of the benchmark, briefly (tests/test_bench.py runs it as a smoke test)
 bench-quick: system-deps $(VENV)/.test-extras
 	$(BIN)/python -m bench --quick --out bench/results/quick.json
+
+# --------------------------------------------------------------------------- image and release
+# docs/release.md. The version is pyproject.toml's; the image's labels say which commit and
+# which repository it was built from. The source is `git remote get-url origin` when that is a
+# URL (credentials dropped, ssh made https), and no label otherwise: the project names no
+# public home, and an invented one would send readers to someone else's repository.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+DOCKER ?= docker
+IMAGE_NAME ?= dcgm-enricher
+IMAGE ?= $(IMAGE_NAME):$(VERSION)
+REGISTRY ?=
+# linux/amd64,linux/arm64 (Grace Hopper nodes): `docker buildx build`, which needs the buildx
+# plugin and, for the other architecture, QEMU's binfmt handlers (docs/release.md).
+PLATFORMS ?=
+# Another base (a mirror of python:3.12-slim-bookworm, a digest-pinned one); empty: the
+# Dockerfile's default.
+PYTHON_IMAGE ?=
+DOCKER_BUILD_FLAGS ?=
+IMAGE_REVISION ?= $(shell git rev-parse --verify -q HEAD 2>/dev/null)
+IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null | sed -nE \
+	-e 's!^(https?)://([^/@]*@)?([^/]+)/(.+)$$!\1://\3/\4!p' \
+	-e 's!^ssh://([^/@]*@)?([^/:]+)(:[0-9]+)?/(.+)$$!https://\2/\4!p' \
+	-e 's!^[^/@:]+@([^/:]+):(.+)$$!https://\1/\2!p' | sed -e 's!/$$!!' -e 's!\.git$$!!')
+IMAGE_BUILD_ARGS = --build-arg VERSION=$(VERSION) \
+	$(if $(IMAGE_REVISION),--label org.opencontainers.image.revision=$(IMAGE_REVISION)) \
+	$(if $(IMAGE_SOURCE),--label org.opencontainers.image.source=$(IMAGE_SOURCE)) \
+	$(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) $(DOCKER_BUILD_FLAGS)
+PUSHED_IMAGE = $(REGISTRY)/$(IMAGE_NAME):$(VERSION)
+
+## image: build the container image dcgm-enricher:VERSION (IMAGE=name:tag to name it otherwise),
+## labelled with the version, the commit and the repository; PLATFORMS=linux/amd64,linux/arm64
+## builds both with buildx (kept in buildx's cache: image-push pushes them)
+image:
+ifeq ($(PLATFORMS),)
+	$(DOCKER) build $(IMAGE_BUILD_ARGS) --tag $(IMAGE) .
+else
+	$(DOCKER) buildx build --platform $(PLATFORMS) $(IMAGE_BUILD_ARGS) --tag $(IMAGE) .
+endif
+
+## image-push: build the image and push it as REGISTRY/dcgm-enricher:VERSION (docker login
+## first); with PLATFORMS, one multi-arch image by buildx
+image-push:
+	@test -n "$(REGISTRY)" || { echo "make image-push: say where, e.g. REGISTRY=registry.example.com/gpu" >&2; exit 2; }
+ifeq ($(PLATFORMS),)
+	$(MAKE) --no-print-directory image
+	$(DOCKER) tag $(IMAGE) $(PUSHED_IMAGE)
+	$(DOCKER) push $(PUSHED_IMAGE)
+else
+	$(DOCKER) buildx build --platform $(PLATFORMS) $(IMAGE_BUILD_ARGS) --tag $(PUSHED_IMAGE) --push .
+endif
+
+HELM ?= helm
+DIST ?= dist
+CHART_DIR := charts/dcgm-enricher
+# The steps of a release that publish nothing (docs/release.md): every place that states the
+# version states VERSION (the image tag of the manifests too), CHANGELOG.md has its dated section and no Unreleased one, the tree is
+# committed and a v* tag on HEAD is vVERSION; then the sdist, the wheel built from it and
+# `twine check`, and the chart packaged with that version and appVersion, all into DIST.
+# TOOLS: a virtualenv with the [test] extra (build, twine), as `make test` makes.
+## release-check: check a release's version, CHANGELOG section and tag; build the sdist, wheel
+## (twine check) and the chart package into dist/ (publishes nothing)
+release-check:
+	@fail() { echo "release-check: $$*" >&2; exit 1; }; \
+	v='$(VERSION)'; \
+	echo "$$v" | grep -Eqx '[0-9]+\.[0-9]+\.[0-9]+' || fail "pyproject.toml's version '$$v' is not X.Y.Z"; \
+	grep -qx "__version__ = \"$$v\"" enricher/__init__.py || fail "enricher/__init__.py's __version__ is not $$v"; \
+	grep -qx "version: $$v" $(CHART_DIR)/Chart.yaml || fail "$(CHART_DIR)/Chart.yaml's version is not $$v"; \
+	grep -qx "appVersion: \"$$v\"" $(CHART_DIR)/Chart.yaml || fail "$(CHART_DIR)/Chart.yaml's appVersion is not $$v"; \
+	grep -qx "ARG VERSION=$$v" Dockerfile || fail "the Dockerfile's ARG VERSION is not $$v"; \
+	for ref in $$(grep -rhoE '/dcgm-enricher:[^ "]+' manifests deploy | sort -u); do \
+		test "$$ref" = "/dcgm-enricher:$$v" || fail "manifests/ or deploy/ pin the image as ...$$ref, not $$v"; \
+	done; \
+	grep -Eqx "## $$(echo "$$v" | sed 's/\./\\./g') / [0-9]{4}-[0-9]{2}-[0-9]{2}" CHANGELOG.md \
+		|| fail "CHANGELOG.md has no section '## $$v / YYYY-MM-DD'"; \
+	! grep -qx "## Unreleased" CHANGELOG.md || fail "CHANGELOG.md still has an Unreleased section"; \
+	if git rev-parse --git-dir >/dev/null 2>&1; then \
+		test -z "$$(git status --porcelain)" || fail "the work tree has uncommitted changes"; \
+		for tag in $$(git tag --points-at HEAD 'v*'); do \
+			test "$$tag" = "v$$v" || fail "HEAD is tagged $$tag, not v$$v"; \
+		done; \
+	fi; \
+	echo "release-check: version $$v, CHANGELOG section, tree and tag agree"
+	rm -rf $(DIST)
+	$(TOOLS)/python -m build --outdir $(DIST) .
+	$(TOOLS)/twine check --strict $(DIST)/*.tar.gz $(DIST)/*.whl
+	$(HELM) package $(CHART_DIR) --version $(VERSION) --app-version $(VERSION) --destination $(DIST)
+	@echo "release-check: $(DIST) holds $$(cd $(DIST) && ls | tr '\n' ' ')"
+	@echo "release-check: the image: make image-push REGISTRY=... builds $(IMAGE_NAME):$(VERSION) with revision $(IMAGE_REVISION)$(if $(IMAGE_SOURCE), and source $(IMAGE_SOURCE))"
 
 ## gpu-wheels: pip, the project and its runtime dependencies (CPython 3.10 to 3.13) as wheels in
 ## .cache/gpu-wheels, for gpu-check on a machine with no network (needs the registry here)

@@ -110,7 +110,9 @@ LOWEST_ONLY = frozenset({"test_bench.py", "test_fleet.py", "test_mixin.py", "tes
 
 # The files that start a Docker Engine: under pytest-xdist they share one worker (one engine,
 # one image build).
-DOCKER_FILES = frozenset({"test_docker_engine.py", "test_image.py", "test_compose_real.py"})
+DOCKER_FILES = frozenset(
+    {"test_docker_engine.py", "test_image.py", "test_compose_real.py", "test_release.py"}
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

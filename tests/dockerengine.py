@@ -111,15 +111,20 @@ class Engine:
         """The value for ``--docker.host``."""
         return f"unix://{self.socket_path}"
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment that points the ``docker`` CLI (or a Makefile running it) here."""
+        env = {**os.environ, "DOCKER_HOST": self.host, "DOCKER_BUILDKIT": "0"}
+        env.pop("DOCKER_CONTEXT", None)
+        env["DOCKER_CONFIG"] = str(self.root / "cli-config")  # no user config, no credentials
+        return env
+
     def docker(
         self, *args: str, input: bytes | None = None, timeout: float = 120.0, check: bool = True
     ) -> str:
         """Run the CLI against this daemon; its stdout (an error with stderr when it fails)."""
-        env = {**os.environ, "DOCKER_HOST": self.host, "DOCKER_BUILDKIT": "0"}
-        env.pop("DOCKER_CONTEXT", None)
-        env["DOCKER_CONFIG"] = str(self.root / "cli-config")  # no user config, no credentials
         done = subprocess.run(
-            [self.cli, *args], input=input, capture_output=True, timeout=timeout, env=env
+            [self.cli, *args], input=input, capture_output=True, timeout=timeout, env=self.env
         )
         if check and done.returncode != 0:
             raise EngineUnavailable(

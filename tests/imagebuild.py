@@ -1,6 +1,8 @@
 """The project's image, built once per test session by the real Docker Engine
 (tests/dockerengine.py), for every test that runs it (tests/test_image.py,
-tests/test_compose_real.py): the fixture ``built_image``.
+tests/test_compose_real.py, tests/test_release.py): the fixture ``built_image``. It is built by
+``make image``, as a user builds it (the labels of the version, the commit and the repository
+come from the Makefile), only pointed at the session's engine and the stand-in base.
 
 The base: no registry is reachable here, so the Dockerfile's ``PYTHON_IMAGE`` is a stand-in
 built from Debian's packages by ``.ci/image-base`` (``make test`` runs it), imported as
@@ -17,15 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from .conftest import ROOT
-from .dockerengine import Engine, docker_daemon, skip_or_fail
+from .dockerengine import Engine, EngineUnavailable, docker_daemon, skip_or_fail
 
 BASE_TARBALL = ROOT / ".cache" / "image-base" / "bookworm-python.tar"
 FIGURES = ROOT / ".cache" / "image" / "figures.json"
@@ -33,10 +38,45 @@ BASE_IMAGE = "enricher-test/python-standin:bookworm"
 IMAGE = "enricher-test/dcgm-enricher:test"
 
 
+def project_version() -> str:
+    """pyproject.toml's version, which every release artifact carries."""
+    match = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert match, "pyproject.toml has no version"
+    return match.group(1)
+
+
+def head_revision(root: Path = ROOT) -> str | None:
+    """The commit checked out at ``root`` (None outside a git work tree)."""
+    done = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--verify", "-q", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or None
+
+
 @dataclass(frozen=True)
 class Built:
     image: str
     base: str
+
+
+def make_image(engine: Engine, target: str, *assignments: str, timeout: float = 300) -> str:
+    """``make TARGET`` of the Makefile's image targets (``image``, ``image-push``), run as a
+    user runs it, against ``engine`` and on the stand-in base; its output."""
+    env = {k: v for k, v in engine.env.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    argv = ["make", "--no-print-directory", "-C", str(ROOT), target]
+    argv += [f"DOCKER={engine.cli}", f"IMAGE={IMAGE}", f"PYTHON_IMAGE={BASE_IMAGE}"]
+    argv += ["DOCKER_BUILD_FLAGS=--network=host"]  # pip in the builder stage reaches the index
+    done = subprocess.run(
+        [*argv, *assignments], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    if done.returncode != 0:
+        raise EngineUnavailable(
+            f"make {target} exited {done.returncode}: {(done.stdout + done.stderr)[-3000:]}"
+        )
+    return done.stdout
 
 
 def build_image(engine: Engine) -> Built:
@@ -48,16 +88,7 @@ def build_image(engine: Engine) -> Built:
     with BASE_TARBALL.open("rb") as tar:
         engine.docker("import", "-", BASE_IMAGE, input=tar.read(), timeout=300)
     started = time.monotonic()
-    engine.docker(
-        "build",
-        "--network=host",  # pip in the builder stage reaches the package index
-        "--build-arg",
-        f"PYTHON_IMAGE={BASE_IMAGE}",
-        "--tag",
-        IMAGE,
-        str(ROOT),
-        timeout=900,
-    )
+    make_image(engine, "image", timeout=900)
     seconds = time.monotonic() - started
     size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", IMAGE))
     base = int(engine.docker("image", "inspect", "--format", "{{.Size}}", BASE_IMAGE))

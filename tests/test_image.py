@@ -36,7 +36,7 @@ from devkit.upstream import TextServer
 from .composefile import load_compose
 from .conftest import ROOT
 from .dockerengine import COMPOSE, SLEEP, Engine, upstream_body
-from .imagebuild import IMAGE, Built
+from .imagebuild import IMAGE, Built, head_revision, project_version
 from .promreleases import Server, releases, require, serve
 
 pytestmark = pytest.mark.image
@@ -62,13 +62,20 @@ def test_image_defaults(real_docker: Engine, built_image: Built) -> None:
     assert config["Entrypoint"] == ["/opt/venv/bin/dcgm-enricher"]
     assert config["Cmd"] == ["serve"]
     assert "9401/tcp" in config["ExposedPorts"]
-    assert config["Labels"]["org.opencontainers.image.title"] == "dcgm-enricher"
+    labels = config["Labels"]
+    assert labels["org.opencontainers.image.title"] == "dcgm-enricher"
+    # `make image`'s labels: the release, the commit, and the repository only where the
+    # checkout's origin is a URL (never a local path, never credentials).
+    assert labels["org.opencontainers.image.version"] == project_version()
+    assert labels.get("org.opencontainers.image.revision") == head_revision()
+    source = labels.get("org.opencontainers.image.source")
+    assert source is None or (source.startswith(("https://", "http://")) and "@" not in source)
     listing = real_docker.docker(
         "run", "--rm", "--network", "none", "--entrypoint", "/bin/ls", IMAGE, "/opt/venv/bin"
     ).split()
     assert "dcgm-enricher" in listing and "pip" not in listing
     version = real_docker.docker("run", "--rm", "--network", "none", IMAGE, "--version")
-    assert version.strip().endswith("0.1.0")
+    assert version.strip() == f"dcgm-enricher {project_version()}"
     # The image is the built wheel, not the work tree: the tests are not in it.
     found = real_docker.docker(
         "run",

@@ -2062,9 +2062,9 @@ def test_dockerfile_final_stage() -> None:
     assert not [a for kind, a in final if kind == "RUN"], "no shell steps in the final stage"
     args = dict(a.split("=", 1) for kind, a in final if kind == "ARG" and "=" in a)
     assert args["VERSION"] == project_version()
-    labels = instructions["LABEL"]
-    for key in ("org.opencontainers.image.version", "org.opencontainers.image.source"):
-        assert key in labels
+    # The version here; the commit and the repository come from `make image` (from git), and
+    # tests/test_image.py reads them off the built image.
+    assert "org.opencontainers.image.version" in instructions["LABEL"]
 
 
 def test_dockerfile_entrypoint_is_the_console_script() -> None:
