@@ -224,8 +224,8 @@ release-check:
 	grep -qx "version: $$v" $(CHART_DIR)/Chart.yaml || fail "$(CHART_DIR)/Chart.yaml's version is not $$v"; \
 	grep -qx "appVersion: \"$$v\"" $(CHART_DIR)/Chart.yaml || fail "$(CHART_DIR)/Chart.yaml's appVersion is not $$v"; \
 	grep -qx "ARG VERSION=$$v" Dockerfile || fail "the Dockerfile's ARG VERSION is not $$v"; \
-	for ref in $$(grep -rhoE '/dcgm-enricher:[^ "]+' manifests deploy | sort -u); do \
-		test "$$ref" = "/dcgm-enricher:$$v" || fail "manifests/ or deploy/ pin the image as ...$$ref, not $$v"; \
+	for ref in $$(grep -rhoE 'dcgm-enricher:[0-9][^ "]*' manifests deploy | sort -u); do \
+		test "$$ref" = "dcgm-enricher:$$v" || fail "manifests/ or deploy/ pin the image as $$ref, not $$v"; \
 	done; \
 	grep -Eqx "## $$(echo "$$v" | sed 's/\./\\./g') / [0-9]{4}-[0-9]{2}-[0-9]{2}" CHANGELOG.md \
 		|| fail "CHANGELOG.md has no section '## $$v / YYYY-MM-DD'"; \

@@ -55,7 +55,7 @@ Doc = dict[str, Any]
 Docs = tuple[Doc, ...]
 
 ENRICHER_CONTAINER = "dcgm-enricher"
-ENRICHER_IMAGE_REPO = "ghcr.io/dcgm-enricher/dcgm-enricher"
+ENRICHER_IMAGE_REPO = "dcgm-enricher"
 EXPORTER_IMAGE_REPO = "nvcr.io/nvidia/k8s/dcgm-exporter"
 ENRICHER_PORT = 9401
 ENRICHER_UID = 0  # root without capabilities: the kubelet socket is root-only (see manifests)

@@ -179,7 +179,7 @@ REFUSALS = {
     "chart-app-version": "charts/dcgm-enricher/Chart.yaml's appVersion is not {v}",
     "chart-version": "charts/dcgm-enricher/Chart.yaml's version is not {v}",
     "dockerfile": "the Dockerfile's ARG VERSION is not {v}",
-    "manifest-tag": "manifests/ or deploy/ pin the image as .../dcgm-enricher:9.9.9, not {v}",
+    "manifest-tag": "manifests/ or deploy/ pin the image as dcgm-enricher:9.9.9, not {v}",
     "package": "enricher/__init__.py's __version__ is not {v}",
     "not-semver": "pyproject.toml's version '{v}.dev1' is not X.Y.Z",
     "uncommitted": "the work tree has uncommitted changes",
@@ -205,7 +205,7 @@ def test_release_check_refuses(release_tree: Path, case: str, tmp_path: Path) ->
         _edit(tree / "Dockerfile", f"ARG VERSION={v}", "ARG VERSION=9.9.9")
     elif case == "manifest-tag":
         sidecar = tree / "manifests/overlays/sidecar/daemonset.yaml"
-        _edit(sidecar, f"/dcgm-enricher:{v}", "/dcgm-enricher:9.9.9")
+        _edit(sidecar, f"image: dcgm-enricher:{v}", "image: dcgm-enricher:9.9.9")
     elif case == "package":
         _edit(tree / "enricher/__init__.py", f'"{v}"', '"9.9.9"')
     elif case == "not-semver":
