@@ -63,13 +63,13 @@ def _top_namespaces() -> Any:
     return with_links(
         _table(
             "Top namespaces",
-            f"The {TOP} namespaces holding the most GPU memory now, with the GPUs' worth of SM "
-            "time they use. A namespace opens its own dashboard (every pod of it).",
+            f"The {TOP} namespaces of each cluster holding the most GPU memory now, with the "
+            "GPUs' worth of SM time they use. A namespace opens its own dashboard (every pod of it).",
             [
-                Target(f"topk({TOP}, sum by ({CL}, {NS}) ({MEM_REC}))", table=True),
+                Target(f"topk by ({CL}) ({TOP}, sum by ({CL}, {NS}) ({MEM_REC}))", table=True),
                 Target(
                     f"sum by ({CL}, {NS}) ({UTIL_REC}) and on ({CL}, {NS}) "
-                    f"topk({TOP}, sum by ({CL}, {NS}) ({MEM_REC}))",
+                    f"topk by ({CL}) ({TOP}, sum by ({CL}, {NS}) ({MEM_REC}))",
                     table=True,
                 ),
             ],
@@ -87,9 +87,9 @@ def _top_workloads() -> Any:
     return with_links(
         _table(
             "Top workloads",
-            f"The {TOP} workloads (Deployments, Jobs, StatefulSets, ...; all replicas "
+            f"The {TOP} workloads of each cluster (Deployments, Jobs, StatefulSets, ...; all replicas "
             "together) holding the most GPU memory now. A namespace opens its dashboard.",
-            [Target(f"topk({TOP}, sum by ({by}) ({MEM_REC}))", table=True)],
+            [Target(f"topk by ({CL}) ({TOP}, sum by ({by}) ({MEM_REC}))", table=True)],
             {"Value": "memory"},
             "memory",
             {"memory": "bytes"},
