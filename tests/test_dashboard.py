@@ -343,7 +343,6 @@ QUERY_NEEDS = {
     "cluster/Health/Nodes with remapped rows/A": "remapped-rows",
     "namespace/Allocated and used/Allocated but idle/A": "allocation",
     "namespace/Allocated and used/Memory held while idle/A": "idle-holder",
-    "namespace/Allocated and used/Allocated and in use, by namespace/A": "allocation",
     "namespace/Chargeback/GPU-hours, last day/A": "allocation",
     "pod/Containers on devices/Allocation/A": "allocation",
     "pod/Its devices' health/Remapped rows of its GPUs/A": "remapped-rows",

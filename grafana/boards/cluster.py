@@ -64,7 +64,8 @@ def _top_namespaces() -> Any:
         _table(
             "Top namespaces",
             f"The {TOP} namespaces of each cluster holding the most GPU memory now, with the "
-            "GPUs' worth of SM time they use. A namespace opens its own dashboard (every pod of it).",
+            "GPUs' worth of SM time they use. A namespace opens its own dashboard (every pod "
+            "of it).",
             [
                 Target(f"topk by ({CL}) ({TOP}, sum by ({CL}, {NS}) ({MEM_REC}))", table=True),
                 Target(
@@ -87,8 +88,8 @@ def _top_workloads() -> Any:
     return with_links(
         _table(
             "Top workloads",
-            f"The {TOP} workloads of each cluster (Deployments, Jobs, StatefulSets, ...; all replicas "
-            "together) holding the most GPU memory now. A namespace opens its dashboard.",
+            f"The {TOP} workloads of each cluster (Deployments, Jobs, StatefulSets, ...; all "
+            "replicas together) holding the most GPU memory now. A namespace opens its dashboard.",
             [Target(f"topk by ({CL}) ({TOP}, sum by ({by}) ({MEM_REC}))", table=True)],
             {"Value": "memory"},
             "memory",

@@ -32,7 +32,7 @@ POD_LINKS = {
 
 def _gpu_hours() -> Any:
     """Device-hours of the namespace over the trailing day: allocated, and held by its
-    processes, from one sample a minute (a subquery: no record keeps the namespace under the
+    processes, from a sample every 15 s (a subquery: no record keeps the namespace under the
     label prefix)."""
     allocated = sel("gpu_container_allocated", *POD_FILTER)
     by = f"{CL}, {NS}"
@@ -40,16 +40,17 @@ def _gpu_hours() -> Any:
         "GPU-hours, last day",
         "Device-hours (GPUs or MIG instances) over the trailing day: allocated to the "
         "namespace's containers (needs the PodResources source) and held by their processes "
-        "(a device shared by several containers counted once), from one sample a minute.",
+        "(a device shared by several containers counted once), from a sample every 15 s (as "
+        "the rules' GPU-hour records).",
         [
             Target(
-                f"sum by ({by}) (sum_over_time(sum by ({by}) ({allocated})[1d:1m])) / 60",
+                f"sum by ({by}) (sum_over_time(sum by ({by}) ({allocated})[1d:15s])) / 240",
                 table=True,
             ),
             Target(
                 f"sum by ({by}) (sum_over_time(count by ({by}) (count by ({by}, "
                 "%(nodeLabel)s, UUID, GPU_I_ID) "
-                f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}))[1d:1m])) / 60",
+                f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}))[1d:15s])) / 240",
                 table=True,
             ),
         ],
