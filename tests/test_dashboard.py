@@ -1,14 +1,15 @@
 """The Grafana dashboards, and the dashboards and rules against a real Prometheus.
 
 Static checks read the family of dashboards (grafana/*.json). The end-to-end checks start the
-demo node (`dcgm-enricher demo`: the real enricher over a simulated GPU node, since there is no GPU here)
-and two real Prometheus servers scraping it every second, once per release (Debian 12's 2.42,
-the 3.5 LTS: tests/promreleases.py): one with honor_labels: true, the rules loaded and target
-labels added the way the Prometheus Operator adds them, one with honor_labels: false (the rules
-loaded too, for the panels that read the dashboard's records). Every
-panel query, with the variables set to match-all, runs through Prometheus's HTTP API in both
-label modes and must return series; every recording rule must produce data; the alerts that the
-demo's situations call for must be pending or firing, and no other.
+demo node (`dcgm-enricher demo`: the real enricher over a simulated GPU node, since there is no
+GPU here) and two real Prometheus servers scraping it every second, once per release (Debian
+12's 2.42, the 3.5 LTS: tests/promreleases.py): one with honor_labels: true, the rules loaded
+and target labels added the way the Prometheus Operator adds them, one with honor_labels: false
+(the rules loaded too, for the panels that read the dashboard's records). Every panel query of
+the five dashboards (each once: devkit.dashboard.queries()), with the variables set to
+match-all, runs through Prometheus's HTTP API in both label modes and must return series; every
+recording rule must produce data; the alerts that the demo's situations call for must be
+pending or firing, and no other.
 
 Checks that need something the demo does not serve yet are expected failures, decided from
 the demo's own /metrics: they turn into ordinary checks as soon as the demo has what they need.
