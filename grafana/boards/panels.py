@@ -567,11 +567,14 @@ def rows() -> list[Row]:
                 ),
                 _table(
                     "Sources per enricher",
-                    "Each enricher's sources on its last scrape (0: failed); failures first.",
+                    "The 20 sources of each cluster's enrichers lowest on their last scrape "
+                    "(0: failed), failures first: every failure while there are under 20 (the "
+                    "GPU / Cluster dashboard counts the nodes with one).",
                     [
                         Target(
+                            "bottomk by (%(clusterLabel)s) (20, "
                             "min by (%(clusterLabel)s, instance, %(nodeLabel)s, source) "
-                            f"({sel('dcgm_enricher_source_up', *SELF_FILTER)})",
+                            f"({sel('dcgm_enricher_source_up', *SELF_FILTER)}))",
                             table=True,
                         )
                     ],
