@@ -297,16 +297,17 @@ def rows() -> list[Row]:
                 _table(
                     "Memory held while idle",
                     "Containers holding over %(idleMemoryGiB)s GiB of GPU memory with no SM use "
-                    "for the last "
-                    "hour: finished jobs and notebooks that kept their CUDA context.",
+                    "for the last hour: finished jobs and notebooks that kept their CUDA "
+                    "context. The 20 of each cluster holding the most.",
                     [
                         Target(
+                            "topk by (%(clusterLabel)s) (20, "
                             f"sum by ({CONTAINER_DEVICE}) "
                             f"({sel('gpu_container_memory_used_bytes', *POD_FILTER)}) "
                             f"> {IDLE_MEMORY} and on ({CONTAINER_DEVICE}) "
                             f"max by ({CONTAINER_DEVICE}) (max_over_time("
                             f"{sel('gpu_container_utilization_ratio', *POD_FILTER)}[1h])) "
-                            f"< {IDLE_UTILIZATION}",
+                            f"< {IDLE_UTILIZATION})",
                             table=True,
                         )
                     ],
