@@ -51,9 +51,19 @@
     // Empty: no runbook_url (every description names its docs/runbook.md section).
     runbookURLPattern: '',
 
-    // The dashboard.
-    dashboardUid: 'dcgm-enricher-gpu',
-    dashboardTitle: 'dcgm-enricher / GPU workloads',
+    // The dashboards (docs/dashboard.md), each with its uid and title; their links to one
+    // another name the uids. The Cluster dashboard keeps the uid of the one dashboard it
+    // replaced, so bookmarks of it land on the fleet's view.
+    clusterDashboardUid: 'dcgm-enricher-gpu',
+    clusterDashboardTitle: 'GPU / Cluster',
+    namespaceDashboardUid: 'dcgm-enricher-namespace',
+    namespaceDashboardTitle: 'GPU / Namespace (Pods)',
+    podDashboardUid: 'dcgm-enricher-pod',
+    podDashboardTitle: 'GPU / Pod',
+    nodeDashboardUid: 'dcgm-enricher-node',
+    nodeDashboardTitle: 'GPU / Node',
+    enricherDashboardUid: 'dcgm-enricher-self',
+    enricherDashboardTitle: 'GPU / Enricher',
     dashboardRefresh: '30s',
 
     // Percentages for the annotations, from the ratios above.

@@ -10,7 +10,6 @@ PromQL validity is the real parser's: promtool checks every dashboard query.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -20,11 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.dashboard import BOARDS, dashboard
+
 from .test_dashboard import interpolate, queries
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
-DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
 LINT = ROOT / "mixin" / ".lint"
 
 # mixtool's patterns (pkg/mixer/lint.go).
@@ -77,9 +77,9 @@ def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])
 
 
-def board() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
+def boards() -> list[dict[str, Any]]:
+    """Every dashboard of the family, as shipped."""
+    return [dashboard(key) for key in BOARDS]
 
 
 # --------------------------------------------------------------------------- mixtool
@@ -119,9 +119,10 @@ def test_the_alerts_pass_mixtools_lint() -> None:
     assert mixtool_problems(exclusions()) == []
 
 
-def test_the_dashboard_has_the_uid_and_title_mixtool_wants() -> None:
-    b = board()
-    assert b["title"] and b["uid"]
+def test_the_dashboards_have_the_uid_and_title_mixtool_wants() -> None:
+    found = [(b["uid"], b["title"]) for b in boards()]
+    assert all(uid and title for uid, title in found)
+    assert len({uid for uid, _ in found}) == len({title for _, title in found}) == len(BOARDS)
 
 
 def test_mixtools_rules_find_what_they_should() -> None:
@@ -232,8 +233,9 @@ def dashboard_linter_problems(b: dict[str, Any], excl: Exclusions) -> list[str]:
     return out
 
 
-def test_the_dashboard_passes_dashboard_linters_rules() -> None:
-    assert dashboard_linter_problems(board(), exclusions()) == []
+@pytest.mark.parametrize("key", list(BOARDS))
+def test_the_dashboard_passes_dashboard_linters_rules(key: str) -> None:
+    assert dashboard_linter_problems(dashboard(key), exclusions()) == []
 
 
 def test_every_dashboard_query_is_valid_promql(tmp_path: Path, promtool: str) -> None:
@@ -276,7 +278,6 @@ def test_the_linters_rules_find_what_they_should(
 def test_every_exclusion_gives_a_reason_and_is_still_needed() -> None:
     """A rule excluded in mixin/.lint says why, and would fail without the exclusion: one the
     mixin follows again is taken out of the file."""
-    b = board()
     every = exclusions()
     # Rules about job and instance variables and matchers are not applied here: the
     # exclusion records the choice (the dashboard has neither, by design).
@@ -292,6 +293,9 @@ def test_every_exclusion_gives_a_reason_and_is_still_needed() -> None:
             continue
         rest = {k: v for k, v in every.items() if k != rule}
         found = [
-            p for p in dashboard_linter_problems(b, rest) + mixtool_problems(rest) if rule in p
+            p
+            for b in boards()
+            for p in dashboard_linter_problems(b, rest) + mixtool_problems(rest)
+            if rule in p
         ]
         assert found, f"{rule} is excluded in mixin/.lint but nothing breaks it"

@@ -1,14 +1,15 @@
-"""The Grafana dashboard, and the dashboard and rules against a real Prometheus.
+"""The Grafana dashboards, and the dashboards and rules against a real Prometheus.
 
-Static checks read grafana/dcgm-enricher.json. The end-to-end checks start the demo node
-(`dcgm-enricher demo`: the real enricher over a simulated GPU node, since there is no GPU here)
-and two real Prometheus servers scraping it every second, once per release (Debian 12's 2.42,
-the 3.5 LTS: tests/promreleases.py): one with honor_labels: true, the rules loaded and target
-labels added the way the Prometheus Operator adds them, one with honor_labels: false (the rules
-loaded too, for the panels that read the dashboard's records). Every
-panel query, with the variables set to match-all, runs through Prometheus's HTTP API in both
-label modes and must return series; every recording rule must produce data; the alerts that the
-demo's situations call for must be pending or firing, and no other.
+Static checks read the family of dashboards (grafana/*.json). The end-to-end checks start the
+demo node (`dcgm-enricher demo`: the real enricher over a simulated GPU node, since there is no
+GPU here) and two real Prometheus servers scraping it every second, once per release (Debian
+12's 2.42, the 3.5 LTS: tests/promreleases.py): one with honor_labels: true, the rules loaded
+and target labels added the way the Prometheus Operator adds them, one with honor_labels: false
+(the rules loaded too, for the panels that read the dashboard's records). Every panel query of
+the five dashboards (each once: devkit.dashboard.queries()), with the variables set to
+match-all, runs through Prometheus's HTTP API in both label modes and must return series; every
+recording rule must produce data; the alerts that the demo's situations call for must be
+pending or firing, and no other.
 
 Checks that need something the demo does not serve yet are expected failures, decided from
 the demo's own /metrics: they turn into ordinary checks as soon as the demo has what they need.
@@ -34,7 +35,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.dashboard import (
-    DASHBOARD,
+    BOARDS,
     RULES,
     Query,
     alerts,
@@ -88,12 +89,36 @@ def test_interpolate(text: str, prefix: str, expected: str) -> None:
 # --------------------------------------------------------------------------- static checks
 
 
-def test_uid_title_and_schema() -> None:
-    d = dashboard()
-    assert d["uid"] == "dcgm-enricher-gpu"
-    assert d["title"] == "dcgm-enricher / GPU workloads"
-    assert d["schemaVersion"] >= 39
-    assert "id" not in d, "a provisioned dashboard must not carry a database id"
+# Each dashboard: its uid and title (the mixin's _config defaults) and its variables.
+BOARD_META = {
+    "cluster": ("dcgm-enricher-gpu", "GPU / Cluster", ["cluster"]),
+    "namespace": ("dcgm-enricher-namespace", "GPU / Namespace (Pods)", ["cluster", "namespace"]),
+    "pod": ("dcgm-enricher-pod", "GPU / Pod", ["cluster", "namespace", "pod"]),
+    "node": ("dcgm-enricher-node", "GPU / Node", ["cluster", "node"]),
+    "enricher": ("dcgm-enricher-self", "GPU / Enricher", ["cluster"]),
+}
+
+
+def test_uid_title_variables_and_schema() -> None:
+    assert list(BOARD_META) == list(BOARDS)
+    for board, (uid, title, scope) in BOARD_META.items():
+        d = dashboard(board)
+        assert (d["uid"], d["title"]) == (uid, title), board
+        assert d["schemaVersion"] >= 39
+        assert "id" not in d, "a provisioned dashboard must not carry a database id"
+        assert d["links"] == [], "the chart adds the runbook's link to an empty list"
+        v = variables(board)
+        assert list(v) == ["datasource", "label_prefix", *scope], board
+        assert v["label_prefix"]["type"] == "textbox" and v["label_prefix"]["query"] == ""
+        for name in scope:
+            var = v[name]
+            assert var["type"] == "query" and var["datasource"] == DS, name
+            assert var["definition"] == var["query"]["query"], name
+            # The widest scope offers All; a narrower one is one value (the first by default):
+            # its full list at the narrower dashboard, never every value at once.
+            every = name == "cluster"
+            assert var["includeAll"] is var["multi"] is every, (board, name)
+            assert var.get("allValue") == (".*" if every else None), (board, name)
 
 
 def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -106,97 +131,137 @@ def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
             yield from _walk(value, f"{path}[{i}]")
 
 
-def test_no_hard_coded_datasource() -> None:
-    found = [(p, v) for p, v in _walk(dashboard()) if p.endswith(".datasource")]
+@pytest.mark.parametrize("board", list(BOARDS))
+def test_no_hard_coded_datasource(board: str) -> None:
+    found = [(p, v) for p, v in _walk(dashboard(board)) if p.endswith(".datasource")]
     assert found
     bad = [(p, v) for p, v in found if v not in (DS, BUILTIN_DS)]
     assert bad == []
-    for panel in dashboard()["panels"]:
+    for panel in dashboard(board)["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"] == DS, panel["title"]
             assert all(t["datasource"] == DS for t in panel["targets"]), panel["title"]
-    ds = variables()["datasource"]
+    ds = variables(board)["datasource"]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
 
 
-def test_variables() -> None:
-    v = variables()
-    assert list(v) == [
-        "datasource",
-        "label_prefix",
-        "cluster",
-        "node",
-        "gpu",
-        "namespace",
-        "workload",
-        "pod",
-        "user",
-    ]
-    assert v["label_prefix"]["type"] == "textbox" and v["label_prefix"]["query"] == ""
-    for name in ("cluster", "node", "gpu", "namespace", "workload", "pod", "user"):
-        var = v[name]
-        assert var["type"] == "query" and var["datasource"] == DS, name
-        assert var["includeAll"] and var["multi"] and var["allValue"] == ".*", name
-        assert var["definition"] == var["query"]["query"], name
-    assert "annotation_hub_jupyter_org_username" in v["user"]["definition"]
-
-
-# The panels issue 6 asks for, by row.
-REQUIRED_PANELS = {
-    "Overview": {
-        "GPUs",
-        "GPUs in use",
-        "GPU memory used",
-        "Memory unattributed",
-        "Allocated but idle",
-    },
-    "Memory": {
-        "GPU memory by pod",
-        "GPU memory by namespace",
-        "GPU memory by workload",
-        "GPU memory by user",
-    },
-    "Utilization": {"SM utilization by pod"},
-    "Top pods": {"Top pods by GPU memory"},
-    "Shared GPUs": {"Pods per shared device"},
-    "Waste": {"Allocated but idle", "Memory held while idle", "Used without request", "Idle since"},
-    "Power and energy": {"Watts by pod on shared GPUs", "kWh per namespace per day"},
-    "Device health": {
-        "Temperature",
-        "Power",
-        "Last XID",
-        "Remapped memory rows",
-        "PCIe replays",
-        "Clocks",
-    },
-    "dcgm-enricher": {
-        "Sources up (worst node)",
-        "Source duration (slowest enricher)",
-        "Enricher CPU (millicores)",
-        "Enricher memory (RSS)",
-        "Upstream requests per collection",
-    },
+# Each panel of the one dashboard the family replaced, (its row, its title): its home.
+HOMES = {
+    "cluster": [
+        ("Overview", "GPUs"),
+        ("Overview", "GPUs in use"),
+        ("Overview", "Pods on GPUs"),
+        ("Overview", "GPU memory used"),
+        ("Overview", "Memory unattributed"),
+        ("Overview", "Allocated but idle"),
+        ("Memory", "GPU memory by namespace"),
+        ("Utilization", "SM utilization by namespace"),
+        ("Waste", "Allocated and in use, by namespace"),
+        ("Power and energy", "Power by namespace"),
+        ("Power and energy", "kWh per namespace per day"),
+    ],
+    "namespace": [
+        ("Memory", "GPU memory by pod"),
+        ("Memory", "GPU memory by workload"),
+        ("Memory", "GPU memory by user"),
+        ("Utilization", "SM utilization by pod"),
+        ("Top pods", "Top pods by GPU memory"),
+        ("Waste", "Allocated but idle"),
+        ("Waste", "Memory held while idle"),
+        ("Waste", "Used without request"),
+        ("Waste", "Idle since"),
+        ("Power and energy", "Energy per workload and user, last day"),
+    ],
+    "pod": [],
+    "node": [
+        ("Memory", "Unattributed GPU memory by reason"),
+        ("Shared GPUs", "Pods per shared device"),
+        ("Shared GPUs", "Memory split on shared devices"),
+        ("Shared GPUs", "SM split on shared devices"),
+        ("Power and energy", "Watts by pod on shared GPUs"),
+        *[
+            ("Device health", t)
+            for t in (
+                "Temperature",
+                "Power",
+                "Device memory used",
+                "GPU utilization",
+                "Last XID",
+                "Remapped memory rows",
+                "Fabric health",
+                "PCIe replays",
+                "Clocks",
+                "DRA device taints",
+            )
+        ],
+    ],
+    "enricher": [
+        ("dcgm-enricher", t)
+        for t in (
+            "Sources up (worst node)",
+            "Enrichers reporting",
+            "Pod watch age",
+            "Upstream lines dropped",
+            "Sources per enricher",
+            "Source duration (slowest enricher)",
+            "Source errors",
+            "GPU processes",
+            "Enricher CPU (millicores)",
+            "Enricher memory (RSS)",
+            "Upstream requests per collection",
+            "Scrapes, upstream requests and collections",
+            "Bytes sent to scrapers",
+        )
+    ],
 }
+TODAYS_PANELS = 49
 
 
-def test_required_panels() -> None:
-    found: dict[str, set[str]] = {}
-    row = ""
-    for panel in dashboard()["panels"]:
-        if panel["type"] == "row":
-            row = panel["title"]
-            found[row] = set()
-        else:
-            found[row].add(panel["title"])
-    for row_title, titles in REQUIRED_PANELS.items():
-        assert titles <= found.get(row_title, set()), (row_title, titles - found[row_title])
-    memory = {p["title"]: p for p in dashboard()["panels"] if p["type"] == "timeseries"}
-    for title in REQUIRED_PANELS["Memory"]:
-        assert memory[title]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+def test_every_panel_of_the_replaced_dashboard_has_a_home() -> None:
+    """Each of the 49 panels of the one dashboard the family replaced is in its home
+    dashboard (docs/dashboard.md's table says which), with its own title."""
+    homes = [(board, *panel) for board, panels in HOMES.items() for panel in panels]
+    assert len(homes) == len({h[1:] for h in homes}) == TODAYS_PANELS
+    for board, _, title in homes:
+        titles = {p["title"] for p in dashboard(board)["panels"]}
+        assert title in titles, (board, title)
+    doc = (ROOT / "docs" / "dashboard.md").read_text()
+    for board, row, title in homes:
+        assert f"| {row} | {title} | {BOARD_META[board][1]} |" in doc, (board, title)
 
 
-def test_layout_ids_and_descriptions() -> None:
-    panels = dashboard()["panels"]
+def test_top_tables_are_topk_with_the_full_list_a_click_away() -> None:
+    """The widest dashboard's "Top" tables ask topk, and each row links to the narrower
+    dashboard that lists everything; every data link of the family names a dashboard of it,
+    and keeps the data source, the label prefix, the cluster and the time range."""
+    uids = {meta[0] for meta in BOARD_META.values()}
+    top = [p for p in dashboard("cluster")["panels"] if p["title"].startswith("Top ")]
+    assert len(top) == 2
+    for panel in top:
+        assert panel["targets"][0]["expr"].startswith("topk by (cluster) (10, "), panel
+        links = [
+            link
+            for o in panel["fieldConfig"]["overrides"]
+            for p in o["properties"]
+            if p["id"] == "links"
+            for link in p["value"]
+        ]
+        assert links and all("/d/dcgm-enricher-namespace/" in x["url"] for x in links)
+    found = 0
+    for board in BOARDS:
+        for path, value in _walk(dashboard(board)):
+            if path.endswith(".url") and "/d/" in value:
+                found += 1
+                assert value.split("/")[2] in uids, value
+                for part in ("${datasource:queryparam}", "${label_prefix:queryparam}"):
+                    assert part in value, value
+                assert "${cluster:queryparam}" in value and "${__url_time_range}" in value
+    assert found >= 10
+
+
+@pytest.mark.parametrize("board", list(BOARDS))
+def test_layout_ids_and_descriptions(board: str) -> None:
+    panels = dashboard(board)["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     cells: set[tuple[int, int]] = set()
     for p in panels:
@@ -218,28 +283,34 @@ def test_queries_name_pod_labels_through_the_prefix() -> None:
     for q in queries():
         assert not bare.findall(q.expr), f"{q.id}: {q.expr}"
         assert not bare.findall(q.legend), f"{q.id}: {q.legend}"
-    for name in ("namespace", "pod", "workload", "user"):
+    for name in ("namespace", "pod"):
         assert not bare.findall(variables()[name]["definition"]), name
 
 
 def test_generated_files_are_up_to_date() -> None:
-    """The mixin's dashboard is what grafana/generate.py builds; the shipped dashboard and its
-    ConfigMap are the mixin's build of it (tests/test_mixin.py builds it apart)."""
+    """The mixin's dashboards are what grafana/generate.py builds; the shipped dashboards and
+    their ConfigMap are the mixin's build of them (tests/test_mixin.py builds them apart)."""
     # grafana-foundation-sdk needs Python 3.11: the generator runs in the highest Python only.
     generate = load_script(ROOT / "grafana" / "generate.py", "grafana_generate")
     assert generate.main(["--check"]) == 0, "run python grafana/generate.py"
-    text = generate.render_dashboard()
-    assert DASHBOARD.read_text() == text, "run python grafana/generate.py"
-    assert CONFIGMAP.read_text() == generate.render_configmap(text)
+    built = generate.render_dashboards()
+    assert list(built) == list(BOARDS.values())
+    for name, text in built.items():
+        assert (ROOT / "grafana" / name).read_text() == text, "run python grafana/generate.py"
+    assert CONFIGMAP.read_text() == generate.render_configmap(built)
 
 
 def test_configmap_for_the_grafana_sidecar() -> None:
     cm = yaml.safe_load(CONFIGMAP.read_text())
     assert cm["kind"] == "ConfigMap"
     assert cm["metadata"]["labels"] == {"grafana_dashboard": "1"}
-    assert json.loads(cm["data"]["dcgm-enricher.json"]) == dashboard()
-    # kubectl apply keeps the whole object in an annotation limited to 256 KiB.
-    assert len(CONFIGMAP.read_bytes()) < 200_000
+    assert list(cm["data"]) == list(BOARDS.values())
+    for board, name in BOARDS.items():
+        assert json.loads(cm["data"][name]) == dashboard(board)
+    # kubectl apply keeps the whole object, as JSON, in an annotation: all of a ConfigMap's
+    # annotations are limited to 256 KiB. Keep a tenth of it free.
+    applied = json.dumps(cm, separators=(",", ":"))
+    assert len(applied) < 256 * 1024 * 0.9, len(applied)
 
 
 def test_file_provider_example() -> None:
@@ -266,14 +337,21 @@ NEEDS = {
     "promtool case and the two-cluster run in test_clusters.py read the field",
 }
 QUERY_NEEDS = {
-    "Overview/Allocated but idle/A": "allocation",
-    "Waste/Allocated but idle/A": "allocation",
-    "Waste/Allocated and in use, by namespace/A": "allocation",
-    "Waste/Memory held while idle/A": "idle-holder",
-    "Device health/Remapped memory rows/A": "remapped-rows",
-    "Device health/Remapped memory rows/B": "remapped-rows",
-    "Device health/Remapped memory rows/C": "remapped-rows",
-    "Device health/Fabric health/A": "fabric-health",
+    "cluster/Devices/GPUs allocated/A": "allocation",
+    "cluster/Devices/Allocated but idle/A": "allocation",
+    "cluster/Devices/Held while idle/A": "idle-holder",
+    "cluster/By namespace/Allocated and in use, by namespace/A": "allocation",
+    "cluster/Health/Nodes with remapped rows/A": "remapped-rows",
+    "namespace/Allocated and used/Allocated but idle/A": "allocation",
+    "namespace/Allocated and used/Memory held while idle/A": "idle-holder",
+    "namespace/Chargeback/GPU-hours, last day/A": "allocation",
+    "pod/Containers on devices/Allocation/A": "allocation",
+    "pod/Its devices' health/Remapped rows of its GPUs/A": "remapped-rows",
+    "pod/Its devices' health/Remapped rows of its GPUs/B": "remapped-rows",
+    "node/Health and taints/Remapped memory rows/A": "remapped-rows",
+    "node/Health and taints/Remapped memory rows/B": "remapped-rows",
+    "node/Health and taints/Remapped memory rows/C": "remapped-rows",
+    "node/Health and taints/Fabric health/A": "fabric-health",
 }
 RECORD_NEEDS = {
     "namespace:gpu_container_allocated:sum": "allocation",

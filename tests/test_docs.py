@@ -12,7 +12,6 @@ docs/flags.md.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shlex
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.dashboard import alerts, records
+from devkit.dashboard import BOARDS, alerts, dashboard, records
 from enricher.cli import env_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +32,6 @@ METRICS_DOC = DOCS / "metrics.md"
 DASHBOARD_DOC = DOCS / "dashboard.md"
 PERFORMANCE_DOC = DOCS / "performance.md"
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
-DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
 README_MAX_BYTES = 12 * 1024
 # The README's opening commands, each a Makefile target a newcomer runs on a fresh machine.
 FRONT_COMMANDS = ("make demo", "make test")
@@ -92,8 +90,8 @@ def markdown_tables(text: str) -> Iterator[list[list[str]]]:
 
 
 def dashboard_panels() -> tuple[list[str], list[str]]:
-    """The dashboard's rows and its panels (those that are not rows), by title."""
-    panels = json.loads(DASHBOARD.read_text())["panels"]
+    """The dashboards' rows and their panels (those that are not rows), by title."""
+    panels = [p for board in BOARDS for p in dashboard(board)["panels"]]
     rows = [p["title"] for p in panels if p["type"] == "row"]
     others = [p["title"] for p in panels if p["type"] != "row"]
     return rows, others
@@ -349,7 +347,9 @@ def test_metrics_doc_lists_the_process_and_python_families() -> None:
 
 def test_dashboard_doc_names_every_row() -> None:
     rows, _ = dashboard_panels()
-    table = [r[0] for t in markdown_tables(DASHBOARD_DOC.read_text()) for r in t]
+    # The table of the dashboards' rows (the other tables map panels to dashboards).
+    section = DASHBOARD_DOC.read_text().split("### Their rows\n", 1)[1].split("\n#", 1)[0]
+    table = [r[0] for t in markdown_tables(section) for r in t]
     assert set(table) == set(rows), (set(table) - set(rows), set(rows) - set(table))
 
 

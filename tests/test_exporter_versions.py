@@ -278,8 +278,8 @@ def test_the_exporters_per_pod_shares_agree_with_the_containers(
 # Panels whose answer is not each release's to give: here, a rate of the enricher's upstream
 # collections, which the stopped clock stops (tests/test_dashboard.py runs it on the live demo).
 FROZEN = {
-    "dcgm-enricher/Upstream requests per collection/A",
-    "dcgm-enricher/Upstream requests per collection/B",
+    "enricher/dcgm-enricher/Upstream requests per collection/A",
+    "enricher/dcgm-enricher/Upstream requests per collection/B",
 }
 # Panels that read what some releases do not write: none so far (each panel that reads a field
 # some release lacks also reads what stands for it).

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from bench import fleet
-from devkit.dashboard import queries
+from devkit.dashboard import BOARDS, board_queries, queries
 from devkit.tools import require_tool
 
 from .promreleases import releases, require
@@ -77,11 +77,21 @@ def test_small_fleet(tmp_path: Path) -> None:
     assert set(groups) == {g["name"] for g in doc["groups"]}
     assert all(g["last_error"] is None and g["evaluation_ms"] > 0 for g in groups.values())
     # Every dashboard query and alert expression answered; the panels of GPU series have data.
-    ids = {f"{q.row}/{q.panel}/{q.ref}" for q in queries()}
     panels = {r["id"]: r for r in result["panels"]}
-    assert set(panels) == ids
-    assert panels["Device health/GPU utilization/A"]["series"] > 0
-    assert panels["Memory/GPU memory by pod/A"]["series"] > 0
+    assert set(panels) == {q.id for q in queries()}
+    assert panels["node/Health and taints/GPU utilization/A"]["series"] > 0
+    assert panels["namespace/Pods/GPU memory by pod/A"]["series"] > 0
+    # Each dashboard opened with its default variables: the scope's first value, and every
+    # panel counted (a panel that reads what the fleet has gets series).
+    boards = {b["board"]: b for b in result["boards"]}
+    assert list(boards) == list(BOARDS)
+    assert boards["node"]["variables"] == {"node": "gpu-node-0000"}
+    assert boards["pod"]["variables"]["namespace"] == boards["namespace"]["variables"]["namespace"]
+    assert boards["pod"]["variables"]["pod"]
+    for board in BOARDS:
+        shown = {f"{q.row}/{q.panel}" for q in board_queries(board)}
+        assert set(boards[board]["series"]) == shown, board
+        assert boards[board]["max_series"] > 0 and boards[board]["ratio"] > 0, board
     assert {r["id"] for r in result["alerts"]} == {
         r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r
     }

@@ -5,7 +5,7 @@ Real parts: jsonnet (PyPI's C++ build) evaluates the mixin; the promtool of both
 releases checks the built rules (default and overridden) and runs the rules' unit tests on the
 build. What ships: rules/dcgm-enricher.rules.yaml (the chart's files/ and the Compose stack
 mount it; test_chart.py and test_compose.py check that), the PrometheusRule, and the dashboard
-(grafana/dcgm-enricher.json, its ConfigMap, the chart's files/).
+(grafana/*.json, their ConfigMap, the chart's files/).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devkit.dashboard import promql_texts
+from devkit.dashboard import BOARDS, promql_texts
 from devkit.promtool import run as promtool_run
 from devkit.tools import load_script
 
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MIXIN = ROOT / "mixin"
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
 PROMETHEUS_RULE = ROOT / "manifests" / "monitoring" / "prometheusrule.yaml"
-DASHBOARD = ROOT / "grafana" / "dcgm-enricher.json"
+GRAFANA = ROOT / "grafana"
+OUT = "dashboards_out/"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 CHART_FILES = ROOT / "charts" / "dcgm-enricher" / "files"
 
@@ -51,8 +52,16 @@ OVERRIDE = {
     "heldIdleSeconds": 7200,
     "userLabel": "label_hub_jupyter_org_user",
     "runbookURLPattern": "https://git.corp.lan/gpu/dcgm-enricher/blob/v0.1.0/docs/runbook.md#%s",
-    "dashboardUid": "gpu-workloads",
-    "dashboardTitle": "GPU workloads (prod)",
+    "clusterDashboardUid": "gpu-cluster",
+    "clusterDashboardTitle": "GPU workloads (prod)",
+    "namespaceDashboardUid": "gpu-namespace",
+    "namespaceDashboardTitle": "GPU namespace (prod)",
+    "podDashboardUid": "gpu-pod",
+    "podDashboardTitle": "GPU pod (prod)",
+    "nodeDashboardUid": "gpu-node",
+    "nodeDashboardTitle": "GPU node (prod)",
+    "enricherDashboardUid": "gpu-enricher",
+    "enricherDashboardTitle": "GPU enricher (prod)",
     "dashboardRefresh": "1m",
 }
 OVERRIDE_JSONNET = json.dumps(OVERRIDE)
@@ -203,7 +212,7 @@ def test_the_worked_kube_prometheus_example_builds_beside_etcds_mixin(tmp_path: 
     exprs = " ".join(r["expr"] for g in groups for r in g["rules"])
     assert 'job="dcgm-enricher"' in exprs and "k8s_cluster" in exprs
     assert out["etcd"]["groups"] == [{"name": "etcd", "rules": []}]
-    assert out["dashboards"] == ["dcgm-enricher.json"]
+    assert out["dashboards"] == sorted(BOARDS.values())
 
 
 def test_mixin_has_the_four_fields_and_a_jsonnetfile() -> None:
@@ -221,7 +230,7 @@ def test_mixin_has_the_four_fields_and_a_jsonnetfile() -> None:
 
 def test_build_writes_the_three_outputs(default_build: Path) -> None:
     assert sorted(str(p.relative_to(default_build)) for p in default_build.rglob("*.*")) == [
-        "dashboards_out/dcgm-enricher.json",
+        *sorted(OUT + name for name in BOARDS.values()),
         "prometheus_alerts.yaml",
         "prometheus_rules.yaml",
     ]
@@ -258,18 +267,22 @@ def test_the_shipped_rules_are_the_build(default_build: Path) -> None:
     assert (CHART_FILES / RULES.name).resolve() == RULES
 
 
-def test_the_shipped_dashboard_is_the_build(default_build: Path) -> None:
-    built = (default_build / "dashboards_out" / "dcgm-enricher.json").read_text()
-    assert DASHBOARD.read_text() == built
-    assert yaml.safe_load(CONFIGMAP.read_text())["data"]["dcgm-enricher.json"] == built
-    assert (CHART_FILES / DASHBOARD.name).resolve() == DASHBOARD
+def test_the_shipped_dashboards_are_the_build(default_build: Path) -> None:
+    configmap = yaml.safe_load(CONFIGMAP.read_text())["data"]
+    for name in BOARDS.values():
+        built = (default_build / OUT / name).read_text()
+        assert (GRAFANA / name).read_text() == built, name
+        assert configmap[name] == built, name
+        # The chart packs the same files (links); its template names each.
+        assert (CHART_FILES / name).resolve() == GRAFANA / name
+        assert f'"{name}"' in (CHART_FILES.parent / "templates" / "dashboard.yaml").read_text()
 
 
 def test_the_default_build_reads_as_plain_promql(defaults: dict[str, str]) -> None:
     """An empty dcgmSelector leaves no ``{}`` or ``{, `` behind, and no _config reference is
     left unfilled."""
     texts = [r["expr"] for r in rules_of(defaults)]
-    texts += promql_texts(json.loads(DASHBOARD.read_text()))
+    texts += [t for name in BOARDS.values() for t in promql_texts(_shipped(name))]
     for text in texts:
         assert "{}" not in text and "{, " not in text and "%(" not in text, text
 
@@ -346,16 +359,25 @@ def test_override_reaches_the_annotations(
     assert not [r for r in rules_of(defaults) if "runbook_url" in r.get("annotations", {})]
 
 
-def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> None:
-    board = json.loads(overridden["dashboards_out/dcgm-enricher.json"])
-    default = json.loads(DASHBOARD.read_text())
+def _shipped(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((GRAFANA / name).read_text())
+    return loaded
+
+
+@pytest.mark.parametrize("key", list(BOARDS))
+def test_override_reaches_every_dashboard_query(overridden: dict[str, str], key: str) -> None:
+    """Every _config field a dashboard names moves in it: the selectors, labels and
+    thresholds of every query, the uid, title and refresh, and the uids its links name."""
+    name = BOARDS[key]
+    board = json.loads(overridden[OUT + name])
+    default = _shipped(name)
     assert (board["uid"], board["title"], board["refresh"]) == (
-        "gpu-workloads",
-        "GPU workloads (prod)",
+        OVERRIDE[f"{key}DashboardUid"],
+        OVERRIDE[f"{key}DashboardTitle"],
         "1m",
     )
     queries, default_queries = promql_texts(board), promql_texts(default)
-    assert len(queries) == len(default_queries) > 50
+    assert len(queries) == len(default_queries) > 10
     for query, before in zip(queries, default_queries, strict=True):
         found = selectors(query)
         assert len(found) == len(selectors(before))
@@ -380,10 +402,39 @@ def test_override_reaches_every_dashboard_query(overridden: dict[str, str]) -> N
         "annotation_hub_jupyter_org_username": OVERRIDE["userLabel"],
     }
     assert columns == [{renamed.get(k, k): v for k, v in c.items()} for c in default_columns]
-    assert any("node" in c for c in default_columns)
+    # The links to the other dashboards name their overridden uids.
+    links, default_links = link_urls(board), link_urls(default)
+    uids = {f"/d/{_default_uid(k)}/": f"/d/{OVERRIDE[k + 'DashboardUid']}/" for k in BOARDS}
+    moved = default_links
+    for old, new in uids.items():
+        moved = [u.replace(old, new) for u in moved]
+    assert links == moved
+    assert all(old not in u for u in links for old in uids if old not in uids.values())
+
+
+def _default_uid(key: str) -> str:
+    return str(json.loads(build.evaluate(f"mixin._config.{key}DashboardUid")))
+
+
+def test_override_reaches_the_thresholds_of_the_dashboards(overridden: dict[str, str]) -> None:
+    queries = [q for n in BOARDS.values() for q in promql_texts(json.loads(overridden[OUT + n]))]
     held = [q for q in queries if "> 2147483648 and" in q and "< 0.05" in q]
     idle = [q for q in queries if "namespace_pod_container_device:gpu_allocated_idle:max" in q]
     assert idle and held  # the allocated-but-idle threshold: in its record (above)
+    links = [u for n in BOARDS.values() for u in link_urls(json.loads(overridden[OUT + n]))]
+    assert links and all(re.search(r"/d/gpu-(namespace|pod|node)/", u) for u in links), links
+
+
+def link_urls(board: dict[str, Any]) -> list[str]:
+    """The URLs of every data link of a dashboard's tables, in order."""
+    return [
+        link["url"]
+        for p in _panels(board)
+        for o in p.get("fieldConfig", {}).get("overrides", [])
+        for prop in o["properties"]
+        if prop["id"] == "links"
+        for link in prop["value"]
+    ]
 
 
 # The _config fields worked out from others (the texts' percentages and GiB), not set.
@@ -410,10 +461,11 @@ def test_override_reaches_the_panel_descriptions(overridden: dict[str, str], fie
     """A threshold moved in _config moves in the text that tells the user about it: no panel
     keeps saying the default."""
     old, new = DESCRIBED[field]
-    board = json.loads(overridden["dashboards_out/dcgm-enricher.json"])
-    default = json.loads(DASHBOARD.read_text())
-    before = [p.get("description", "") for p in _panels(default)]
-    after = [p.get("description", "") for p in _panels(board)]
+    names = list(BOARDS.values())
+    before = [p.get("description", "") for n in names for p in _panels(_shipped(n))]
+    after = [
+        p.get("description", "") for n in names for p in _panels(json.loads(overridden[OUT + n]))
+    ]
     said = [i for i, text in enumerate(before) if old in text]
     assert said, (field, old)
     assert [i for i, text in enumerate(after) if new in text] == said
@@ -425,14 +477,14 @@ def test_override_moves_the_user_label_everywhere(
 ) -> None:
     """The user label of _config, in every rule, alert text, query and column that names it."""
     old, new = "annotation_hub_jupyter_org_username", OVERRIDE["userLabel"]
-    default_board = json.loads(DASHBOARD.read_text())
+    names = list(BOARDS.values())
     texts = {
         "rules": overridden[build.RULES] + overridden[build.ALERTS],
-        "dashboard": overridden["dashboards_out/dcgm-enricher.json"],
+        "dashboard": "".join(overridden[OUT + n] for n in names),
     }
     before = {
         "rules": defaults[build.RULES] + defaults[build.ALERTS],
-        "dashboard": json.dumps(default_board),
+        "dashboard": "".join(json.dumps(_shipped(n)) for n in names),
     }
     for where, text in texts.items():
         assert old not in text, where

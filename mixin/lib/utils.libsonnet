@@ -35,7 +35,7 @@
 
   // The dashboard's template with `_config` in every query (panel targets, variable
   // definitions and queries, annotation queries) and in the descriptions, legends, annotation
-  // texts and table column names that name a threshold or a label of it.
+  // texts, table column names and links that name a threshold, a label or a uid of it.
   dashboard(template, config)::
     local named(text) = $.named(text, config);
     local target(t) = t
@@ -48,10 +48,19 @@
       else {}
     );
     local transformation(x) = x + (if x.id == 'organize' then { options: organize(x.options) } else {});
+    // A table column's data links: their URLs name the dashboards' uids.
+    local link(l) = l + { url: named(l.url) };
+    local property(p) = p + (if p.id == 'links' then { value: std.map(link, p.value) } else {});
+    local override(o) = o + { properties: std.map(property, o.properties) };
+    local fieldConfig(p) =
+      if 'fieldConfig' in p && 'overrides' in p.fieldConfig
+      then { fieldConfig+: { overrides: std.map(override, p.fieldConfig.overrides) } }
+      else {};
     local panel(p) = p
                      + (if 'description' in p then { description: named(p.description) } else {})
                      + (if 'targets' in p then { targets: std.map(target, p.targets) } else {})
                      + (if 'transformations' in p then { transformations: std.map(transformation, p.transformations) } else {})
+                     + fieldConfig(p)
                      + (if 'panels' in p then { panels: std.map(panel, p.panels) } else {});
     local variable(v) =
       v
