@@ -24,7 +24,6 @@ BOARDS = {
     "node": "dcgm-enricher-node.json",
     "enricher": "dcgm-enricher-self.json",
 }
-DASHBOARD = GRAFANA / BOARDS["cluster"]
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
 
 # Grafana's built-in variables, with the values a short test range gives them.
