@@ -46,6 +46,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.dashboard import BOARDS
 from devkit.ports import free_port
 from devkit.processes import stop_process
 from devkit.prometheus import EVERY_SECOND
@@ -406,16 +407,20 @@ def test_runbook_url_links_every_alert_and_the_dashboard(helm: HelmRelease) -> N
         assert f"\n### {alert['alert']}\n" in runbook, f"docs/runbook.md has no #{anchor}"
         del alert["annotations"]["runbook_url"]
     assert rule["spec"]["groups"] == rules
-    shipped = json.loads((ROOT / "grafana" / "dcgm-enricher.json").read_text())
-    assert shipped["links"] == []
     (dashboard,) = [
         d for d in linked if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
     ]
-    board = json.loads(dashboard["data"]["dcgm-enricher.json"])
-    (link,) = board.pop("links")
-    assert link["url"] == RUNBOOK_BASE and link["type"] == "link" and link["title"] == "Runbook"
-    shipped.pop("links")
-    assert board == shipped
+    # Every dashboard of the family, each with the runbook's link and otherwise as shipped.
+    assert sorted(dashboard["data"]) == sorted(BOARDS.values())
+    for name in BOARDS.values():
+        shipped = json.loads((ROOT / "grafana" / name).read_text())
+        assert shipped["links"] == [], name
+        board = json.loads(dashboard["data"][name])
+        (link,) = board.pop("links")
+        assert link["url"] == RUNBOOK_BASE and link["type"] == "link", name
+        assert link["title"] == "Runbook", name
+        shipped.pop("links")
+        assert board == shipped, name
 
 
 @pytest.mark.parametrize(
