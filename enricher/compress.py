@@ -135,7 +135,6 @@ class GzipBodies:
         else:
             gz = await self._worker.run(lambda: GzipHead(*body.chunks))
         newest = self._newest
-        if newest is not None and newest[0] >= body.number:
-            return newest[1] if newest[0] == body.number else gz  # a newer one came meanwhile
-        self._newest = (body.number, gz)
+        if newest is None or newest[0] < body.number:  # kept unless a newer one came meanwhile
+            self._newest = (body.number, gz)
         return gz

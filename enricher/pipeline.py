@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import cast
+from typing import NamedTuple, cast
 
 from .cgroupmem import CGROUPFS, read_limit
 from .collection import CollectionBody, DeviceLabels, ScrapeResult
@@ -198,6 +198,17 @@ class Assembler:
         self._upstream_device_labels.update(seen)
 
 
+class _Tail(NamedTuple):
+    """The self-metrics of the last collection and upstream answer, written once."""
+
+    collection: object
+    answer: object
+    before: bytes  # the families before the per-scrape counters
+    after: bytes  # and after them
+    runtime: bytes  # process_* and python_*
+    memory_limit: int | None
+
+
 class SelfMetricsTail:
     """Writes the tail of each scrape's body: the self-metrics of the collection, once per
     collection and upstream answer, around the per-scrape counters, then process_* and
@@ -219,8 +230,7 @@ class SelfMetricsTail:
         self.runtime = RuntimeFamilies(own_procfs, const)
         self._own_procfs = own_procfs
         self._own_cgroupfs = own_cgroupfs
-        # (collection, answer, before, after, runtime, memory limit) of the last collection.
-        self._last: tuple[object, object, bytes, bytes, bytes, int | None] | None = None
+        self._last: _Tail | None = None
 
     def render(
         self,
@@ -233,14 +243,14 @@ class SelfMetricsTail:
         the last ones): ``collection_metrics(memory_limit)`` writes the collection's families,
         before and after ``per_scrape``."""
         last = self._last
-        if last is None or last[0] != collection or last[1] != answer:
-            if last is not None and last[0] == collection:
-                runtime, limit = last[4], last[5]
+        if last is None or last.collection != collection or last.answer != answer:
+            if last is not None and last.collection == collection:
+                runtime, limit = last.runtime, last.memory_limit
             else:
                 runtime = self.runtime.render()
                 limit = read_limit(self._own_procfs, self._own_cgroupfs)
             before, after = collection_metrics(limit)
-            last = self._last = (
+            last = self._last = _Tail(
                 collection,
                 answer,
                 before.render(self._label_sets).encode("utf-8"),
@@ -248,7 +258,8 @@ class SelfMetricsTail:
                 runtime,
                 limit,
             )
-        return last[2] + per_scrape.render(self._label_sets).encode("utf-8") + last[3] + last[4]
+        per_scrape_text = per_scrape.render(self._label_sets).encode("utf-8")
+        return last.before + per_scrape_text + last.after + last.runtime
 
 
 class Scraper:

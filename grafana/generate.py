@@ -57,25 +57,7 @@ def _query_variable(
     """A variable from a label's values: ``every`` (the widest scope's cluster) offers All and
     several values, otherwise it is the one value that scopes the dashboard, its first one by
     default as Grafana picks it."""
-    if not every:
-        return {
-            "type": "query",
-            "name": name,
-            "label": label,
-            "description": description,
-            "datasource": DS_JSON,
-            "definition": definition,
-            "query": {"query": definition, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-            "refresh": 2,
-            "regex": "",
-            "sort": 1,
-            "multi": False,
-            "includeAll": False,
-            "current": {},
-            "options": [],
-            "hide": 0,
-        }
-    return {
+    variable: dict[str, Any] = {
         "type": "query",
         "name": name,
         "label": label,
@@ -86,14 +68,16 @@ def _query_variable(
         "refresh": 2,
         "regex": "",
         "sort": 1,
-        "multi": True,
-        "includeAll": True,
-        # Matches series that lack the label too (no cluster label, a device with no pod).
-        "allValue": ".*",
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [],
-        "hide": 0,
+        "multi": every,
+        "includeAll": every,
     }
+    if every:
+        # Matches series that lack the label too (no cluster label, a device with no pod).
+        variable["allValue"] = ".*"
+        variable["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    else:
+        variable["current"] = {}
+    return variable | {"options": [], "hide": 0}
 
 
 def _variable(name: str) -> dict[str, Any]:
