@@ -46,6 +46,7 @@ class FieldName:
     si: str
     scale: float
     type: str
+    help: str = ""  # the HELP text dcgm-exporter writes for it, where the table knows it
 
     def to_si(self, value: float) -> float:
         return value * self.scale if self.scale != 1 else value
@@ -93,12 +94,13 @@ class FieldTable:
                     entry = given[naming]
                     si, scale = units[entry["unit"]]
                     current = FieldName(
-                        row["field"], naming, entry["name"], entry["unit"], si, scale, row["type"]
+                        row["field"], naming, entry["name"], entry["unit"], si, scale, row["type"],
+                        entry.get("help", ""),
                     )
                 if current is not None:
                     by_naming[naming] = FieldName(
                         current.field, naming, current.name, current.unit, current.si,
-                        current.scale, current.type,
+                        current.scale, current.type, current.help,
                     )
             sis = {n.si for n in by_naming.values()}
             if len(sis) != 1:
