@@ -358,11 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--demo.exporter-version",
         dest="demo_exporter_version",
         metavar="VERSION",
-        choices=sorted(DIALECTS) + sorted(ALIASES),
+        choices=list(DIALECTS) + sorted(ALIASES),
         default=_env("--demo.exporter-version", NEWEST),
         help="the dcgm-exporter release whose /metrics the simulated exporter writes: "
-        f"{', '.join(sorted(DIALECTS))} (or a release tag such as 4.6.1-4.8.4, or 3.3, 4.2); "
-        "default: %(default)s",
+        f"{', '.join(DIALECTS)} (or a release tag such as 4.6.1-4.8.4, or 3.3, 4.2, 4.9, "
+        "4.10); default: %(default)s",
     )
     p.add_argument(
         "--demo.kubernetes-virtual-gpus",

@@ -13,83 +13,99 @@ Commits: 3.3.1 = tag 3.3.3-3.3.1 (0518edcf895579159aff977728f0535e55f1ed5e); 4.2
 snapshots at hand; what differs from 4.8.2 comes from the commits it contains (48f252a, the
 ``hostname`` rename of PR 655; 272801e, PR 660) and from a real body written by a build newer
 than 4.8.2 (../shared/fixtures/dcgm/pr-736-mixed-models-mig-lowercase-hostname.prom: family
-order, value format, HELP texts), and is marked INFERRED where no code says it.
+order, value format, HELP texts), and is marked INFERRED where no code says it. 4.9.0 and
+4.10.0 (tags "4.9.0", "4.10.0"): no code of theirs was at hand either; they are 4.8.4's traits in
+their naming of enricher/dcgm_fields.json (fields renamed to DCGM 4.7's names, several in base
+units: bytes, ratio, joules, hertz), with what their release notes add, each marked below.
+
+Names, units and HELP texts are the field table's: no field name is written here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 
-# DCGM field IDs (dcgm_fields.h): 4.x orders families by them.
+from ..fieldtable import FieldName, table
+
+# The fields are the table's (enricher/dcgm_fields.json): each dialect writes a field under the
+# name, in the unit and with the HELP text of its release's naming (table().naming_of_release);
+# the rows carry SI values (bytes, ratio, joules, watts, hertz), converted when written.
+
+# DCGM field IDs of the 4.8 names (dcgm_fields.h): 4.2.0 and 4.8.2 order families by them.
 FIELD_IDS = {
-    "DCGM_FI_DEV_SM_CLOCK": 100,
-    "DCGM_FI_DEV_MEM_CLOCK": 101,
-    "DCGM_FI_DEV_GPU_TEMP": 150,
-    "DCGM_FI_DEV_POWER_USAGE": 155,
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 156,
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 202,
-    "DCGM_FI_DEV_GPU_UTIL": 203,
-    "DCGM_FI_DEV_MEM_COPY_UTIL": 204,
-    "DCGM_FI_DEV_XID_ERRORS": 230,
-    "DCGM_FI_DEV_FB_FREE": 251,
-    "DCGM_FI_DEV_FB_USED": 252,
-    "DCGM_FI_DEV_FB_RESERVED": 253,
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 393,
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 394,
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": 395,
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 1001,
+    "sm_clock": 100,
+    "mem_clock": 101,
+    "gpu_temp": 150,
+    "power": 155,
+    "energy": 156,
+    "pcie_replay": 202,
+    "gpu_util": 203,
+    "mem_copy_util": 204,
+    "xid": 230,
+    "fb_free": 251,
+    "fb_used": 252,
+    "fb_reserved": 253,
+    "uncorrectable_remapped_rows": 393,
+    "correctable_remapped_rows": 394,
+    "row_remap_failure": 395,
+    "gr_engine_active": 1001,
 }
-# DCGM_FT_DOUBLE fields; every other one here is DCGM_FT_INT64.
-DOUBLE_FIELDS = frozenset({"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"})
+# The units DCGM keeps as DCGM_FT_DOUBLE; every other field here is DCGM_FT_INT64. Watts
+# (BOARD_POWER_WATTS, BOARD_POWER_LIMIT_REQUESTED_WATTS) and ratios (FB_USED_RATIO, the
+# profiling fields) are DOUBLE in dcgmlib/src/dcgm_fields.cpp of NVIDIA/DCGM@v4.6.0 (e.g.
+# :1039-1040, :1843-1844). INFERRED for 4.9 on: the DCGM 4.7 fields in a fractional unit
+# (GPU_UTIL_RATIO, MEMORY_UTIL_RATIO: field 1613 on is a DOUBLE ratio by the field-identifier
+# list research quotes; GPU_ENERGY_JOULES_TOTAL, whose mJ source would lose its resolution as
+# an INT64) are DOUBLE, the bytes and hertz ones INT64 like the fields they replace.
+DOUBLE_UNITS = frozenset({"W", "ratio", "J"})
 # The two fields 4.8.2 on keeps per device and adds per pod (process_metrics.go,
-# isPerProcessMetric, @691c927:30-32).
-PER_PROCESS_FIELDS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"})
+# isPerProcessMetric, @691c927:30-32); INFERRED for 4.9 on: the same two fields under their
+# new names, each pod's share in the field's unit.
+PER_PROCESS_FIELDS = frozenset({"gpu_util", "fb_used"})
 
-# etc/default-counters.csv (TYPE, HELP) of 4.2.0 and 4.8.2, in the file's order.
+# The simulated exporter's counters file: the rows of etc/default-counters.csv of 4.2.0 and
+# 4.8.2 it draws, in the file's order. TYPE and HELP (the 4.8 naming's texts) are the table's.
 _COUNTERS_4 = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "counter",
-        "Total energy consumption since boot (in mJ).",
-    ),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."),
-    (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "counter",
-        "Number of remapped rows for uncorrectable errors",
-    ),
-    (
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "counter",
-        "Number of remapped rows for correctable errors",
-    ),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    "sm_clock",
+    "mem_clock",
+    "gpu_temp",
+    "power",
+    "energy",
+    "pcie_replay",
+    "gpu_util",
+    "mem_copy_util",
+    "xid",
+    "fb_free",
+    "fb_used",
+    "fb_reserved",
+    "uncorrectable_remapped_rows",
+    "correctable_remapped_rows",
+    "row_remap_failure",
+    "gr_engine_active",
 )
+# 4.9.0 on: FB_CAPACITY_BYTES collected by default (4.9.0 release notes, as mirrored at
+# https://newreleases.io/project/github/NVIDIA/dcgm-exporter/release/4.9.0), and the PCIe rates,
+# on by default since 4.8.x (etc/default-counters.csv@691c927; 4.10.0 release notes: "stay on
+# by default"), which the simulation draws from 4.9.0 on so that 4.10.0's renames of them show
+# (the older dialects keep the bodies their goldens hold).
+_COUNTERS_4_9 = (*_COUNTERS_4[:9], "fb_capacity", *_COUNTERS_4[9:], "pcie_tx_rate", "pcie_rx_rate")
 _HELP_3_3 = {
-    "DCGM_FI_DEV_FB_FREE": "Frame buffer memory free (in MB).",
-    "DCGM_FI_DEV_FB_USED": "Frame buffer memory used (in MB).",
+    "fb_free": "Frame buffer memory free (in MB).",
+    "fb_used": "Frame buffer memory used (in MB).",
 }
 # INFERRED for 4.8.4: the HELP texts the PR-736 body (a build newer than 4.8.2) writes, and the
 # energy text of NVIDIA's test of the counter files after 4.8.3.
 _HELP_4_8_4 = {
-    "DCGM_FI_DEV_GPU_TEMP": "GPU temperature (in °C).",
-    "DCGM_FI_DEV_POWER_USAGE": "Power usage (in W).",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (
-        "Total energy consumption since the driver was last reloaded (in mJ)."
-    ),
+    "gpu_temp": "GPU temperature (in °C).",
+    "power": "Power usage (in W).",
+    "energy": "Total energy consumption since the driver was last reloaded (in mJ).",
 }
+# The HELP texts of the 4.9 and 4.10 names in the table are INFERRED: no 4.9.0 or 4.10.0
+# counters file was at hand (../research/dcgm-names.md). Each is the 4.8.4 text with the
+# naming's unit ("(in bytes)", "(in Hz)", "(in J)", "(ratio, 0 to 1)"), or the 4.8 text where
+# the unit did not change.
 
 # How a release writes a shared device's series in Kubernetes mode with
 # --kubernetes-virtual-gpus.
@@ -102,12 +118,10 @@ VIRTUAL_SHARES = "shares"  # GPU_UTIL, FB_USED: device series plus each pod's sh
 class Dialect:
     version: str
     tag: str
-    # Hostname to 4.8.2 (render_metrics.go's template), hostname from 4.8.3 (48f252a).
-    host_label: str
     # pci_bus_id after the UUID: from 3.5.0 (render_metrics.go@9378144:47); not in 3.3.1
     # (pipeline.go@0518edc:261-277).
     pci_bus_id: bool
-    # The counters file: (name, TYPE, HELP) in its order.
+    # The counters file: (field, TYPE, HELP) in its order, the fields the table's.
     counters: tuple[tuple[str, str, str], ...]
     # Family order: "csv" (3.3.1: the map key is a *Counter into the file's slice, which Go's
     # template sorts by address, pipeline.go@0518edc:336-352), "field_id" (4.x: the key is a
@@ -120,27 +134,89 @@ class Dialect:
     # container="",namespace="",pod="" on every GPU without a pod (3.3.1, kubernetes.go@0518edc:
     # 87-93; gone in 3.4.1, 5c8a810).
     empty_pod_labels: bool
-    # err_code and err_msg on DCGM_FI_DEV_XID_ERRORS (from 3.4.2; gpu_collector.go@691c927:
+    # err_code and err_msg on the last-XID field (from 3.4.2; gpu_collector.go@691c927:
     # 323-332).
     xid_attributes: bool
     virtual: str
     # The dra_* labels of a ResourceClaim's device (--kubernetes-enable-dra, from 4.4.0).
     dra: bool
+    # The driver-version label (a "label" row of the counters file: after the host label,
+    # before the attributes, render_metrics.go@691c927:46-55) on every series. Not in the
+    # counters NVIDIA's chart ships up to 4.8.4 (deployment/templates/metrics-configmap.yaml@
+    # 691c927 has no such row; the 4.9.0 release notes: Helm installs, which lacked it, now
+    # get it), which the simulated exporter follows; its name is the table's.
+    driver_label: bool = False
     notes: tuple[str, ...] = field(default=())
 
-    def help_of(self, name: str) -> tuple[str, str] | None:
+    @property
+    def naming(self) -> str:
+        """The table's naming this release writes (4.8, 4.9, 4.10)."""
+        return table().naming_of_release(self.version)
+
+    @property
+    def host_label(self) -> str:
+        """Hostname to 4.8.2 (render_metrics.go's template), hostname from 4.8.3 (48f252a)."""
+        return table().label("host", self.version)
+
+    @property
+    def driver_version_label(self) -> str:
+        return table().label("driver_version", self.version)
+
+    def entry(self, field_key: str) -> FieldName:
+        """The table's name, unit and HELP of ``field_key`` in this release's naming."""
+        return table().field(field_key).by_naming[self.naming]
+
+    def name_of(self, field_key: str) -> str:
+        return self.entry(field_key).name
+
+    def help_of(self, field_key: str) -> tuple[str, str] | None:
         for counter, typ, text in self.counters:
-            if counter == name:
+            if counter == field_key:
                 return typ, text
         return None
 
 
 def _counters(
-    drop: Iterable[str] = (), help_texts: Mapping[str, str] | None = None
+    version: str,
+    fields: Sequence[str] = _COUNTERS_4,
+    drop: Iterable[str] = (),
+    help_texts: Mapping[str, str] | None = None,
 ) -> tuple[tuple[str, str, str], ...]:
+    naming = table().naming_of_release(version)
     gone = set(drop)
     texts = help_texts or {}
-    return tuple((n, t, texts.get(n, h)) for n, t, h in _COUNTERS_4 if n not in gone)
+    out = []
+    for f in fields:
+        if f in gone:
+            continue
+        fn = table().field(f).by_naming[naming]
+        out.append((f, fn.type, texts.get(f, fn.help)))
+    return tuple(out)
+
+
+def _newer(version: str) -> Dialect:
+    """4.9.0 on: 4.8.4's traits (INFERRED: no 4.9.0 or 4.10.0 code was at hand; the release
+    notes name no change to them) in the release's naming, with FB_CAPACITY_BYTES and the
+    driver-version label (cited on _COUNTERS_4_9 and Dialect.driver_label). Release tags are
+    plain versions from 4.8.4 on (../research/dcgm-names.md)."""
+    return Dialect(
+        version,
+        version,
+        pci_bus_id=True,
+        counters=_counters(version, _COUNTERS_4_9),
+        order="name",
+        floats="shortest",
+        empty_pod_labels=False,
+        xid_attributes=True,
+        virtual=VIRTUAL_SHARES,
+        dra=True,
+        driver_label=True,
+        notes=(
+            "names, units and HELP texts are the table's (the 4.9 and 4.10 namings are "
+            "inferred from the release notes and DCGM 4.7's field names); family order, float "
+            "format, label order, virtual-GPU and MIG behaviour are 4.8.4's",
+        ),
+    )
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -149,11 +225,10 @@ DIALECTS: dict[str, Dialect] = {
         Dialect(
             "3.3.1",
             "3.3.3-3.3.1",
-            "Hostname",
             pci_bus_id=False,
             # etc/default-counters.csv@0518edc: no FB_RESERVED, no profiling field.
             counters=_counters(
-                ("DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"), _HELP_3_3
+                "3.3.1", drop=("fb_reserved", "gr_engine_active"), help_texts=_HELP_3_3
             ),
             order="csv",
             floats="%f",
@@ -165,9 +240,8 @@ DIALECTS: dict[str, Dialect] = {
         Dialect(
             "4.2.0",
             "4.2.3-4.2.0",
-            "Hostname",
             pci_bus_id=True,
-            counters=_counters(("DCGM_FI_DEV_FB_RESERVED",)),  # added to the file in 4.8.x
+            counters=_counters("4.2.0", drop=("fb_reserved",)),  # added to the file in 4.8.x
             order="field_id",
             floats="%f",
             empty_pod_labels=False,
@@ -180,9 +254,8 @@ DIALECTS: dict[str, Dialect] = {
         Dialect(
             "4.8.2",
             "4.5.3-4.8.2",
-            "Hostname",
             pci_bus_id=True,
-            counters=_counters(),
+            counters=_counters("4.8.2"),
             order="field_id",
             floats="%f",
             empty_pod_labels=False,
@@ -195,9 +268,8 @@ DIALECTS: dict[str, Dialect] = {
         Dialect(
             "4.8.4",
             "4.6.1-4.8.4",
-            "hostname",
             pci_bus_id=True,
-            counters=_counters(help_texts=_HELP_4_8_4),
+            counters=_counters("4.8.4", help_texts=_HELP_4_8_4),
             order="name",
             floats="shortest",
             empty_pod_labels=False,
@@ -209,14 +281,19 @@ DIALECTS: dict[str, Dialect] = {
                 "written by a build newer than 4.8.2",
             ),
         ),
+        _newer("4.9.0"),
+        _newer("4.10.0"),
     )
 }
 NEWEST = "4.8.4"
-# What --demo.exporter-version accepts besides the versions: the release tags, and 3.3/4.2.
+# What --demo.exporter-version accepts besides the versions: the release tags, and the
+# major.minor of each release.
 ALIASES = {
-    **{d.tag: d.version for d in DIALECTS.values()},
+    **{d.tag: d.version for d in DIALECTS.values() if d.tag != d.version},
     "3.3": "3.3.1",
     "4.2": "4.2.0",
+    "4.9": "4.9.0",
+    "4.10": "4.10.0",
 }
 
 
@@ -226,7 +303,7 @@ def dialect(name: str) -> Dialect:
     try:
         return DIALECTS[version]
     except KeyError:
-        known = ", ".join(sorted(DIALECTS))
+        known = ", ".join(DIALECTS)
         raise ValueError(f"no dialect for dcgm-exporter {name!r} (known: {known})") from None
 
 
@@ -243,53 +320,71 @@ def dialect_for(name: str, virtual_gpus: bool) -> Dialect:
 
 @dataclass(frozen=True)
 class Row:
-    """One series before the dialect writes it: the field, the device's own labels (gpu,
-    UUID, pci_bus_id, device, modelName, and GPU_I_PROFILE/GPU_I_ID on a MIG instance), the
-    attributes dcgm-exporter's transformations add (pod labels, dra_*, vgpu, pod_uid), and the
-    value (an int, or a float for a DCGM_FT_DOUBLE field)."""
+    """One series before the dialect writes it: the field (the table's key), the device's own
+    labels (gpu, UUID, pci_bus_id, device, modelName, and GPU_I_PROFILE/GPU_I_ID on a MIG
+    instance), the attributes dcgm-exporter's transformations add (pod labels, dra_*, vgpu,
+    pod_uid), and the value in the field's SI unit (bytes, ratio, joules, watts, hertz)."""
 
-    name: str
+    field: str
     device: tuple[tuple[str, str], ...]
     attributes: tuple[tuple[str, str], ...]
     value: int | float
 
 
-def format_value(dia: Dialect, name: str, value: float) -> str:
-    if name not in DOUBLE_FIELDS:
-        return f"{int(value):d}"
-    if dia.floats == "%f":
-        return f"{value:f}"
-    text = repr(float(value))  # Go's strconv.FormatFloat(v, 'f', -1, 64) for these values
+def go_float(value: float) -> str:
+    """Go's strconv.FormatFloat(v, 'f', -1, 64): the shortest digits that read back as
+    ``value``, never an exponent, no trailing ".0"."""
+    text = repr(float(value))
+    if "e" in text or "E" in text:
+        text = format(Decimal(text), "f")
     return text[:-2] if text.endswith(".0") else text
 
 
-def _family_key(dia: Dialect, name: str) -> tuple[int, str]:
+def format_value(dia: Dialect, field_key: str, value: float) -> str:
+    """``value`` (SI) as release ``dia`` writes ``field_key``: in its naming's unit, an
+    integer for an INT64 field, Go's float format of the release for a DOUBLE one."""
+    fn = dia.entry(field_key)
+    written = value / fn.scale if fn.scale != 1 else value
+    if fn.unit not in DOUBLE_UNITS:
+        return f"{round(written):d}"
+    if dia.floats == "%f":
+        return f"{written:f}"
+    return go_float(written)
+
+
+def _family_key(dia: Dialect, field_key: str) -> tuple[int, str]:
+    name = dia.name_of(field_key)
     if dia.order == "field_id":
-        return FIELD_IDS[name], name
+        return FIELD_IDS[field_key], name
     if dia.order == "name":
         return 0, name
-    return [c[0] for c in dia.counters].index(name), name
+    return [c[0] for c in dia.counters].index(field_key), name
 
 
-def render(dia: Dialect, host: str, rows: Sequence[Row]) -> str:
+def render(dia: Dialect, host: str, rows: Sequence[Row], driver: str = "") -> str:
     """The body dcgm-exporter ``dia`` writes for ``rows`` (in the rows' order within a family):
     HELP and TYPE, then each series as its template writes it: the device's labels, the host
-    label, then the attributes in sorted order (Go's template ranges over a map by key)."""
+    label, the driver-version label where the release writes it (``driver``), then the
+    attributes in sorted order (Go's template ranges over a map by key)."""
     by_family: dict[str, list[Row]] = {}
     for row in rows:
-        by_family.setdefault(row.name, []).append(row)
+        by_family.setdefault(row.field, []).append(row)
+    host_label = dia.host_label
+    extra = [(dia.driver_version_label, driver)] if dia.driver_label else []
     out: list[str] = []
-    for name in sorted(by_family, key=lambda n: _family_key(dia, n)):
-        meta = dia.help_of(name)
+    for key in sorted(by_family, key=lambda f: _family_key(dia, f)):
+        meta = dia.help_of(key)
         if meta is None:
             continue
         typ, text = meta
+        name = dia.name_of(key)
         out.append(f"# HELP {name} {text}")
         out.append(f"# TYPE {name} {typ}")
-        for row in by_family[name]:
+        for row in by_family[key]:
             labels = [(k, v) for k, v in row.device if dia.pci_bus_id or k != "pci_bus_id"]
-            labels.append((dia.host_label, host))
+            labels.append((host_label, host))
+            labels.extend(extra)
             labels.extend(sorted(row.attributes))
             block = ",".join(f'{k}="{v}"' for k, v in labels)
-            out.append(f"{name}{{{block}}} {format_value(dia, name, row.value)}")
+            out.append(f"{name}{{{block}}} {format_value(dia, key, row.value)}")
     return "\n".join(out) + "\n" if out else ""

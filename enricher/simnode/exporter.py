@@ -48,14 +48,11 @@ class ExporterStory:
 # The fields of the simulated exporter's counters file, and whether a MIG GPU reports each per
 # GPU instance (memory and profiling) or for the whole GPU. Which of them a release writes, in
 # which order and with which HELP text: enricher.simnode.dialects.
-_PER_INSTANCE = frozenset(
-    {
-        "DCGM_FI_DEV_FB_FREE",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_FB_RESERVED",
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    }
-)
+# Fields are the table's keys (enricher/dcgm_fields.json); values are computed in SI (bytes,
+# ratio, joules, watts, hertz) and written in each release's unit by the dialect.
+_PER_INSTANCE = frozenset({"fb_capacity", "fb_free", "fb_used", "fb_reserved", "gr_engine_active"})
+MIB = 2**20
+MHZ = 1_000_000
 
 
 # What the SIMULATED driver reserves on each whole GPU (MiB, FB_RESERVED; none inside a MIG
@@ -127,20 +124,22 @@ def sharing_pods(node: SimNode) -> dict[Device, list[tuple[SimPod, str]]]:
     return out
 
 
-def _pod_share(gpus: SimulatedGpus, t: float, name: str, pod: SimPod, key: Device) -> int:
-    """The value 4.8.2 on writes for ``pod`` on device ``key``: its processes' FB_USED (each
-    one's bytes in whole MiB, process_metrics.go@691c927:88-100) or SM utilization (NVML's
-    per-process %, none on a MIG instance), summed per pod (buildPodValueMap, formatted %d)."""
-    total = 0
+def _pod_share(gpus: SimulatedGpus, t: float, field: str, pod: SimPod, key: Device) -> float:
+    """The value 4.8.2 on writes for ``pod`` on device ``key`` (SI): its processes' used
+    framebuffer (each one's bytes in whole MiB, process_metrics.go@691c927:88-100) or SM
+    utilization (NVML's per-process whole %, none on a MIG instance), summed per pod
+    (buildPodValueMap, formatted %d in 4.8's MiB and percent)."""
+    mib = 0
+    percent = 0
     for p in gpus.node.procs:
         if p.pod is not pod or (p.gpu, p.gi) != key:
             continue
-        if name == "DCGM_FI_DEV_FB_USED":
-            total += (gpus.proc_memory(p, t) or 0) // 2**20
+        if field == "fb_used":
+            mib += (gpus.proc_memory(p, t) or 0) // MIB
         else:
             util = gpus.proc_util(p, t)
-            total += 0 if util is None else round(100 * util)
-    return total
+            percent += 0 if util is None else round(100 * util)
+    return mib * MIB if field == "fb_used" else percent / 100
 
 
 def render_exporter(
@@ -158,7 +157,7 @@ def render_exporter(
     used, busy = device_usage(gpus, t, story.unlisted_mib)
     sharing = sharing_pods(node) if virtual_gpus else {}
     rows: list[Row] = []
-    for name, _typ, _help in dia.counters:
+    for name, _typ, _help in dia.counters:  # name: the table's field key
         for gpu in node.gpus:
             instances: list[MigDevice | None] = (
                 [m for m in node.migs if m.gpu_index == gpu.index]
@@ -171,7 +170,7 @@ def render_exporter(
                 device = _device_labels(gpu, mig)
                 value = _field_value(name, gpus, t, gpu, mig, used, busy)
                 xid: list[tuple[str, str]] = []
-                if name == "DCGM_FI_DEV_XID_ERRORS" and dia.xid_attributes:
+                if name == "xid" and dia.xid_attributes:
                     xid = [("err_code", str(value)), ("err_msg", "No Error")]
                 pod = story.upstream_pods.get(key)
                 if pod is not None and pod.claims and not dia.dra:
@@ -216,7 +215,7 @@ def render_exporter(
                 elif dia.empty_pod_labels:
                     attributes += [("container", ""), ("namespace", ""), ("pod", "")]
                 rows.append(Row(name, device, tuple(attributes), value))
-    return render(dia, story.host, rows)
+    return render(dia, story.host, rows, node.driver)
 
 
 def _field_value(
@@ -228,35 +227,44 @@ def _field_value(
     used: dict[Device, float],
     busy: dict[Device, float],
 ) -> int | float:
+    """``name``'s value on the device at ``t``, in the field's SI unit."""
     gi = mig.gi_id if mig else None
     total = (
         40_960
         if mig and mig.profile == "3g.40gb"
         else (20_480 if mig and mig.profile == "2g.20gb" else (10_240 if mig else 81_920))
     )
-    # Whole MiB, as DCGM writes them: rounded up, so the processes never list more than
-    # FB_USED says the device holds.
+    # Memory in whole MiB, as DCGM's MiB fields write it: rounded up, so the processes never
+    # list more than the device's used framebuffer. The byte fields of 4.9.0 on carry the same
+    # whole MiB times 2**20 (a simplification: DCGM 4.7 may write bytes the MiB fields round
+    # away; one node, whichever release writes it).
     mem = math.ceil(used.get((gpu.index, gi), 0.0))
     reserved = 0 if mig else DRIVER_RESERVED_MIB
     load = min(1.0, busy.get((gpu.index, gi), 0.0))
     values: dict[str, int | float] = {
-        "DCGM_FI_DEV_SM_CLOCK": 1410 if load else 210,
-        "DCGM_FI_DEV_MEM_CLOCK": 1593,
-        "DCGM_FI_DEV_GPU_TEMP": round(34 + 40 * load * wave(t, 300, gpu.index)),
-        "DCGM_FI_DEV_POWER_USAGE": round(gpus.power_watts(gpu.index, t), 3),
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(gpus.energy_millijoules(gpu.index, t)),
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
-        "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
-        "DCGM_FI_DEV_MEM_COPY_UTIL": round(40 * load),
-        "DCGM_FI_DEV_XID_ERRORS": 0,
-        "DCGM_FI_DEV_FB_FREE": max(0, total - mem - reserved),
-        "DCGM_FI_DEV_FB_USED": mem,
-        "DCGM_FI_DEV_FB_RESERVED": reserved,
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(load, 6),
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+        "sm_clock": (1410 if load else 210) * MHZ,
+        "mem_clock": 1593 * MHZ,
+        "gpu_temp": round(34 + 40 * load * wave(t, 300, gpu.index)),
+        "power": round(gpus.power_watts(gpu.index, t), 3),
+        # NVML counts whole mJ.
+        "energy": int(gpus.energy_millijoules(gpu.index, t)) / 1000,
+        "pcie_replay": 0,
+        # NVML's utilization is in whole percent.
+        "gpu_util": round(100 * load) / 100,
+        "mem_copy_util": round(40 * load) / 100,
+        "xid": 0,
+        "fb_capacity": total * MIB,
+        "fb_free": max(0, total - mem - reserved) * MIB,
+        "fb_used": mem * MIB,
+        "fb_reserved": reserved * MIB,
+        "gr_engine_active": round(load, 6),
+        "uncorrectable_remapped_rows": 0,
         # One GPU has had a few correctable errors, as aging HBM does.
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2 if gpu.index == 3 else 0,
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+        "correctable_remapped_rows": 2 if gpu.index == 3 else 0,
+        "row_remap_failure": 0,
+        # Bytes per second on the GPU's PCIe link: a trickle when idle, more under load.
+        "pcie_tx_rate": 4_000_000 + round(900_000_000 * load),
+        "pcie_rx_rate": 2_000_000 + round(1_600_000_000 * load),
     }
     return values[name]
 
