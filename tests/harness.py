@@ -52,8 +52,9 @@ from devkit.upstream import Upstream
 from enricher.app import make_app
 from enricher.config import Config
 from enricher.docker import DockerSource
+from enricher.fieldtable import table
 from enricher.kube import KubernetesSource
-from enricher.memory import MIB, REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
+from enricher.memory import REASON_DRIVER_RESERVED, REASON_NOT_IN_PROCESS_LIST
 from enricher.pipeline import Scraper
 from enricher.procfs import ProcfsSource
 from enricher.simnode.kubelet import SimulatedKubelet
@@ -160,10 +161,10 @@ def process_reasons(text: str) -> list[dict[str, str]]:
 
 
 def memory_gaps(text: str) -> dict[tuple[str, str], float]:
-    """Per device (UUID, GPU_I_ID) whose upstream writes FB_USED: FB_USED + FB_RESERVED (in
-    bytes) less its containers' memory and every unattributed reason's, as written; 0.0 on
-    every device where the memory adds up. A MIG GPU's own reading is left out where its
-    instances have theirs."""
+    """Per device (UUID, GPU_I_ID) whose upstream writes FB_USED (FB_USED_BYTES from 4.9.0):
+    FB_USED + FB_RESERVED (in bytes) less its containers' memory and every unattributed
+    reason's, as written; 0.0 on every device where the memory adds up. A MIG GPU's own
+    reading is left out where its instances have theirs."""
 
     def by_device(
         name: str, scale: float = 1.0, device: bool = False
@@ -177,8 +178,18 @@ def memory_gaps(text: str) -> dict[tuple[str, str], float]:
             out[key] = max(out.get(key, 0.0), value) if device else out.get(key, 0.0) + value
         return out
 
-    used = by_device("DCGM_FI_DEV_FB_USED", MIB, device=True)
-    reserved = by_device("DCGM_FI_DEV_FB_RESERVED", MIB, device=True)
+    def reading(key: str) -> dict[tuple[str, str], float]:
+        """The device readings of ``key`` under whichever of its names the body writes, in
+        bytes (enricher/dcgm_fields.json: MiB up to 4.8.x, bytes from 4.9.0)."""
+        out: dict[tuple[str, str], float] = {}
+        for name in table().names(key):
+            entry = table().lookup(name)
+            assert entry is not None
+            out.update(by_device(name, entry.scale, device=True))
+        return out
+
+    used = reading("fb_used")
+    reserved = reading("fb_reserved")
     held = by_device("gpu_container_memory_used_bytes")
     for key, value in by_device("gpu_unattributed_memory_used_bytes").items():
         held[key] = held.get(key, 0.0) + value

@@ -37,7 +37,9 @@ from enricher import demo
 from enricher.cli import parse_config
 from enricher.commands import ps
 from enricher.config import Config
+from enricher.fieldtable import table
 from enricher.landing import MIB
+from enricher.simnode.dialects import NEWEST, dialect
 from enricher.simnode.exporter import DRIVER_RESERVED_MIB
 from enricher.simnode.gpus import POWER_MODELS, UPTIME_AT_START, SimulatedGpus, power_model
 from enricher.simnode.node import SimNode
@@ -73,8 +75,29 @@ def by_device(text: str, name: str) -> dict[DeviceKey, float]:
     return dict(out)
 
 
+def field_samples(
+    text: str, field: str, version: str, unit: float = 1.0
+) -> list[tuple[dict[str, str], float]]:
+    """The samples of ``field`` (a key of enricher/dcgm_fields.json) under its name in release
+    ``version``, each value in ``unit`` (1.0: SI)."""
+    entry = table().field(field).by_naming[dialect(version).naming]
+    return [(labels, v * entry.scale / unit) for labels, v in samples(text, entry.name)]
+
+
+def field_by_device(text: str, field: str, version: str, unit: float) -> dict[DeviceKey, float]:
+    out: dict[DeviceKey, float] = defaultdict(float)
+    for labels, value in field_samples(text, field, version, unit):
+        out[(labels["UUID"], labels.get("GPU_I_ID", ""))] += value
+    return dict(out)
+
+
+# The demo's default release, and the newest (memory in bytes, utilization as a ratio).
+VERSIONS = [NEWEST, "4.10.0"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("t", [T0, T0 + 37.5, T0 + 600, T0 + 3 * 3600 + 11])
-def test_device_memory_is_its_processes_memory(t: float) -> None:
+def test_device_memory_is_its_processes_memory(t: float, version: str) -> None:
     """FB_USED of every GPU and MIG instance is what the SIMULATED NVML lists for its
     processes at the same moment, each counted once (the defect: twice on a GPU without MIG),
     in whole MiB rounded up, plus what the story says no listed process holds; FB_RESERVED is
@@ -83,10 +106,10 @@ def test_device_memory_is_its_processes_memory(t: float) -> None:
     listed: dict[DeviceKey, float] = defaultdict(float)
     for p in nvml.processes:
         listed[(p.gpu_uuid, "" if p.gi_id is None else str(p.gi_id))] += p.used_memory_bytes or 0
-    served = demo.render_upstream(demo.demo_gpus(lambda: t), collected(t))
-    used = by_device(served, "DCGM_FI_DEV_FB_USED")
-    reserved = by_device(served, "DCGM_FI_DEV_FB_RESERVED")
-    free = by_device(served, "DCGM_FI_DEV_FB_FREE")
+    served = demo.render_upstream(demo.demo_gpus(lambda: t), collected(t), version)
+    used = field_by_device(served, "fb_used", version, MIB)
+    reserved = field_by_device(served, "fb_reserved", version, MIB)
+    free = field_by_device(served, "fb_free", version, MIB)
     index = {g.uuid: g.index for g in demo.GPUS}
     for key, mib in used.items():
         gi = int(key[1]) if key[1] else None
@@ -99,13 +122,17 @@ def test_device_memory_is_its_processes_memory(t: float) -> None:
     assert set(listed) <= set(used)
 
 
-def test_zero_utilization_stays_zero() -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_zero_utilization_stays_zero(version: str) -> None:
     """The allocated idle GPU and the finished job's GPU report 0 % (the defect: 30 %), and a
     shared GPU's utilization is the sum of its processes' (the MPS server computes nothing)."""
     gpus = demo.demo_gpus()
     for t in (T0, T0 + 15, T0 + 200):
-        served = demo.render_upstream(gpus, t)
-        util = {labels["gpu"]: value for labels, value in samples(served, "DCGM_FI_DEV_GPU_UTIL")}
+        served = demo.render_upstream(gpus, t, version)
+        util = {
+            labels["gpu"]: round(value, 9)
+            for labels, value in field_samples(served, "gpu_util", version, 0.01)
+        }
         assert util["5"] == 0 and util["6"] == 0, util
         on_4 = sum(gpus.proc_util(p, t) or 0 for p in demo.PROCS if p.gpu == 4)
         assert util["4"] == round(100 * on_4)
@@ -497,3 +524,24 @@ def test_a_taken_port_ends_with_the_clear_error_alone() -> None:
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"dcgm-enricher demo: cannot listen on 127.0.0.1:{port}: ")
     assert "Unclosed" not in res.stderr + res.stdout
+
+
+def test_the_demo_speaks_the_renamed_releases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dcgm-enricher demo --demo.exporter-version 4.9.0` (or 4.10.0, or the lines 4.9 and
+    4.10): the simulated dcgm-exporter writes that release's names, the field table's, and
+    the demo serves them."""
+    for flag, version in (("4.9.0", "4.9.0"), ("4.9", "4.9.0"), ("4.10.0", "4.10.0")):
+        _, _, ns = parse_config(["demo", "--demo.exporter-version", flag])
+        assert dialect(ns.demo_exporter_version).version == version
+    monkeypatch.setenv("ENRICHER_DEMO_EXPORTER_VERSION", "4.10")
+    with (
+        demo_process(tmp_path) as running,
+        urllib.request.urlopen(running.url + "/metrics", timeout=10) as r,
+    ):
+        text = r.read().decode()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    fields = ("fb_used", "fb_capacity", "gpu_util", "energy", "power", "pcie_tx_rate")
+    assert {table().name(f, "4.10") for f in fields} <= families
+    assert not families & {table().name(f, "4.8") for f in ("fb_used", "gpu_util", "energy")}

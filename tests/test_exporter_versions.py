@@ -1,6 +1,7 @@
 """Every dcgm-exporter release the enricher supports, as a test: the demo's SIMULATED exporter
-speaks each release's dialect (enricher.simnode.dialects: 3.3.1, 4.2.0, 4.8.2, 4.8.4, in
-Kubernetes mode, and with --kubernetes-virtual-gpus where the release has it), and the real
+speaks each release's dialect (enricher.simnode.dialects: 3.3.1, 4.2.0, 4.8.2, 4.8.4, 4.9.0,
+4.10.0, in Kubernetes mode, and with --kubernetes-virtual-gpus where the release has it; names
+and units from the field table, enricher/dcgm_fields.json), and the real
 enricher in front of it must serve the same truths on every one: valid exposition, the node
 label on every series and the exporter's own host label kept, memory that adds up to the
 device's own FB_USED + FB_RESERVED, power that sums to the device's draw, and a golden file
@@ -15,6 +16,7 @@ here); each dialect is written from NVIDIA's code at that release, cited in dial
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import urllib.parse
@@ -29,11 +31,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.dashboard import RULES, interpolate, queries, records, variables
 from devkit.prometheus import EVERY_SECOND
 from enricher import demo
+from enricher.fieldtable import table
+from enricher.memory import MIB
 from enricher.simnode.dialects import DIALECTS, NEWEST, VIRTUAL_NONE, dialect
 
-from .conftest import SHARED_DCGM
+from .conftest import SHARED_DCGM, assert_valid_exposition
 from .frozendemo import T0, FrozenDemo
-from .harness import MIB, assert_memory_adds_up, check_golden
+from .harness import assert_memory_adds_up, check_golden, memory_gaps
 from .promreleases import releases, require, serve
 from .test_dashboard import QUERY_NEEDS
 
@@ -47,6 +51,16 @@ def combo_id(version: str, virtual: bool) -> str:
 
 
 IDS = [combo_id(*c) for c in COMBOS]
+# The releases that renamed the fields (4.9.0 on), and 4.8.4, the last of the old names.
+RENAMED = [v for v, d in DIALECTS.items() if d.naming != table().namings[0]]
+OLD_NAMES = "4.8.4"
+
+
+def field_name(field: str, version: str) -> str:
+    """``field``'s name (a table key) in release ``version``'s naming."""
+    found = table().name(field, dialect(version).naming)
+    assert found is not None, (field, version)
+    return found
 
 
 def upstream(version: str, virtual: bool) -> str:
@@ -98,8 +112,14 @@ def test_versions_tags_and_aliases_name_the_same_dialect() -> None:
     assert dialect("4.6.1-4.8.4") is dialect("4.8.4") is DIALECTS[NEWEST]
     assert dialect("3.3") is dialect("3.3.3-3.3.1")
     assert dialect("4.2").version == "4.2.0"
-    with pytest.raises(ValueError, match=re.escape("known: 3.3.1, 4.2.0, 4.8.2, 4.8.4")):
-        dialect("4.9.0")
+    assert dialect("4.9") is dialect("4.9.0") and dialect("4.9.0").tag == "4.9.0"
+    assert dialect("4.10") is dialect("4.10.0") and dialect("4.10.0").tag == "4.10.0"
+    assert RENAMED == ["4.9.0", "4.10.0"]
+    assert [dialect(v).naming for v in RENAMED] == ["4.9", "4.10"]
+    with pytest.raises(
+        ValueError, match=re.escape("known: 3.3.1, 4.2.0, 4.8.2, 4.8.4, 4.9.0, 4.10.0")
+    ):
+        dialect("4.11.0")
     with pytest.raises(ValueError, match="no --kubernetes-virtual-gpus"):
         upstream("3.3.1", True)
 
@@ -110,46 +130,77 @@ def test_each_dialect_is_what_its_release_writes(version: str, virtual: bool) ->
     body = upstream(version, virtual)
     families = [f.name for f in text_string_to_metric_families(body)]  # parses
     helps = dict(re.findall(r"^# HELP (\S+) (.*)$", body, re.M))
-    gpu0 = next(line for line in body.splitlines() if line.startswith("DCGM_FI_DEV_SM_CLOCK{"))
+    dia = dialect(version)
+    renamed = version in RENAMED
+    # Every family is the table's name of a field in the release's naming.
+    for family in families:
+        entry = table().lookup(family)
+        assert entry is not None and dia.naming in table().namings_of(family), family
+    gpu0 = next(
+        line for line in body.splitlines() if line.startswith(field_name("sm_clock", version))
+    )
     names = re.findall(r'([A-Za-z_]+)="', gpu0)
-    power = re.search(r"^DCGM_FI_DEV_POWER_USAGE\{[^}]*\} (\S+)$", body, re.M)
+    power = re.search(rf"^{field_name('power', version)}\{{[^}}]*\}} (\S+)$", body, re.M)
     assert power is not None
-    host = "hostname" if version == "4.8.4" else "Hostname"
+    host = "hostname" if version in ("4.8.4", *RENAMED) else "Hostname"
+    assert host == table().label("host", version)
     device = ["gpu", "UUID", "pci_bus_id", "device", "modelName", host]
     if version == "3.3.1":
         device.remove("pci_bus_id")  # from 3.5.0
+    if renamed:
+        # The driver-version label, which NVIDIA's chart writes from 4.9.0 on.
+        device.append(table().label("driver_version", version))
+        assert all(
+            labels[device[-1]] == demo.DEMO.driver
+            for f in text_string_to_metric_families(body)
+            for labels in (s.labels for s in f.samples)
+        )
+    else:
+        assert not any(n in body for n in table().label_names("driver_version"))
     assert names[: len(device)] == device
     assert names[len(device) :] == sorted(names[len(device) :])  # attributes, Go's map order
+    fb_used = field_name("fb_used", version)
     if version == "3.3.1":
-        assert helps["DCGM_FI_DEV_FB_USED"] == "Frame buffer memory used (in MB)."
+        assert helps[fb_used] == "Frame buffer memory used (in MB)."
         assert 'container="",namespace="",pod=""}' in body  # on GPUs without a pod
-        assert families.index("DCGM_FI_DEV_GPU_TEMP") < families.index("DCGM_FI_DEV_XID_ERRORS")
+        assert families.index(field_name("gpu_temp", version)) < families.index(
+            field_name("xid", version)
+        )
     else:
-        assert helps["DCGM_FI_DEV_FB_USED"] == "Framebuffer memory used (in MiB)."
+        unit = "bytes" if renamed else "MiB"
+        assert helps[fb_used] == f"Framebuffer memory used (in {unit})."
         assert 'err_code="0",err_msg="No Error"' in body
         assert 'pod=""' not in body
-    assert ("DCGM_FI_DEV_FB_RESERVED" in families) == (version in ("4.8.2", "4.8.4"))
-    assert ("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in families) == (version != "3.3.1")
-    if version == "4.8.4":
+    has = {f for f in table().fields if table().name(f, dia.naming) in families}
+    assert ("fb_reserved" in has) == (version in ("4.8.2", "4.8.4", *RENAMED))
+    assert ("gr_engine_active" in has) == (version != "3.3.1")
+    # 4.9.0 on: FB_CAPACITY_BYTES by default; the PCIe rates the simulation draws from 4.9.0.
+    assert ("fb_capacity" in has) == renamed
+    assert ("pcie_tx_rate" in has) == ("pcie_rx_rate" in has) == renamed
+    if version in ("4.8.4", *RENAMED):
         assert families == sorted(families)
         assert re.fullmatch(r"\d+(\.\d{1,3})?", power[1])
     else:
         assert re.fullmatch(r"\d+\.\d{6}", power[1])  # Go's %f
     # The dra_* labels come with --kubernetes-enable-dra (4.4.0 on).
-    assert ('dra_claim_name="dra-train-0-gpu-x7k2p"' in body) == (version in ("4.8.2", "4.8.4"))
+    assert ('dra_claim_name="dra-train-0-gpu-x7k2p"' in body) == (
+        version in ("4.8.2", "4.8.4", *RENAMED)
+    )
     shares = [
         labels
-        for labels, _ in samples(body, "DCGM_FI_DEV_FB_USED")
+        for labels, _ in samples(body, fb_used)
         if "pod_uid" in labels and "dra_claim_name" not in labels
     ]
-    copies = [labels for labels, _ in samples(body, "DCGM_FI_DEV_FB_FREE") if labels.get("pod")]
+    copies = [
+        labels for labels, _ in samples(body, field_name("fb_free", version)) if labels.get("pod")
+    ]
     if not virtual:
         assert not shares
     elif version == "4.2.0":
         # One copy per pod and nothing for the devices no pod holds (GPU 3, and GPU 7, whose
         # ResourceClaim 4.2.0 cannot see).
         assert not shares
-        assert {labels["gpu"] for labels, _ in samples(body, "DCGM_FI_DEV_GPU_TEMP")} == {
+        assert {labels["gpu"] for labels, _ in samples(body, field_name("gpu_temp", version))} == {
             "0",
             "1",
             "4",
@@ -164,6 +215,102 @@ def test_each_dialect_is_what_its_release_writes(version: str, virtual: bool) ->
             ("1", demo.VLLM.name, "0"),
             ("1", demo.TRITON.name, "3"),
         }
+
+
+def _by_series(body: str, version: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Each series of ``body`` by (field, its labels but the host and driver-version ones)."""
+    skip = {table().label("host", version), *table().label_names("driver_version")}
+    out = {}
+    for f in text_string_to_metric_families(body):
+        entry = table().lookup(f.name)
+        assert entry is not None, f.name
+        for sample in f.samples:
+            labels = frozenset((k, v) for k, v in sample.labels.items() if k not in skip)
+            out[(entry.field, labels)] = sample.value
+    return out
+
+
+@pytest.mark.parametrize("virtual", [False, True], ids=["", "virtual"])
+@pytest.mark.parametrize("version", RENAMED)
+def test_the_renamed_releases_write_the_same_node_in_their_units(
+    version: str, virtual: bool
+) -> None:
+    """4.9.0 and 4.10.0 write the node 4.8.4 writes at the same instant, series for series,
+    each value in the unit of their naming (the table's): memory in bytes (4.8's MiB x 2**20),
+    utilization as a ratio (percent / 100), energy in J (mJ / 1000), clocks in Hz (MHz x
+    10**6); INT64 fields as integers, DOUBLE ones in Go's shortest form."""
+    old, new = upstream(OLD_NAMES, virtual), upstream(version, virtual)
+    before, after = _by_series(old, OLD_NAMES), _by_series(new, version)
+    # The same series but for what 4.9.0 added (FB_CAPACITY_BYTES, and the PCIe rates the
+    # simulation draws from 4.9.0).
+    added = {"fb_capacity", "pcie_tx_rate", "pcie_rx_rate"}
+    assert set(before) == {key for key in after if key[0] not in added}
+    assert {key[0] for key in after} >= added
+    naming = dialect(version).naming
+    for (field, labels), value in before.items():
+        old_entry = table().field(field).by_naming["4.8"]
+        new_entry = table().field(field).by_naming[naming]
+        got = after[(field, labels)]
+        assert got == value * old_entry.scale / new_entry.scale or math.isclose(
+            got, value * old_entry.scale / new_entry.scale, rel_tol=1e-12
+        ), (field, dict(labels), value, got)
+    for field, old_unit, new_unit, factor in (
+        ("fb_used", "MiB", "bytes", MIB),
+        ("fb_free", "MiB", "bytes", MIB),
+        ("fb_reserved", "MiB", "bytes", MIB),
+        ("gpu_util", "percent", "ratio", 0.01),
+        ("energy", "mJ", "J", 0.001),
+        ("sm_clock", "MHz", "Hz", 10**6),
+    ):
+        assert table().field(field).by_naming["4.8"].unit == old_unit
+        assert table().field(field).by_naming[naming].unit == new_unit
+        pairs = [(v, after[key]) for key, v in before.items() if key[0] == field]
+        assert pairs, field
+        for was, now in pairs:
+            if field in ("gpu_util", "energy"):
+                assert now == was / round(1 / factor), (field, was, now)  # exactly
+            else:
+                assert now == was * factor, (field, was, now)
+    # Memory adds up per device in bytes: used + reserved + free is the device's capacity
+    # (where the three are written with the same labels: not on a pod's copy of a shared
+    # device, which --kubernetes-virtual-gpus gives the used memory's share instead).
+    capacity = {labels: v for (field, labels), v in after.items() if field == "fb_capacity"}
+    parts = ("fb_used", "fb_reserved", "fb_free")
+    whole = [labels for labels in capacity if all((f, labels) in after for f in parts)]
+    assert len(whole) >= (4 if virtual else 8)
+    for labels in whole:
+        assert sum(after[(f, labels)] for f in parts) == capacity[labels], dict(labels)
+    # Integers for INT64 fields, Go's shortest floats for DOUBLE ones.
+    for line in new.splitlines():
+        if line.startswith("#"):
+            continue
+        family, text = line.split("{", 1)[0], line.rsplit(" ", 1)[1]
+        entry = table().lookup(family)
+        assert entry is not None
+        if entry.unit in ("bytes", "Hz", "count", "code", "state", "celsius", "bytes/s"):
+            assert re.fullmatch(r"\d+", text), line
+        else:
+            assert re.fullmatch(r"\d+|\d+\.\d*[1-9]", text), line
+
+
+def test_the_two_renamed_releases_differ_only_in_the_pcie_rates_names() -> None:
+    """4.10.0 renames the PCIe and NVLink rates and nothing the simulation draws else."""
+    for virtual in (False, True):
+        nine, ten = upstream("4.9.0", virtual), upstream("4.10.0", virtual)
+        for f in ("pcie_tx_rate", "pcie_rx_rate"):
+            assert field_name(f, "4.9.0") != field_name(f, "4.10.0")
+            nine = nine.replace(field_name(f, "4.9.0") + " ", field_name(f, "4.10.0") + " ")
+            nine = nine.replace(field_name(f, "4.9.0") + "{", field_name(f, "4.10.0") + "{")
+        assert sorted(nine.splitlines()) == sorted(ten.splitlines())
+
+
+def test_every_dialects_body_passes_promtool(promtools: list[str]) -> None:
+    """promtool (each Prometheus release the tests run) parses every release's body; its lint
+    remarks (camelCase labels, counters without _total) are the exporter's own names."""
+    for version, virtual in COMBOS:
+        body = upstream(version, virtual)
+        for promtool in promtools:
+            assert_valid_exposition(promtool, body)
 
 
 def test_the_newest_dialect_matches_a_real_body_of_its_line() -> None:
@@ -197,7 +344,7 @@ def test_the_enricher_serves_the_same_truths_on_every_release(
 ) -> None:
     text = served[name]
     version = name.removesuffix("-virtual")
-    host = "hostname" if version == "4.8.4" else "Hostname"
+    host = table().label("host", version)
     all_samples = [
         (f.name, dict(s.labels)) for f in text_string_to_metric_families(text) for s in f.samples
     ]
@@ -205,9 +352,10 @@ def test_the_enricher_serves_the_same_truths_on_every_release(
     assert all(labels.get("node") == demo.NODE for _, labels in all_samples)
     dcgm = [labels for fam, labels in all_samples if fam.startswith("DCGM_FI_")]
     assert dcgm and all(labels[host] == demo.EXPORTER_HOST for labels in dcgm)
+    assert memory_gaps(text)  # the enricher's series and the exporter's memory fields
     assert_memory_adds_up(text)
     # Power: the containers' watts and the unattributed watts sum to the device's draw.
-    draw = {labels["gpu"]: v for labels, v in samples(text, "DCGM_FI_DEV_POWER_USAGE")}
+    draw = {labels["gpu"]: v for labels, v in samples(text, field_name("power", version))}
     parts: dict[str, float] = defaultdict(float)
     for family in ("gpu_container_power_watts", "gpu_unattributed_power_watts"):
         for labels, v in samples(text, family):
@@ -238,7 +386,7 @@ def test_the_exporters_per_pod_shares_agree_with_the_containers(
     """4.8.2 on, --kubernetes-virtual-gpus: each pod's FB_USED share (its processes' memory,
     whole MiB each) and GPU_UTIL share (their SM %) is what the enricher's per-container series
     say of the same pod on the same device, in the same collection, within the exporter's
-    rounding (a MiB, or half a percent, per process)."""
+    rounding (a MiB, or half a percent, per process); from 4.9.0 in bytes and as a ratio."""
     body = upstream(version, True)
     text = served[combo_id(version, True)]
     procs: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -246,10 +394,12 @@ def test_the_exporters_per_pod_shares_agree_with_the_containers(
         if p.pod is not None:
             procs[(str(p.gpu), "" if p.gi is None else str(p.gi), p.pod.name)] += 1
     checked = 0
-    for field, family, scale, slack in (
-        ("DCGM_FI_DEV_FB_USED", "gpu_container_memory_used_bytes", 1 / MIB, 1.0),
-        ("DCGM_FI_DEV_GPU_UTIL", "gpu_container_utilization_ratio", 100.0, 0.5),
+    for key_, family, si_slack in (
+        ("fb_used", "gpu_container_memory_used_bytes", float(MIB)),
+        ("gpu_util", "gpu_container_utilization_ratio", 0.005),
     ):
+        entry = table().field(key_).by_naming[dialect(version).naming]
+        field, scale, slack = entry.name, 1 / entry.scale, si_slack / entry.scale
         ours: dict[tuple[str, str, str], float] = defaultdict(float)
         for labels, v in samples(text, family):
             ours[(labels["gpu"], labels.get("GPU_I_ID", ""), labels["pod"])] += v * scale
@@ -261,7 +411,7 @@ def test_the_exporters_per_pod_shares_agree_with_the_containers(
             if n == 0:
                 assert share == 0 and ours.get(key, 0.0) == 0.0, key
                 continue
-            if field == "DCGM_FI_DEV_GPU_UTIL" and key[1]:
+            if key_ == "gpu_util" and key[1]:
                 continue  # NVML has no per-process SM data on a MIG instance
             assert share - 1e-9 <= ours[key] + slack * n and ours[key] <= share + slack * n, (
                 field,
