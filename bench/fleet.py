@@ -44,10 +44,10 @@ interval: Grafana's step at that range on a wide panel, raised to the data sourc
 interval) as Grafana asks (range queries for time series, instant ones for stats and tables),
 the whole dashboard's load (every query at once, six at a time, as a browser's connections to
 Grafana allow), and each alert expression as an instant query. Each figure is also a ratio to
-the baseline ``sum(DCGM_FI_DEV_GPU_UTIL)`` over the same range (instant for instant queries)
-measured in the same run, interleaved with the queries. The panel queries and alerts a fix
-replaced are measured beside the shipped ones in the same run (``BEFORE``, ``ALERTS_BEFORE``)
-and checked to answer the same.
+the baseline ``BASELINE`` (every device's GPU utilization summed) over the same range (instant
+for instant queries) measured in the same run, interleaved with the queries. The panel
+queries and alerts a fix replaced are measured beside the shipped ones in the same run
+(``BEFORE``, ``ALERTS_BEFORE``) and checked to answer the same.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from devkit import dashboard, prometheus
 from devkit.dashboard import RULES
 from devkit.prometheus import Server
 from devkit.upstream import TextServer
+from enricher.fieldtable import table
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS3_DIR = ROOT / ".cache" / "prometheus-3"
@@ -80,7 +81,9 @@ HISTORY_S = 3600  # the blocks' span
 CHURN_S = 3600  # every node replaces its pods once per CHURN_S
 KINDS = ("demo", "demo", "node8", "demo")
 CLUSTERS = ("east", "west")
-BASELINE = "sum(DCGM_FI_DEV_GPU_UTIL)"
+# The fleet's nodes write the 4.8 naming (enricher/dcgm_fields.json).
+_UTIL, _FB_USED, _FB_FREE = (table().name(f, "4.8") for f in ("gpu_util", "fb_used", "fb_free"))
+BASELINE = f"sum({_UTIL})"
 DASHBOARD_RANGE_S = 6 * 3600  # the dashboard's default time range: now-6h
 STEP_S = INTERVAL
 # Grafana's built-ins at that range and step: $__rate_interval = max(4 x scrape interval,
@@ -560,8 +563,8 @@ BEFORE = {
         f"(gpu_container_power_watts{{{_DEV_FILTER}}})) > 1)"
     ),
     "node/Devices/Device memory used/A": (
-        f"max by ({_DEVICE}) (DCGM_FI_DEV_FB_USED{{{_DEV_FILTER}}} / "
-        f"(DCGM_FI_DEV_FB_USED{{{_DEV_FILTER}}} + DCGM_FI_DEV_FB_FREE{{{_DEV_FILTER}}}))"
+        f"max by ({_DEVICE}) ({_FB_USED}{{{_DEV_FILTER}}} / "
+        f"({_FB_USED}{{{_DEV_FILTER}}} + {_FB_FREE}{{{_DEV_FILTER}}}))"
     ),
     # Before its record: every container's last-active time read twice, joined at each query.
     "pod/Containers on devices/Idle since/A": (

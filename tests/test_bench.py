@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -21,6 +23,7 @@ from bench import payloads
 from bench.node import NODE, BenchNode
 from devkit.nvmlfake import FakeNvml
 from devkit.tools import require_tool
+from enricher.fieldtable import table
 from enricher.pipeline import Scraper
 from enricher.podparse import parse_pod
 from enricher.procfs import ProcfsSource
@@ -77,6 +80,38 @@ def test_payloads_parse_and_differ_only_in_values(shape: str) -> None:
     ]
     assert parsed[0].keys() == parsed[1].keys()
     assert parsed[0] != parsed[1]
+
+
+@pytest.mark.parametrize("naming", ["4.9", "4.10"])
+def test_payloads_in_a_later_naming_are_the_same_node_in_its_names_and_units(
+    naming: str,
+) -> None:
+    """generate(..., naming=): the table's names (enricher/dcgm_fields.json) and labels of
+    that naming, the same series, each value the 4.8 body's in the naming's unit."""
+    old, new = payloads.generate("mig56", 3), payloads.generate("mig56", 3, naming=naming)
+    release = table().naming_first[naming]
+    host, driver = table().label("host", release), table().label("driver_version", release)
+    renamed_labels = {"Hostname": host, "DCGM_FI_DRIVER_VERSION": driver}
+
+    def by_series(text: str, rename: dict[str, str]) -> dict[tuple[str, Any], tuple[Any, float]]:
+        out = {}
+        for f in text_string_to_metric_families(text):
+            entry = table().lookup(f.name)
+            assert entry is not None, f.name
+            for s in f.samples:
+                labels = tuple(sorted((rename.get(k, k), v) for k, v in s.labels.items()))
+                out[(entry.field, labels)] = (entry, s.value)
+        return out
+
+    before, after = by_series(old, renamed_labels), by_series(new, {})
+    assert before.keys() == after.keys()
+    renamed = 0
+    for key, (was_entry, was) in before.items():
+        entry, now = after[key]
+        assert entry.name == table().name(key[0], naming)
+        assert math.isclose(now * entry.scale, was * was_entry.scale, rel_tol=1e-12), key
+        renamed += entry.name != was_entry.name
+    assert renamed
 
 
 def test_pod_epochs_relabel_a_tenth_of_the_allocated_devices() -> None:
