@@ -431,28 +431,31 @@ def _read_power(pynvml: Any, handle: Any) -> dict[str, Any]:
     return out
 
 
-def render_upstream(devices: list[dict[str, Any]]) -> str:
-    """A minimal dcgm-exporter /metrics naming the real GPUs, with its label names."""
+def render_upstream(devices: list[dict[str, Any]], version: str = "4.8.2") -> str:
+    """A minimal dcgm-exporter /metrics naming the real GPUs, as release ``version`` writes
+    it: its field and label names and units (the enricher's field table)."""
+    from enricher.fieldtable import table  # the wheel under test's own table
+
+    naming = table().naming_of_release(version)
+    host_label = table().label("host", version)
     lines: list[str] = []
     host = socket.gethostname().replace("\\", "\\\\").replace('"', '\\"')
-    for name, help_text, key in (
-        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", ""),
-        ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "memory_used_bytes"),
-        (
-            "DCGM_FI_DEV_FB_RESERVED",
-            "Framebuffer memory reserved (in MiB).",
-            "memory_reserved_bytes",
-        ),
+    for field, key in (
+        ("gpu_util", ""),
+        ("fb_used", "memory_used_bytes"),
+        ("fb_reserved", "memory_reserved_bytes"),
     ):
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        entry = table().field(field).by_naming[naming]
+        name = entry.name
+        lines += [f"# HELP {name} {entry.help}", f"# TYPE {name} {entry.type}"]
         for d in devices:
             if key and key not in d:
                 continue  # as DCGM writes no field it could not read
-            value = d[key] // 2**20 if key else 0
+            value = int(d[key] // entry.scale) if key else 0  # bytes in the release's unit
             model = str(d["name"]).replace("\\", "\\\\").replace('"', '\\"')
             lines.append(
                 f'{name}{{gpu="{d["index"]}",UUID="{d["uuid"]}",device="nvidia{d["index"]}",'
-                f'modelName="{model}",Hostname="{host}"}} {value}'
+                f'modelName="{model}",{host_label}="{host}"}} {value}'
             )
     return "\n".join(lines) + "\n"
 
