@@ -16,6 +16,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from enricher.fieldtable import table
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -94,7 +96,8 @@ class Upstream:
                 body=_bomb(), content_type="text/plain", headers={"Content-Encoding": "gzip"}
             )
         if mode == "garbage":
-            junk = bytes(range(256)) * 3 + b"\n{{{\nDCGM_FI_DEV_GPU_UTIL{UUID= 1\n...\n"
+            util = table().names("gpu_util")[-1].encode()  # a field as 4.8 names it
+            junk = bytes(range(256)) * 3 + b"\n{{{\n" + util + b"{UUID= 1\n...\n"
             return web.Response(body=junk + text.encode(), content_type="text/plain")
         if mode in ("stalled", "cut"):
             body = text.encode()
