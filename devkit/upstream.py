@@ -96,7 +96,7 @@ class Upstream:
                 body=_bomb(), content_type="text/plain", headers={"Content-Encoding": "gzip"}
             )
         if mode == "garbage":
-            util = (table().name("gpu_util", "4.8") or "").encode()
+            util = table().names("gpu_util")[-1].encode()  # a field as 4.8 names it
             junk = bytes(range(256)) * 3 + b"\n{{{\n" + util + b"{UUID= 1\n...\n"
             return web.Response(body=junk + text.encode(), content_type="text/plain")
         if mode in ("stalled", "cut"):

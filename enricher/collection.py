@@ -17,6 +17,7 @@ from .memory import DeviceMemory
 from .model import GpuSnapshot, SourceStatus
 from .nodeside import NodeView
 from .power import Who
+from .readings import Contract
 
 DeviceLabels = dict[DeviceKey, tuple[tuple[str, str], ...]]
 
@@ -81,6 +82,8 @@ class ScrapeResult:
     tail: bytes
     # The idle ledger as the body writes it (gpu_container_last_active_timestamp_seconds).
     last_active: Mapping[IdleKey, float]
+    # What the last upstream body said of dcgm-exporter's contract (enricher.readings).
+    contract: Contract
 
     @cached_property
     def body(self) -> bytes:

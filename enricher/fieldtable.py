@@ -69,7 +69,7 @@ class Field:
 
     def names(self) -> tuple[str, ...]:
         """Every name of the field, newest naming first, each once."""
-        return tuple(dict.fromkeys(n.name for n in reversed(self.by_naming.values())))
+        return tuple(dict.fromkeys(n.name for n in reversed(list(self.by_naming.values()))))
 
 
 class FieldTable:
@@ -79,7 +79,7 @@ class FieldTable:
         self.prefix: str = data["prefix"]
         self.namings: tuple[str, ...] = tuple(n["naming"] for n in data["namings"])
         self.naming_first: dict[str, str] = {n["naming"]: n["first"] for n in data["namings"]}
-        units: dict[str, tuple[str, float]] = {k: (v[0], float(v[1])) for k, v in data["units"].items()}
+        units = {k: (str(v[0]), float(v[1])) for k, v in data["units"].items()}
         self.fields: dict[str, Field] = {}
         self.by_name: dict[str, list[FieldName]] = {}
         for row in data["fields"]:
@@ -94,13 +94,25 @@ class FieldTable:
                     entry = given[naming]
                     si, scale = units[entry["unit"]]
                     current = FieldName(
-                        row["field"], naming, entry["name"], entry["unit"], si, scale, row["type"],
+                        row["field"],
+                        naming,
+                        entry["name"],
+                        entry["unit"],
+                        si,
+                        scale,
+                        row["type"],
                         entry.get("help", ""),
                     )
                 if current is not None:
                     by_naming[naming] = FieldName(
-                        current.field, naming, current.name, current.unit, current.si,
-                        current.scale, current.type, current.help,
+                        current.field,
+                        naming,
+                        current.name,
+                        current.unit,
+                        current.si,
+                        current.scale,
+                        current.type,
+                        current.help,
                     )
             sis = {n.si for n in by_naming.values()}
             if len(sis) != 1:

@@ -7,7 +7,7 @@ from NVML's snapshot (``GpuSnapshot.taken_at``) and /proc (``ProcInfo.start_time
 The rule (docs/metrics.md#idle-since), which never overstates idleness:
 - A container is *active* on a device on a collection where its processes' NVML utilization
   there adds up to more than the threshold; where NVML has none for them (MIG), where the
-  upstream's activity of that device (DCGM_FI_PROF_GR_ENGINE_ACTIVE, per ``GPU_I_ID``) is above
+  upstream's activity of that device (the gr_engine_active field, per ``GPU_I_ID``) is above
   it. Exact when the container is the device's only user; on a device several share, a busy
   device counts as activity for each of them. Where neither says anything, it counts as active:
   idleness the enricher cannot see is never claimed.

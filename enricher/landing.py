@@ -37,6 +37,7 @@ from .memory import (
 )
 from .model import DockerContainer, DraDevice, GpuSnapshot, SourceStatus
 from .power import REASON_IDLE
+from .readings import Contract
 from .textformat import cut_values
 
 REFRESH_SECONDS = 10
@@ -83,6 +84,8 @@ class ScrapeModel(Protocol):
     def memory(self) -> Mapping[DeviceKey, DeviceMemory]: ...
     @property
     def last_active(self) -> Mapping[IdleKey, float]: ...
+    @property
+    def contract(self) -> Contract: ...
 
 
 def allocation_label(al: Allocation) -> str:
@@ -138,6 +141,7 @@ class PageView:
     statuses: tuple[SourceStatus, ...] = ()
     finished_at: float | None = None
     pods: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    contract: Contract = field(default_factory=Contract)  # what the last upstream body said
 
     @property
     def unattributed_bytes(self) -> float:
@@ -301,7 +305,7 @@ def build_view(last: ScrapeModel | None) -> PageView:
         owners = _with_memory_parts(key, _owner_rows(by_device[key], allocated[key]), parts)
         devices.append(DeviceView(key, title, "", used, total, owners))
     pods = frozenset((o.namespace, o.pod) for d in devices for o in d.owners if o.pod)
-    return PageView(tuple(devices), tuple(last.statuses), last.finished_at, pods)
+    return PageView(tuple(devices), tuple(last.statuses), last.finished_at, pods, last.contract)
 
 
 def _used_total(mem: DeviceMemory | None) -> tuple[float | None, float | None]:
@@ -417,6 +421,19 @@ _NO_PROCESS = {
 }
 
 
+def _fields(contract: Contract) -> str:
+    """The upstream's field naming, and the fields it lacks that the enricher needs."""
+    text = f"upstream fields: {_e(contract.naming)} naming"
+    if contract.unknown:
+        text += f", {contract.unknown} not in the field table"
+    if not contract.missing:
+        return f"<span class='chip up'>{text}</span>"
+    return (
+        f"<span class='chip down'>{text}; missing under every known name: "
+        f"{_e(', '.join(contract.missing))} (docs/compatibility.md)</span>"
+    )
+
+
 def _sources(statuses: Sequence[SourceStatus]) -> str:
     chips = []
     for st in statuses:
@@ -459,8 +476,8 @@ def render_landing(last: ScrapeModel | None, config: Config) -> str:
         when = f"as of the last scrape, {_stamp(view.finished_at)} ({age:.0f} s ago)"
     summary = (
         f"<p>{len(view.devices)} devices · {len(view.pods)} pods on them · "
-        f"unattributed memory {_e(_bytes(view.unattributed_bytes))} · {_sources(view.statuses)}"
-        "</p>"
+        f"unattributed memory {_e(_bytes(view.unattributed_bytes))} · {_sources(view.statuses)} "
+        f"{_fields(view.contract)}</p>"
     )
     head = (
         "<thead><tr><th scope='col'>device</th><th scope='col'>memory</th>"

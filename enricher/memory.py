@@ -1,8 +1,9 @@
 """Device memory that adds up: each GPU's and MIG instance's used memory, from the upstream's
 framebuffer gauges, split between the processes NVML lists and what no listed process holds.
 
-Pure: the rewrite hands over the upstream's FB_USED, FB_FREE and FB_RESERVED lines
-(``parse_device_memory`` reads them) and ``memory_parts`` works out, per device, the parts
+Pure: ``device_memory`` takes each device's framebuffer fields (fb_used, fb_free, fb_reserved)
+from the body's readings in bytes (enricher.readings, whatever release named them) and
+``memory_parts`` works out, per device, the parts
 that no process accounts for. ``families.render_families`` writes them as
 gpu_unattributed_memory_used_bytes{reason}; docs/metrics.md states the fields and the rules.
 
@@ -14,23 +15,14 @@ is 0, never negative, and the parts exceed the device by that excess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .attribution import Attribution
 from .labels import DeviceKey
-from .textformat import WatchedLine
-from .upstreamlines import SeriesDevices, watched_samples
+from .readings import UpstreamReadings
 
 MIB = 2**20
-# dcgm-exporter's framebuffer gauges (MiB). DCGM 3.x fills them from NVML's v2 memory info:
-# FB_USED excludes the driver's reservation, which is FB_RESERVED, so FB_TOTAL is
-# FB_USED + FB_FREE + FB_RESERVED.
-FB_USED = "DCGM_FI_DEV_FB_USED"
-FB_FREE = "DCGM_FI_DEV_FB_FREE"
-FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
-# The names the rewrite hands over for the memory split and the node page.
-MEMORY_NAMES = (FB_USED, FB_FREE, FB_RESERVED)
 
 # Memory of a device that no process NVML lists holds, as reasons of
 # gpu_unattributed_memory_used_bytes beside the reasons of unattributed processes.
@@ -40,7 +32,7 @@ REASON_NOT_IN_PROCESS_LIST = "not_in_process_list"
 
 @dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    """One device's framebuffer, in bytes, as the upstream wrote it: ``used`` (FB_USED),
+    """One device's framebuffer, in bytes, as the upstream wrote it: ``used`` (fb_used),
     ``free`` and ``reserved`` (None where the upstream does not write them)."""
 
     used: float
@@ -58,33 +50,13 @@ class DeviceMemory:
         return None if self.free is None else self.in_use + self.free
 
 
-def parse_device_memory(
-    lines: Iterable[WatchedLine], memo: SeriesDevices | None = None
-) -> dict[DeviceKey, DeviceMemory]:
-    """Each device's memory from the upstream's ``MEMORY_NAMES`` sample lines
-    (``RewriteResult.watched``; other watched names are skipped). A device needs FB_USED;
-    lines that are not valid exposition, name no GPU or carry a non-finite or negative value
-    are skipped. Each value is the device's own series: in dcgm-exporter's virtual-GPU mode
-    (4.8.2 on, internal/pkg/transformation/kubernetes.go and process_metrics.go) FB_USED keeps
-    the device series, with no pod label, and adds one copy per sharing pod holding that pod's
-    share, while FB_FREE and FB_RESERVED are copied once per pod with the device's value and
-    lose their device series. So the line that names no pod is the device's; where every line
-    names a pod, the first one stands for the device (a copy is never summed, and never read
-    over the device's own series). ``memo``: the caller's memo of the lines' series
-    (``upstreamlines.watched_samples``)."""
-    seen: dict[DeviceKey, dict[str, float]] = {}
-    own: set[tuple[DeviceKey, str]] = set()  # (device, name) read from the device's own series
-    for name, key, value, names_pod in watched_samples(lines, MEMORY_NAMES, memo):
-        values = seen.setdefault(key, {})
-        if (key, name) in own or (names_pod and name in values):
-            continue
-        values[name] = value * MIB
-        if not names_pod:
-            own.add((key, name))
+def device_memory(readings: UpstreamReadings) -> dict[DeviceKey, DeviceMemory]:
+    """Each device's memory, in bytes, from one body's readings (enricher.readings: the
+    device's own series, never a per-pod copy over it): a device needs ``fb_used``."""
     return {
-        key: DeviceMemory(vals[FB_USED], vals.get(FB_FREE), vals.get(FB_RESERVED))
-        for key, vals in seen.items()
-        if FB_USED in vals
+        key: DeviceMemory(vals["fb_used"], vals.get("fb_free"), vals.get("fb_reserved"))
+        for key, vals in readings.devices.items()
+        if "fb_used" in vals
     }
 
 

@@ -20,10 +20,11 @@ from .collection import CollectionBody, DeviceLabels, ScrapeResult
 from .config import Config
 from .families import RenderOptions
 from .labels import NODE_LABEL, RewritePlan
-from .memory import MEMORY_NAMES, memory_parts, parse_device_memory
+from .memory import device_memory, memory_parts
 from .nodeside import NodeSide, NodeView, PodSource
-from .power import UPSTREAM_NAMES, UpstreamPower, upstream_power
+from .power import upstream_power
 from .promclient import OWN_PROCFS, LabelSets, MetricWriter
+from .readings import WATCH_NAMES, Contract, UpstreamReadings, read_upstream
 from .rewrite import Rewriter, RewriteResult
 from .schedule import Coalescer, Schedule, UpstreamAnswer
 from .selfmetrics import (
@@ -55,8 +56,9 @@ class Assembler:
     each stage's reads)."""
 
     def __init__(self, options: RenderOptions, idle_threshold: float, label_sets: LabelSets):
-        # The power families and the framebuffer gauges are handed over by the rewrite.
-        self.rewriter = Rewriter(watch=UPSTREAM_NAMES + MEMORY_NAMES)
+        # The lines of every name of the fields the readers need (enricher.readings), in any
+        # naming, are handed over by the rewrite.
+        self.rewriter = Rewriter(watch=WATCH_NAMES)
         # The label blocks of our own families (a set formatted once while it is in use, one
         # turn per collection): this pipeline's, so that another in the same process (tests,
         # the bench) neither turns nor fills them.
@@ -71,8 +73,11 @@ class Assembler:
         # The device labels the upstream last gave each device (bounded by MAX_IDENTITIES), so
         # our families keep the same label set while the upstream is briefly down.
         self._upstream_device_labels: DeviceLabels = {}
-        # The devices of the upstream's power and framebuffer lines (each series parsed once).
-        self._line_devices = (SeriesDevices(), SeriesDevices())
+        # The devices of the watched lines' series (each series parsed once while it stays).
+        self._line_devices = SeriesDevices()
+        # What the last body said of dcgm-exporter's contract (its naming, unknown and missing
+        # fields): logged when it changes, served as dcgm_enricher_upstream_*.
+        self.contract = Contract()
         self.newest: CollectionBody | None = None
         # Upstream bodies that differed from the one before: dcgm-exporter's collections as
         # seen here (with upstream_requests_total, the upstream's load per collection).
@@ -153,23 +158,43 @@ class Assembler:
     def _collection(
         self, text: str | None, node: NodeView, rewritten: RewriteResult | None
     ) -> Collection:
-        """What the stages read: each device's memory and the parts of it no listed process
-        holds (enricher.memory), and the upstream's power readings, from the lines the rewrite
-        handed over, worked out once for every stage."""
-        power_lines, memory_lines = self._line_devices
-        memory = {}
-        readings = UpstreamPower()
-        if rewritten is not None:
-            memory = parse_device_memory(rewritten.watched, memory_lines)
-            readings = upstream_power(rewritten.watched, power_lines)
+        """What the stages read: the body's readings in SI units (enricher.readings, read once
+        from the lines the rewrite handed over), each device's memory and the parts of it no
+        listed process holds (enricher.memory), and the upstream's power readings."""
+        readings = UpstreamReadings()
+        if rewritten is not None and text:
+            readings = read_upstream(text, rewritten.watched, self._line_devices)
+            self._note_contract(readings.contract)
+        memory = device_memory(readings)
         return Collection(
             text,
             node,
             self.identities(node),
             memory,
             memory_parts(memory, node.attributions),
-            readings,
+            upstream_power(readings),
         )
+
+    def _note_contract(self, contract: Contract) -> None:
+        """Keep the body's contract; say once when what it lacks or the naming changes."""
+        before, self.contract = self.contract, contract
+        if contract.missing != before.missing:
+            if contract.missing:
+                log.warning(
+                    "the upstream's body has no field for %s under any name the field table "
+                    "knows (naming %s; %d DCGM fields it does not know): a renamed field, or a "
+                    "counters file without it; the memory split, the power split or dashboard "
+                    "panels go without it (docs/compatibility.md)",
+                    ", ".join(contract.missing),
+                    contract.naming,
+                    contract.unknown,
+                )
+            else:
+                log.info("the upstream's body has every field the enricher needs again")
+        if contract.naming != before.naming and before.naming != Contract().naming:
+            log.info(
+                "the upstream's field naming changed from %s to %s", before.naming, contract.naming
+            )
 
     async def _rewrite(self, text: str, plan: RewritePlan) -> RewriteResult:
         """Rewrite ``text``: inline when it is small and no rewrite is under way, else in the
@@ -400,6 +425,7 @@ class Scraper:
                 allocated=len(node.allocated) if kubelet else None,
                 unmapped=node.unmapped + node.listed.skipped,
                 memory_limit=memory_limit,
+                contract=self.assembler.contract,
             )
 
         counters = self.counters
@@ -432,6 +458,7 @@ class Scraper:
             shared=body,
             tail=tail,
             last_active=body.last_active,
+            contract=self.assembler.contract,
         )
 
 

@@ -1,9 +1,9 @@
 """Power and energy per container: each GPU's draw split between the containers on it.
 
-Pure: the readings come in (dcgm-exporter's text, NVML's snapshot), shares and exposition go
-out. ``upstream_power`` reads the three upstream fields it needs from the lines the rewrite
-hands over, ``choose_readings`` prefers the upstream's reading of a GPU to NVML's,
-``split_power`` decides each container's share of each GPU, ``EnergyLedger`` adds each GPU's
+Pure: the readings come in (the upstream body's, in SI units: enricher.readings; NVML's
+snapshot), shares and exposition go out. ``upstream_power`` takes the three upstream fields it
+needs from the body's readings, ``choose_readings`` prefers the upstream's reading of a GPU to
+NVML's, ``split_power`` decides each container's share of each GPU, ``EnergyLedger`` adds each GPU's
 energy-counter increase to the containers by those shares, and ``render_power`` writes the
 families. docs/power.md states the rules and
 where they are an estimate.
@@ -24,15 +24,8 @@ from .families import NO_POD, device_labels
 from .labels import DeviceKey
 from .model import GpuSnapshot, PowerReading
 from .promclient import LabelSets, MetricWriter
-from .textformat import WatchedLine, cut_values
-from .upstreamlines import MAX_UPSTREAM_DEVICES, SeriesDevices, watched_samples
-
-UPSTREAM_POWER = "DCGM_FI_DEV_POWER_USAGE"  # W
-UPSTREAM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since boot
-UPSTREAM_GR_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # 0..1, per MIG instance where profiled
-# The upstream families upstream_power reads: the Rewriter hands their lines over
-# (RewriteResult.watched), so the power split does not search the whole body again.
-UPSTREAM_NAMES = (UPSTREAM_POWER, UPSTREAM_ENERGY, UPSTREAM_GR_ACTIVE)
+from .readings import UpstreamReadings
+from .textformat import cut_values
 
 POWER = "gpu_container_power_watts"
 ENERGY = "gpu_container_energy_joules_total"
@@ -53,11 +46,11 @@ Who = tuple[str, str, str]  # (namespace, pod, container) as written
 
 @dataclass(frozen=True, slots=True)
 class UpstreamPower:
-    """The upstream's power fields on one collection: per GPU UUID (the device-level series,
-    without ``GPU_I_ID``) and, for activity, per device key."""
+    """The upstream's power fields on one collection, in SI units: per GPU UUID (the
+    device-level series, without ``GPU_I_ID``) and, for activity (0..1), per device key."""
 
     power_watts: Mapping[str, float] = field(default_factory=dict)
-    energy_millijoules: Mapping[str, float] = field(default_factory=dict)
+    energy_joules: Mapping[str, float] = field(default_factory=dict)
     activity: Mapping[DeviceKey, float] = field(default_factory=dict)
 
 
@@ -68,7 +61,7 @@ class DeviceDraw:
     gpu_uuid: str
     power_watts: float | None
     power_source: str
-    energy_millijoules: float | None
+    energy_joules: float | None  # the GPU's energy counter (since the driver loaded)
     energy_source: str
 
 
@@ -96,42 +89,14 @@ RULE_IDLE = "idle"
 # --------------------------------------------------------------------------- parsing
 
 
-def upstream_power(
-    lines: Iterable[WatchedLine], series_memo: SeriesDevices | None = None
-) -> UpstreamPower:
-    """The power, energy and per-instance activity samples among ``lines``: the upstream's
-    sample lines of ``UPSTREAM_NAMES`` (``RewriteResult.watched`` of a Rewriter that watches
-    them, or ``textformat.watched_lines``), each name's in the body's order. ``series_memo``:
-    the series' devices from the previous call, updated to this call's (None: parse each).
-
-    A line that is not valid exposition, or names no GPU, is skipped, and so are non-finite
-    and negative values. Power and energy are device fields: the GPU's sample without
-    ``GPU_I_ID`` is its reading; where the upstream writes a MIG GPU's device fields only per
-    ``GPU_I_ID`` (copies of the device's value), the first copy is. A series repeated (vGPU
-    copies) counts once: the first.
-    """
-    power: dict[str, float] = {}
-    energy: dict[str, float] = {}
-    activity: dict[DeviceKey, float] = {}
-    copies: dict[str, dict[str, float]] = {UPSTREAM_POWER: {}, UPSTREAM_ENERGY: {}}
-    device_level = {UPSTREAM_POWER: power, UPSTREAM_ENERGY: energy}
-    # Other watched families (device memory) are another reader's.
-    # dcgm-exporter's virtual-GPU mode copies these families once per sharing pod, with the
-    # device's value (only GPU_UTIL and FB_USED get per-pod values): the first copy is the
-    # device's reading.
-    for name, (uuid, gi), value, _ in watched_samples(lines, UPSTREAM_NAMES, series_memo):
-        if name == UPSTREAM_GR_ACTIVE:
-            if len(activity) < MAX_UPSTREAM_DEVICES:
-                activity[(uuid, gi)] = min(1.0, value)
-            continue
-        seen = copies[name] if gi else device_level[name]
-        if uuid in seen or len(seen) < MAX_UPSTREAM_DEVICES:
-            seen.setdefault(uuid, value)
-    for name, level in device_level.items():
-        for uuid, value in copies[name].items():
-            if uuid not in level and len(level) < MAX_UPSTREAM_DEVICES:
-                level[uuid] = value
-    return UpstreamPower(power, energy, activity)
+def upstream_power(readings: UpstreamReadings) -> UpstreamPower:
+    """The power, energy and per-instance activity of one body's readings
+    (enricher.readings): power and energy are device fields, each GPU's own reading (its MIG
+    instances' first copy where the upstream writes them only per ``GPU_I_ID``); activity is
+    per device key."""
+    return UpstreamPower(
+        readings.per_gpu("power"), readings.per_gpu("energy"), readings.of("gr_engine_active")
+    )
 
 
 def choose_readings(upstream: UpstreamPower, snapshot: GpuSnapshot) -> list[DeviceDraw]:
@@ -143,13 +108,14 @@ def choose_readings(upstream: UpstreamPower, snapshot: GpuSnapshot) -> list[Devi
     for dev in snapshot.devices:
         own = nvml.get(dev.uuid, PowerReading(dev.uuid, None, None))
         up_w = upstream.power_watts.get(dev.uuid)
-        up_e = upstream.energy_millijoules.get(dev.uuid)
+        up_e = upstream.energy_joules.get(dev.uuid)
+        own_e = None if own.energy_millijoules is None else own.energy_millijoules / 1000.0
         out.append(
             DeviceDraw(
                 dev.uuid,
                 up_w if up_w is not None else own.power_watts,
                 SOURCE_UPSTREAM if up_w is not None else SOURCE_NVML,
-                up_e if up_e is not None else own.energy_millijoules,
+                up_e if up_e is not None else own_e,
                 SOURCE_UPSTREAM if up_e is not None else SOURCE_NVML,
             )
         )
@@ -300,7 +266,7 @@ class EnergyLedger:
 
     def __init__(self) -> None:
         self.totals: dict[EnergyKey, float] = {}
-        self._baseline: dict[str, tuple[str, float]] = {}  # GPU uuid -> (source, mJ)
+        self._baseline: dict[str, tuple[str, float]] = {}  # GPU uuid -> (source, J)
 
     def advance(
         self,
@@ -319,7 +285,7 @@ class EnergyLedger:
             present = {(p.key, *p.who) for p in gpu_parts if p.who is not None}
             for k in [k for k in self.totals if k[0][0] == uuid and k not in present]:
                 del self.totals[k]
-            if draw.energy_millijoules is None and uuid not in self._baseline:
+            if draw.energy_joules is None and uuid not in self._baseline:
                 continue  # no energy counter: nothing to count, no series
             for k in present:
                 self.totals.setdefault(k, 0.0)
@@ -338,14 +304,14 @@ class EnergyLedger:
 
     def _increase(self, uuid: str, draw: DeviceDraw) -> float:
         """Joules since the previous reading; 0 for a baseline, a reset, or no reading."""
-        now = draw.energy_millijoules
+        now = draw.energy_joules
         if now is None:
             return 0.0
         before = self._baseline.get(uuid)
         self._baseline[uuid] = (draw.energy_source, now)
         if before is None or before[0] != draw.energy_source or now < before[1]:
             return 0.0
-        return (now - before[1]) / 1000.0
+        return now - before[1]
 
 
 # --------------------------------------------------------------------------- exposition

@@ -23,8 +23,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import __version__
 from .attribution import Attribution
+from .fieldtable import table
 from .model import SourceStatus
 from .promclient import OWN_PROCFS, MetricWriter, render_metrics
+from .readings import Contract
 
 
 def collection_self_metrics(
@@ -37,12 +39,14 @@ def collection_self_metrics(
     allocated: int | None,
     unmapped: int,
     memory_limit: int | None,
+    contract: Contract | None = None,
 ) -> tuple[MetricWriter, MetricWriter]:
     """The self-metrics of one node view and upstream answer: those written before the
     per-scrape counters, and those after them (the order of the families on /metrics).
     ``pods``: the pod watch's pods (None: no watch); ``allocated`` and ``unmapped``: the
     kubelet's devices (``allocated`` None: no kubelet source); ``memory_limit``: of the
-    enricher's own cgroup (None: none, and no series)."""
+    enricher's own cgroup (None: none, and no series); ``contract``: what the last upstream
+    body said of dcgm-exporter's contract (enricher.readings)."""
     before = self_metrics(
         statuses,
         attributions,
@@ -61,6 +65,7 @@ def collection_self_metrics(
             ),
         },
     )
+    contract_families(contract or Contract(), before)
     extra: dict[str, tuple[str, str, float]] = {}
     if pods is not None:
         extra["dcgm_enricher_kubernetes_pods"] = (
@@ -91,6 +96,37 @@ def collection_self_metrics(
             memory_limit,
         )
     return before, value_families(extra, version=__version__)
+
+
+def contract_families(contract: Contract, w: MetricWriter) -> None:
+    """dcgm_enricher_upstream_naming_info, _fields and _field_missing (docs/metrics.md)."""
+    w.family(
+        "dcgm_enricher_upstream_naming_info",
+        "The naming of dcgm-exporter's fields the last upstream body speaks (enricher/"
+        "dcgm_fields.json: 4.8 up to 4.8.x, 4.9, 4.10; the oldest that fits its names), mixed "
+        "when its names belong to no one naming, none before a body with a known field; 1.",
+    )
+    w.sample("dcgm_enricher_upstream_naming_info", (("naming", contract.naming),), 1)
+    w.family(
+        "dcgm_enricher_upstream_fields",
+        "DCGM fields (families) in the last upstream body, by whether the field table knows "
+        "them; unknown ones pass through untouched.",
+        "gauge",
+    )
+    w.sample("dcgm_enricher_upstream_fields", (("table", "known"),), contract.known)
+    w.sample("dcgm_enricher_upstream_fields", (("table", "unknown"),), contract.unknown)
+    w.family(
+        "dcgm_enricher_upstream_field_missing",
+        "1 when the last upstream body has a field the enricher needs under no name the field "
+        "table knows (a renamed field, or a counters file without it), else 0.",
+        "gauge",
+    )
+    for name in table().needed():
+        w.sample(
+            "dcgm_enricher_upstream_field_missing",
+            (("field", name),),
+            1 if name in contract.missing else 0,
+        )
 
 
 def scrape_self_metrics(

@@ -3,11 +3,10 @@
 Pure. The rewrite hands over the sample lines of the families it watches, each cut into its
 series (the metric name and label block, as written) and its value part
 (``textformat.WatchedLine``). :func:`watched_samples` turns them into (name, device, value,
-names a pod) for the power reader (``power.upstream_power``) and the memory reader
-(``memory.parse_device_memory``) alike: a line that is not valid exposition, names no GPU, or
-holds a non-finite or negative value is skipped. A series is the same string from one
-collection to the next, so each reader keeps a :class:`SeriesDevices` memo and parses each
-series once while it stays.
+names a pod) for the body's one reader (``readings.read_upstream``): a line that is not
+valid exposition, names no GPU, or holds a non-finite or negative value is skipped. A series
+is the same string from one collection to the next, so the reader keeps a
+:class:`SeriesDevices` memo and parses each series once while it stays.
 """
 
 from __future__ import annotations

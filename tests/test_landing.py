@@ -26,7 +26,7 @@ from enricher.collection import PowerView
 from enricher.config import Config
 from enricher.labels import RewritePlan
 from enricher.landing import build_view, render_landing
-from enricher.memory import MEMORY_NAMES, MIB, DeviceMemory, parse_device_memory
+from enricher.memory import MIB, DeviceMemory, device_memory
 from enricher.model import (
     GpuDevice,
     GpuProcess,
@@ -36,8 +36,8 @@ from enricher.model import (
     ProcInfo,
     SourceStatus,
 )
+from enricher.readings import WATCH_NAMES, Contract, read_body, read_upstream
 from enricher.rewrite import Rewriter
-from enricher.textformat import watched_lines
 
 from .harness import demo_process
 
@@ -123,9 +123,9 @@ G2 = "GPU-22222222-2222-4222-8222-222222222222"
 def test_device_memory(body: str, expected: dict[Any, Any]) -> None:
     """From the lines the rewrite hands over (RewriteResult.watched), as the upstream wrote
     them: the same figures the served FB_USED, FB_FREE and FB_RESERVED series carry."""
-    assert parse_device_memory(watched_lines(body, MEMORY_NAMES)) == expected
-    rewritten = Rewriter(watch=MEMORY_NAMES).rewrite(body, RewritePlan())
-    assert parse_device_memory(rewritten.watched) == expected
+    assert device_memory(read_body(body)) == expected
+    rewritten = Rewriter(watch=WATCH_NAMES).rewrite(body, RewritePlan())
+    assert device_memory(read_upstream(body, rewritten.watched)) == expected
 
 
 # --------------------------------------------------------------------------- the view
@@ -195,11 +195,12 @@ class Model:
     power: PowerView | None = None
     memory: Mapping[Any, DeviceMemory] = field(default_factory=dict)
     last_active: Mapping[Any, float] = field(default_factory=dict)
+    contract: Contract = field(default_factory=Contract)
 
 
 def result(**kw: Any) -> Model:
     fields = {
-        "memory": parse_device_memory(watched_lines(FB.decode(), MEMORY_NAMES)),
+        "memory": device_memory(read_body(FB.decode())),
         "attributions": ATTRIBUTIONS,
         "snapshot": SNAPSHOT,
         "statuses": STATUSES,

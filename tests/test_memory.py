@@ -21,16 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, Attribution
 from enricher.families import MEM, UNATTR, RenderOptions, render_families
 from enricher.memory import (
-    MEMORY_NAMES,
     MIB,
     REASON_DRIVER_RESERVED,
     REASON_NOT_IN_PROCESS_LIST,
     DeviceMemory,
+    device_memory,
     memory_parts,
-    parse_device_memory,
 )
 from enricher.model import GpuProcess, PodInfo
-from enricher.textformat import watched_lines
+from enricher.readings import read_body
 
 from .conftest import examples
 
@@ -114,7 +113,7 @@ def test_reserved_is_outside_fb_used() -> None:
         f'DCGM_FI_DEV_FB_FREE{{UUID="{U0}"}} 80408\n'
         f'DCGM_FI_DEV_FB_RESERVED{{UUID="{U0}"}} 512\n'
     )
-    (mem,) = parse_device_memory(watched_lines(text, MEMORY_NAMES)).values()
+    (mem,) = device_memory(read_body(text)).values()
     assert (mem.in_use, mem.total) == (1512 * MIB, 81920 * MIB)
 
 
@@ -167,7 +166,7 @@ def test_repeated_device_series_count_once(
 ) -> None:
     """The device's memory is one copy's, and its parts add up to that, not to the copies'
     sum: containers' memory plus every unattributed reason is FB_USED + FB_RESERVED."""
-    memory = parse_device_memory(watched_lines(fb_lines(labels), MEMORY_NAMES))
+    memory = device_memory(read_body(fb_lines(labels)))
     assert memory == {key: DeviceMemory(8192 * MIB, 73216 * MIB, 512 * MIB)}
     assert memory[key].total == 80 * GIB
     text = render_families(atts, {}, RenderOptions(), memory=memory_parts(memory, atts))
@@ -211,7 +210,7 @@ def test_per_pod_shares_never_stand_for_the_device(
         for field, mib in (("FB_FREE", 49120), ("FB_RESERVED", 512))
         for share in (share_a, share_b)
     )
-    memory = parse_device_memory(watched_lines(text, MEMORY_NAMES))
+    memory = device_memory(read_body(text))
     key = (U0, gi)
     assert memory == {key: DeviceMemory(31288 * MIB, 49120 * MIB, 512 * MIB)}
     mig = {"uuid": U0, "gi": int(gi)} if gi else {}
@@ -297,7 +296,7 @@ def test_invariant_parts_add_up_to_the_device_memory(node: Any) -> None:
     or non-finite. A MIG GPU's own reading is left out where its instances have theirs, and
     holds all its instances' processes where they have none."""
     upstream, atts = node
-    memory = parse_device_memory(watched_lines(upstream, MEMORY_NAMES))
+    memory = device_memory(read_body(upstream))
     text = render_families(atts, {}, RenderOptions(), memory=memory_parts(memory, atts))
     written, values = by_device(text, (MEM, UNATTR))
     assert all(v >= 0.0 and math.isfinite(v) for v in values)

@@ -39,7 +39,6 @@ from enricher.power import (
     SOURCE_NVML,
     SOURCE_UPSTREAM,
     UNATTR_POWER,
-    UPSTREAM_NAMES,
     DeviceDraw,
     EnergyLedger,
     UpstreamPower,
@@ -49,6 +48,7 @@ from enricher.power import (
     split_power,
     upstream_power,
 )
+from enricher.readings import WATCH_NAMES, read_body, read_upstream
 from enricher.rewrite import Rewriter
 from enricher.simnode.api import pod_object
 from enricher.simnode.fakeproc import write_proc_tree
@@ -191,9 +191,10 @@ def test_upstream_power(
     energy: dict[str, float],
     activity: dict[tuple[str, str], float],
 ) -> None:
-    got = upstream_power(watched_lines(text, UPSTREAM_NAMES))
+    got = upstream_power(read_body(text))
     assert dict(got.power_watts) == power
-    assert dict(got.energy_millijoules) == energy
+    # The energies above are as written (4.8's mJ); the readings are in joules.
+    assert dict(got.energy_joules) == {k: v / 1000 for k, v in energy.items()}
     assert dict(got.activity) == activity
 
 
@@ -208,7 +209,7 @@ def test_the_parse_memo_follows_the_payload_not_the_uptime() -> None:
             f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-{epoch}"}} {epoch}\n'
             f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}",pod="q"}} 7\n'
         )
-        got = upstream_power(watched_lines(text, UPSTREAM_NAMES), memo)
+        got = upstream_power(read_upstream(text, watched_lines(text, WATCH_NAMES), memo))
         assert dict(got.power_watts) == {U0: float(epoch), U1: 7.0}
     assert sorted(memo.last) == [
         ("DCGM_FI_DEV_POWER_USAGE", f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U0}",pod="p-1999"}}'),
@@ -234,9 +235,10 @@ def test_each_parse_memo_is_its_owners(monkeypatch: pytest.MonkeyPatch) -> None:
     b_text = f'DCGM_FI_DEV_POWER_USAGE{{UUID="{U1}"}} 50\n'
     a, b = SeriesDevices(), SeriesDevices()
     for _ in range(2):
-        assert upstream_power(watched_lines(a_text, UPSTREAM_NAMES), a).power_watts == {U0: 100}
-        assert upstream_power(watched_lines(b_text, UPSTREAM_NAMES), b).power_watts == {U1: 50}
-        assert upstream_power(watched_lines(b_text, UPSTREAM_NAMES)).power_watts == {U1: 50}
+        got_a = upstream_power(read_upstream(a_text, watched_lines(a_text, WATCH_NAMES), a))
+        got_b = upstream_power(read_upstream(b_text, watched_lines(b_text, WATCH_NAMES), b))
+        assert (got_a.power_watts, got_b.power_watts) == ({U0: 100}, {U1: 50})
+        assert upstream_power(read_body(b_text)).power_watts == {U1: 50}
     # a and b: once each, on their first reads; the memo-less call: every time.
     assert parsed.count(a_text.split(" ")[0]) == 1
     assert parsed.count(b_text.split(" ")[0]) == 1 + 2
@@ -249,9 +251,9 @@ def test_upstream_reading_preferred_per_gpu_and_per_field() -> None:
         devices=(GpuDevice(0, U0, "A100"), GpuDevice(1, U1, "A100")),
         power=(PowerReading(U0, 10.0, 1000.0), PowerReading(U1, 20.0, 2000.0)),
     )
-    up = UpstreamPower(power_watts={U0: 300.0}, energy_millijoules={U1: 5.0})
+    up = UpstreamPower(power_watts={U0: 300.0}, energy_joules={U1: 5.0})
     assert choose_readings(up, snap) == [
-        DeviceDraw(U0, 300.0, SOURCE_UPSTREAM, 1000.0, SOURCE_NVML),
+        DeviceDraw(U0, 300.0, SOURCE_UPSTREAM, 1.0, SOURCE_NVML),  # NVML's mJ, in joules
         DeviceDraw(U1, 20.0, SOURCE_NVML, 5.0, SOURCE_UPSTREAM),
     ]
     # A GPU NVML did not list is not split: nothing is known about its processes.
@@ -535,10 +537,10 @@ def test_energy_never_decreases_while_a_container_stays(steps: Any) -> None:
         allowed = 0.0
         for d in draws:
             prev = baselines.get(d.gpu_uuid)
-            now = d.energy_millijoules
+            now = d.energy_joules
             if prev is not None and now is not None and now >= prev[1]:
                 attributed = sum(p.share for p in parts[d.gpu_uuid] if p.who is not None)
-                allowed += (now - prev[1]) / 1000.0 * attributed
+                allowed += (now - prev[1]) * attributed
         assert math.isclose(added, allowed, rel_tol=1e-9, abs_tol=1e-6)
 
 
@@ -552,7 +554,8 @@ def test_energy_counter_rules() -> None:
     ka, kb = ((U0, ""), "team", "a", "main"), ((U0, ""), "team", "b", "main")
 
     def step(mj: float | None, parts: Any, source: str = SOURCE_UPSTREAM) -> dict[Any, float]:
-        ledger.advance([DeviceDraw(U0, None, source, mj, source)], parts)
+        joules = None if mj is None else mj / 1000
+        ledger.advance([DeviceDraw(U0, None, source, joules, source)], parts)
         return {k: round(v, 6) for k, v in ledger.totals.items()}
 
     assert step(None, two) == {}  # no counter ever read: no series
@@ -580,7 +583,7 @@ def test_energy_of_the_only_gpu_leaves_when_nvml_lists_none() -> None:
     ledger = EnergyLedger()
     parts = split_power(ONE_GPU, [att(1, A, sm=1.0)])
     for mj in (1_000.0, 3_000.0):
-        ledger.advance([DeviceDraw(U0, None, SOURCE_NVML, mj, SOURCE_NVML)], parts)
+        ledger.advance([DeviceDraw(U0, None, SOURCE_NVML, mj / 1000, SOURCE_NVML)], parts)
     assert list(ledger.totals.values()) == [2.0]
     ledger.advance([], {})
     assert list(ledger.totals.values()) == [2.0]
@@ -783,13 +786,13 @@ def test_the_rewrites_watched_lines_give_the_whole_bodys_power() -> None:
     over (RewriteResult.watched) instead of the whole body: on dcgm-exporter's shapes, over
     collections served by the line-by-line path and by the template, the same readings."""
     for shape in ("node8", "mig56"):
-        rw = Rewriter(watch=UPSTREAM_NAMES)
+        rw = Rewriter(watch=WATCH_NAMES)
         fast = []
         for variant in range(3):
             text = payloads.generate(shape, variant, 0)
             got = rw.rewrite(text, RewritePlan())
             fast.append(got.fast)
-            whole = upstream_power(watched_lines(text, UPSTREAM_NAMES))
-            assert whole.power_watts and upstream_power(got.watched) == whole
-            assert got.watched == tuple(watched_lines(text, UPSTREAM_NAMES))
+            whole = upstream_power(read_body(text))
+            assert whole.power_watts and upstream_power(read_upstream(text, got.watched)) == whole
+            assert got.watched == tuple(watched_lines(text, WATCH_NAMES))
         assert fast == [False, True, True]

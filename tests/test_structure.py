@@ -35,6 +35,8 @@ PURE_MODULES = (
     "enricher.selfmetrics",
     "enricher.podparse",
     "enricher.nvmlparse",
+    "enricher.fieldtable",
+    "enricher.readings",
 )
 # The libraries through which the sources do their I/O.
 IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
