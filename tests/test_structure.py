@@ -35,6 +35,7 @@ PURE_MODULES = (
     "enricher.selfmetrics",
     "enricher.podparse",
     "enricher.nvmlparse",
+    "enricher.bridge",
 )
 # The libraries through which the sources do their I/O.
 IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
