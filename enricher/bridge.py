@@ -13,9 +13,9 @@ they came.
 Pure: ``Bridge.apply`` takes the rewritten body (enricher.rewrite: each family's HELP, TYPE and
 samples together, one space between the parts, labels escaped) and returns the one served.
 It runs once per collection on the whole body, so it works on families, not lines: a family
-it leaves alone is found with one regex match and copied as one slice, a rename without a
-unit change is one ``str.replace``, and only families whose unit changes are read line by
-line.
+is found with two string searches (between header lines) and, left alone, copied as one slice;
+a rename is one ``str.replace``; a unit change one regex split of the family's values and one
+join; the driver label one ``str.replace`` over the body where that is exact.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ _RUN_RE = re.compile(r"([^ {\n#][^ {\n]*)[ {][^\n]*\n(?:\1[ {][^\n]*\n)*")
 # is followed by the block's own "}" before the line ends. The literal start keeps the search
 # in C's fast scan.
 _VALUE_RE = re.compile(r"(\} )([^ \n}]+)((?: [0-9]+)?)(?=\n)")
-_INT_RE = re.compile(r"[+-]?[0-9]+\Z")
 _INT64 = 2**63
 # Units without a dimension: their HELP says no "(in ...)".
 _PLAIN_UNITS = frozenset({"count", "code", "state"})
@@ -96,13 +95,10 @@ class Bridge:
             raise ValueError(f"not a naming of the field table: {naming!r}")
         self.naming = naming
         self._moves: dict[str, _Move] = {}
-        self._targets: frozenset[str] = frozenset()
-        targets = []
         for field in t.fields.values():
             target = field.by_naming.get(naming)
             if target is None:
                 continue  # a field this naming never had: served under the name it came with
-            targets.append(target.name)
             header = (
                 f"# HELP {target.name} {_help(target, field.meaning)}\n"
                 f"# TYPE {target.name} {field.type}\n"
@@ -116,7 +112,6 @@ class Bridge:
                 self._moves[name] = _Move(
                     field.field, target.name, factor.numerator, factor.denominator, header
                 )
-        self._targets = frozenset(targets)
         # The driver-version label: its name in this naming, and the others it replaces.
         label = "driver_version"
         self.label = t.label(label, t.naming_first[naming])
@@ -214,6 +209,8 @@ def _families(text: str) -> list[tuple[str, int, tuple[int, int], str]]:
 def _moved_samples(chunk: str, name: str, move: _Move) -> str:
     """The sample lines ``chunk`` (each of ``name``) under the move's name and unit."""
     target = move.target
+    if not chunk:
+        return ""  # HELP and TYPE without samples
     # Every line starts with the name, and a label value holds no newline.
     chunk = target + chunk[len(name) :].replace("\n" + name, "\n" + target)
     if move.num == move.den:
@@ -237,11 +234,6 @@ def _moved_samples(chunk: str, name: str, move: _Move) -> str:
     parts = _VALUE_RE.split(chunk)
     values = parts[2::4]
     for i, value in enumerate(values):
-        if value.isdigit() and value.isascii() and len(value) < 16:  # the common case, inline
-            product = int(value) * num
-            q, r = divmod(product, den)
-            values[i] = repr(product / den) if r else str(q) if q < _INT64 else _integer(q)
-            continue
         new = converted.get(value)
         if new is None:
             new = converted[value] = convert_value(value, num, den)
@@ -254,17 +246,22 @@ def convert_value(token: str, num: int, den: int) -> str:
     """The sample value ``token`` (valid in the text format) times ``num / den`` (> 0),
     written so that Prometheus reads the float64 nearest the exact product: an integer
     exactly, any other number as the shortest text of that float; NaN and infinities kept."""
-    if _INT_RE.match(token) is not None:
-        product = int(token) * num
-        if product % den == 0:
-            return _integer(product // den)
-        return _float_text(product, den)
-    tail = token.lstrip("+-").lower()
+    sign = token[:1] in ("+", "-")
+    whole, _, frac = token[sign:].partition(".")
+    digits = whole + frac
+    if digits.isdigit() and digits.isascii() and len(digits) < 400:
+        # A plain decimal (the exporter's integers and %f floats): digits / 10**len(frac),
+        # so the product is one fraction of integers, divided once.
+        product = int(digits) * num * (-1 if token[0] == "-" else 1)
+        below = den * 10 ** len(frac)
+        q, r = divmod(product, below)
+        return _integer(q) if not r else _float_text(product, below)
+    tail = token[sign:].lower()
     if tail == "nan":
         return "NaN"
     if tail in ("inf", "infinity"):
-        return "-Inf" if token.startswith("-") else "+Inf"
-    exact = Fraction(token) * num / den
+        return "-Inf" if token[0] == "-" else "+Inf"
+    exact = Fraction(token) * num / den  # an exponent
     if exact.denominator == 1:
         return _integer(exact.numerator)
     return _float_text(exact.numerator, exact.denominator)

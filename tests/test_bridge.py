@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from enricher.bridge import Bridge, convert_value, naming_of_setting
 from enricher.fieldtable import parse_table, table
 from enricher.labels import RewritePlan
 from enricher.rewrite import Rewriter
+from enricher.textformat import valid_float
 
 from .harness import MakeStack
 from .promcheck import check_metrics_batch
@@ -171,6 +175,43 @@ def special_values() -> str:
     )
 
 
+FACTORS = sorted(
+    {
+        (float(Fraction(repr(a.scale)) / Fraction(repr(b.scale))), a.scale, b.scale)
+        for field in T.fields.values()
+        for a in field.by_naming.values()
+        for b in field.by_naming.values()
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.integers(-(10**20), 10**20).map(str),
+        st.decimals(allow_nan=False, allow_infinity=False, places=6).map(str),
+        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    ),
+    st.sampled_from(FACTORS),
+)
+def test_a_converted_value_reads_as_the_nearest_float_of_the_exact_product(
+    token: str, factor: tuple[float, float, float]
+) -> None:
+    """Whatever decimal the exporter writes, Prometheus reads the float64 nearest the exact
+    product (Fraction's), never one off by a rounding of the way there."""
+    exact = Fraction(repr(factor[1])) / Fraction(repr(factor[2]))
+    if not valid_float(token):
+        return
+    out = convert_value(token, exact.numerator, exact.denominator)
+    assert valid_float(out), out
+    want = Fraction(token) * exact
+    try:
+        nearest = float(want)
+    except OverflowError:
+        nearest = math.inf if want > 0 else -math.inf
+    assert float(out) == nearest, (token, factor, out)
+
+
 def test_values_keep_their_timestamps_nan_and_infinities() -> None:
     out = bridged(special_values(), "4.8")
     lines = [x for x in out.splitlines() if not x.startswith("#")]
@@ -227,6 +268,16 @@ def test_a_help_text_in_the_table_wins() -> None:
     out = Bridge("a", fields).apply('X_MEM_BYTES{gpu="0"} 2097152\n')
     assert out == '# HELP X_MEM Memory "used" \\\\ now\n# TYPE X_MEM gauge\nX_MEM{gpu="0"} 2\n'
     assert Bridge("b", fields).apply(out).startswith("# HELP X_MEM_BYTES Memory (in bytes).\n")
+
+
+def test_a_family_without_samples_keeps_its_header_under_the_new_name() -> None:
+    name, new = T.name("fb_used", "4.10"), T.name("fb_used", "4.8")
+    out = Bridge("4.8").apply(f"# HELP {name} x\n# TYPE {name} gauge\nother 1\n")
+    assert out.splitlines() == [
+        f"# HELP {new} {T.field('fb_used').meaning} (in MiB).",
+        f"# TYPE {new} gauge",
+        "other 1",
+    ]
 
 
 # ------------------------------------------------------------------------- one series once
