@@ -46,6 +46,8 @@ class FieldName:
     si: str
     scale: float
     type: str
+    # The HELP text of this name, where the table gives one ("help" in the name's entry).
+    help: str = ""
 
     def to_si(self, value: float) -> float:
         return value * self.scale if self.scale != 1 else value
@@ -93,7 +95,14 @@ class FieldTable:
                     entry = given[naming]
                     si, scale = units[entry["unit"]]
                     current = FieldName(
-                        row["field"], naming, entry["name"], entry["unit"], si, scale, row["type"]
+                        row["field"],
+                        naming,
+                        entry["name"],
+                        entry["unit"],
+                        si,
+                        scale,
+                        row["type"],
+                        entry.get("help", ""),
                     )
                 if current is not None:
                     by_naming[naming] = FieldName(
@@ -104,6 +113,7 @@ class FieldTable:
                         current.si,
                         current.scale,
                         current.type,
+                        current.help,
                     )
             sis = {n.si for n in by_naming.values()}
             if len(sis) != 1:
