@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
+from .bridge import OFF, naming_of_setting
 from .config import Config
+from .fieldtable import table
 from .podparse import NAMESPACE_RE, parse_mps_daemon_pods, parse_selector
 from .textformat import LABEL_NAME_RE
 
@@ -228,6 +230,17 @@ def _add_common(
             default=_env("--idle.threshold", _D.idle_threshold),
             help="SM utilization (0 to 1) above which a container counts as active on a GPU, "
             "for gpu_container_last_active_timestamp_seconds (default %(default)s)",
+        )
+        g.add_argument(
+            "--bridge.naming",
+            metavar="NAMING",
+            dest="bridge_naming",
+            default=_env("--bridge.naming", OFF),
+            help="serve dcgm-exporter's fields under one naming whatever its release: "
+            f"{', '.join(table().namings)} (a release such as 4.8.4 names its own), each "
+            "renamed family with its values in that naming's unit, HELP and TYPE, and the "
+            "driver-version label; for tools that still read 4.8's names behind a 4.9+ "
+            "exporter (docs/upgrading.md). Default %(default)s: every name as it came",
         )
         g.add_argument(
             "--scrape.timeout",
@@ -447,6 +460,11 @@ def parse_config(argv: Sequence[str]) -> tuple[str, Config, argparse.Namespace]:
                 raise ValueError(
                     f"--idle.threshold: {raw!r} is not an SM utilization ratio from 0 up to 1"
                 )
+        if "bridge_naming" in values:
+            try:
+                values["bridge_naming"] = naming_of_setting(values["bridge_naming"] or OFF)
+            except ValueError as exc:
+                raise ValueError(f"--bridge.naming: {exc}") from None
         if "upstream_max_bytes" in values:
             values["upstream_max_bytes"] = int(values["upstream_max_bytes"])
             if values["upstream_max_bytes"] < 1024:

@@ -59,6 +59,9 @@ class Config:
     # > 0: the upstream is fetched right after each of its collections, found by polling every
     # that many seconds around the time it is due; 0: fetched on every scrape.
     upstream_follow_step: float = 0.1
+    # --bridge.naming: serve dcgm-exporter's fields in this naming of the field table (4.8,
+    # 4.9, 4.10), whatever the exporter's release (enricher.bridge); None: as they came.
+    bridge_naming: str | None = None
     log_level: str = "info"
     # Set by the demo only: shown on the landing page.
     simulated: bool = False

@@ -46,7 +46,8 @@ class FieldName:
     si: str
     scale: float
     type: str
-    help: str = ""  # the HELP text dcgm-exporter writes for it, where the table knows it
+    # The HELP text of this name, where the table gives one ("help" in the name's entry).
+    help: str = ""
 
     def to_si(self, value: float) -> float:
         return value * self.scale if self.scale != 1 else value

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, cast
 
+from .bridge import Bridge
 from .cgroupmem import CGROUPFS, read_limit
 from .collection import CollectionBody, DeviceLabels, ScrapeResult
 from .config import Config
@@ -55,7 +56,18 @@ class Assembler:
     that differs (by equality: the upstream's text, the node read's number, the device labels,
     each stage's reads)."""
 
-    def __init__(self, options: RenderOptions, idle_threshold: float, label_sets: LabelSets):
+    def __init__(
+        self,
+        options: RenderOptions,
+        idle_threshold: float,
+        label_sets: LabelSets,
+        *,
+        bridge_naming: str | None = None,
+    ):
+        # The upstream's fields served in one naming (--bridge.naming; None: as they came).
+        # Only the served text: the readers read the rewrite's watched lines, as written.
+        self.bridge = None if bridge_naming is None else Bridge(bridge_naming)
+        self._bridged: tuple[str, str] = ("", "")  # the last text bridged, and its bridge
         # The lines of every name of the fields the readers need (enricher.readings), in any
         # naming, are handed over by the rewrite.
         self.rewriter = Rewriter(watch=WATCH_NAMES)
@@ -113,7 +125,7 @@ class Assembler:
         stage_chunks = tuple(chunk.body for chunk in chunks)
         power = next((chunk.view for chunk in chunks if chunk.view is not None), None)
         last_active = next((c.last_active for c in chunks if c.last_active is not None), {})
-        out = rewritten.text if rewritten is not None else None
+        out = await self._served(rewritten.text) if rewritten is not None else None
         samples = rewritten.samples if rewritten is not None else 0
         invalid = rewritten.invalid_lines + rewritten.dropped_duplicates if rewritten else 0
         if body is not None and body.rewritten == out and body.stage_chunks == stage_chunks:
@@ -203,6 +215,23 @@ class Assembler:
         if len(text) <= REWRITE_INLINE_MAX_CHARS and self.worker.idle:
             return self.rewriter.rewrite(text, plan)
         return await self.worker.run(lambda: self.rewriter.rewrite(text, plan))
+
+    async def _served(self, rewritten: str) -> str:
+        """The rewritten upstream as it is served: in the bridge's naming when there is one
+        (inline or in the rewrite worker, as the rewrite; again only when the rewrite
+        differs from the last one bridged), else as it is."""
+        bridge = self.bridge
+        if bridge is None:
+            return rewritten
+        last = self._bridged
+        if rewritten is last[0] or rewritten == last[0]:
+            return last[1]
+        if len(rewritten) <= REWRITE_INLINE_MAX_CHARS and self.worker.idle:
+            served = bridge.apply(rewritten)
+        else:
+            served = await self.worker.run(lambda: bridge.apply(rewritten))
+        self._bridged = (rewritten, served)
+        return served
 
     def run_stage(self, stage: Stage, collection: Collection) -> Chunk:
         """``stage``'s chunk of this collection: its last one while what it reads is the same
@@ -334,7 +363,9 @@ class Scraper:
             docker=self.node.given("docker") is not None,
             device_taints=self.node.given("resourceslices") is not None,
         )
-        self.assembler = Assembler(options, config.idle_threshold, label_sets)
+        self.assembler = Assembler(
+            options, config.idle_threshold, label_sets, bridge_naming=config.bridge_naming
+        )
         self.self_metrics = SelfMetricsTail(
             label_sets, own_procfs=own_procfs, own_cgroupfs=own_cgroupfs, const=node_label
         )

@@ -37,6 +37,7 @@ PURE_MODULES = (
     "enricher.nvmlparse",
     "enricher.fieldtable",
     "enricher.readings",
+    "enricher.bridge",
 )
 # The libraries through which the sources do their I/O.
 IO_LIBRARIES = ("aiohttp", "grpc", "kubernetes", "pynvml", "google.protobuf")
