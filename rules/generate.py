@@ -5,7 +5,11 @@ single source of truth: rules/dcgm-enricher.rules.yaml is its build with the def
 (the recording rules' groups, then the alerts'), the PrometheusRule
 (manifests/monitoring/prometheusrule.yaml) carries the same groups for the Prometheus Operator,
 and manifests/components/runbook-url adds a runbook_url to each of its alerts from one base URL.
-Run after editing the mixin:
+The mixin reads dcgm-exporter's fields by meaning from its own copy of the field table
+(mixin/lib/dcgm_fields.json, so that a mixin vendored alone has it): this writes that copy
+first, byte for byte enricher/dcgm_fields.json. The prometheus-adapter recipe
+(deploy/autoscaling/prometheus-adapter.yaml) reads a field too: it is written here from the
+table as well. Run after editing the mixin or the table:
 
     python rules/generate.py          # rewrite the rules file, the PrometheusRule, the component
     python rules/generate.py --check  # exit 1 if any is out of date (what the tests check)
@@ -31,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "dcgm-enricher.rules.yaml"
 PROMETHEUS_RULE = ROOT / "manifests" / "monitoring" / "prometheusrule.yaml"
 RUNBOOK_COMPONENT = ROOT / "manifests" / "components" / "runbook-url" / "kustomization.yaml"
+TABLE = ROOT / "enricher" / "dcgm_fields.json"
+MIXIN_TABLE = ROOT / "mixin" / "lib" / "dcgm_fields.json"
 # The ConfigMap (key url) that an overlay using the component supplies, and the component's own
 # map of each alert's runbook anchor; neither is applied (kustomize's local-config annotation).
 RUNBOOK_URL_CONFIGMAP = "dcgm-enricher-runbook"
@@ -248,24 +254,35 @@ def main(argv: list[str] | None = None) -> int:
             base_url = check_runbook_url(args.runbook_url)
         except ValueError as exc:
             parser.error(str(exc))
+    table_text = TABLE.read_text("utf-8")
+    # The build reads the copy: a plain run brings it up to date first.
+    if not args.check and args.runbook_url is None and _stale(MIXIN_TABLE, table_text):
+        MIXIN_TABLE.write_text(table_text, encoding="utf-8")
     rules_text = render_rules()
     if args.runbook_url is not None:
         sys.stdout.write(render_with_runbook_urls(rules_text, base_url))
         return 0
     outputs = {
+        MIXIN_TABLE: table_text,
         RULES: rules_text,
         PROMETHEUS_RULE: render(rules_text),
         RUNBOOK_COMPONENT: render_runbook_component(rules_text),
     }
+    stale = [p for p, text in outputs.items() if _stale(p, text)]
     if args.check:
-        stale = [p for p, text in outputs.items() if not p.exists() or p.read_text("utf-8") != text]
         for path in stale:
             print(f"{path} is stale: run python rules/generate.py", file=sys.stderr)
         return 1 if stale else 0
-    for path, text in outputs.items():
+    # Only what changed: mixin/build.py keeps its builds while the mixin's files keep their
+    # modification times, and the table's copy is one of them.
+    for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.write_text(outputs[path], encoding="utf-8")
     return 0
+
+
+def _stale(path: Path, text: str) -> bool:
+    return not path.exists() or path.read_text("utf-8") != text
 
 
 if __name__ == "__main__":

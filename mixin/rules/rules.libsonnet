@@ -1,3 +1,4 @@
+local fields = import '../lib/fields.libsonnet';
 local utils = import '../lib/utils.libsonnet';
 local oneLine = utils.oneLine;
 
@@ -287,14 +288,18 @@ local oneLine = utils.oneLine;
           },
           {
             // The share of each GPU's (or MIG instance's) memory in use: "Device memory used".
+            // Used and free in bytes, whichever naming each node's dcgm-exporter writes.
             record: 'device:gpu_memory_used:ratio',
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbUsed)s)
               / (
-                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
-                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
+                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbUsed)s)
+                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbFree)s)
               )
-            ||| % $._config,
+            ||| % ($._config {
+              fbUsed: fields.read('fb_used', $._config.dcgmSelector),
+              fbFree: fields.read('fb_free', $._config.dcgmSelector),
+            }),
           },
         ],
       },
