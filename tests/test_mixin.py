@@ -261,11 +261,15 @@ def test_the_mixin_reads_every_field_as_the_dashboards_do() -> None:
     dashboards, the recipes, the bench) write the same PromQL for every field of the table,
     each way a field is read."""
     matchers = '%(dcgmSelector)s, gpu=~"$gpu"'
-    code = "local fields = import 'lib/fields.libsonnet';\n{\n" + "".join(
-        f"  '{field}/{how}': fields.read('{field}', '{matchers}'{args}),\n"
-        for field in table().fields
-        for how, (args, _) in READS.items()
-    ) + "}\n"
+    code = (
+        "local fields = import 'lib/fields.libsonnet';\n{\n"
+        + "".join(
+            f"  '{field}/{how}': fields.read('{field}', '{matchers}'{args}),\n"
+            for field in table().fields
+            for how, (args, _) in READS.items()
+        )
+        + "}\n"
+    )
     built = json.loads(_jsonnet.evaluate_snippet(str(MIXIN / "fields-test.jsonnet"), code))
     expected = {
         f"{field}/{how}": fieldquery.read(field, *matchers.split(", "), **kwargs)
