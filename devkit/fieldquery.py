@@ -42,7 +42,7 @@ def names_and_scales(field: str, fields: FieldTable | None = None) -> list[tuple
     to the field's SI unit."""
     row = (fields or table()).field(field)
     out: dict[str, float] = {}
-    for fn in reversed(row.by_naming.values()):
+    for fn in list(row.by_naming.values())[::-1]:
         out.setdefault(fn.name, fn.scale)
     return list(out.items())
 
@@ -67,19 +67,20 @@ def read(
 ) -> str:
     """PromQL for ``field`` in its SI unit under every name it has had (see the module).
 
-    ``matchers`` go in each selector's braces, in order. ``over`` wraps each selector
-    (``lambda s: f"rate({s}[5m])"``) before its scale applies, which holds for functions
-    linear in the value (rate, increase, max_over_time, last_over_time, ...); ``unitless``
-    leaves the scale off for those that count (changes, resets, count_over_time). ``summed``
-    adds up the names' answers per series instead of taking the newest (see the module)."""
+    ``matchers`` go in each selector's braces, in order (no braces without one). ``over``
+    wraps each selector (``lambda s: f"rate({s}[5m])"``) before its scale applies, which holds
+    for functions linear in the value (rate, increase, max_over_time, last_over_time, ...);
+    ``unitless`` leaves the scale off for those that count (changes, resets,
+    count_over_time). ``summed`` adds up the names' answers per series instead of taking the
+    newest (see the module)."""
     wrap = over or (lambda s: s)
-    inside = ", ".join(matchers)
+    braces = "{" + ", ".join(matchers) + "}" if matchers else ""
     found = names_and_scales(field, fields)
     terms = [
-        wrap(f"{name}{{{inside}}}") if unitless else scaled(wrap(f"{name}{{{inside}}}"), scale)
+        wrap(name + braces) if unitless else scaled(wrap(name + braces), scale)
         for name, scale in found
     ]
-    if len(terms) == 1 and terms[0] == wrap(f"{found[0][0]}{{{inside}}}"):
+    if len(terms) == 1 and terms[0] == wrap(found[0][0] + braces):
         return terms[0]
     if not summed:
         return "(" + " or ".join(terms) + ")"

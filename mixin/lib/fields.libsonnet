@@ -52,12 +52,13 @@ local rows = { [row.field]: row for row in table.fields };
   // is their sum (each part alone reads low, as rate() of a short series does).
   read(field, matchers='', over=function(s) s, unitless=false, summed=false)::
     local found = $.namesAndScales(field);
+    local braces = if matchers == '' then '' else '{%s}' % matchers;
     local terms = [
-      local s = over('%s{%s}' % [f[0], matchers]);
+      local s = over(f[0] + braces);
       if unitless then s else $.scaled(s, f[1])
       for f in found
     ];
-    if std.length(terms) == 1 && terms[0] == over('%s{%s}' % [found[0][0], matchers])
+    if std.length(terms) == 1 && terms[0] == over(found[0][0] + braces)
     then terms[0]
     else if !summed then '(' + std.join(' or ', terms) + ')'
     else 'sum without (dcgm_naming) (' + std.join(' or ', [terms[0]] + [
