@@ -81,9 +81,10 @@ HISTORY_S = 3600  # the blocks' span
 CHURN_S = 3600  # every node replaces its pods once per CHURN_S
 KINDS = ("demo", "demo", "node8", "demo")
 CLUSTERS = ("east", "west")
-# The simplest query over a device field, as the dashboards read one (every name it has had,
-# in its SI unit: devkit/fieldquery.py).
-BASELINE = f"sum({fieldquery.read('gpu_util')})"
+# The simplest query over a device field, as the dashboards read one: every name it has had,
+# each summed, then scaled to the SI unit (devkit/fieldquery.aggregate: on a 4.8 fleet it
+# costs what sum(<the 4.8 name>) does; sum(<name> / 100) costs several times that).
+BASELINE = fieldquery.aggregate("gpu_util", "sum", "")
 DASHBOARD_RANGE_S = 6 * 3600  # the dashboard's default time range: now-6h
 STEP_S = INTERVAL
 # Grafana's built-ins at that range and step: $__rate_interval = max(4 x scrape interval,

@@ -90,6 +90,41 @@ def read(
     return f"sum without ({SUMMED_LABEL}) (" + " or ".join(labelled) + ")"
 
 
+# The aggregation that combines each name's aggregate into the group's.
+_COMBINE = {"sum": "sum", "count": "sum", "max": "max", "min": "min"}
+
+
+def aggregate(
+    field: str,
+    op: str,
+    by: str,
+    *matchers: str,
+    over: Callable[[str], str] | None = None,
+    unitless: bool = False,
+    fields: FieldTable | None = None,
+) -> str:
+    """``op by (by) (field)`` in the field's SI unit (``op``: sum, max, min or count): each
+    name aggregated on its own and then scaled, once per group and step instead of once per
+    series (``sum(... / 100)`` over every GPU costs several times ``sum(...)``; the scale of a
+    sum, max or min is the scaled aggregate's), the names' aggregates combined per group by
+    ``op``'s combiner (a group may hold devices of both namings: a cluster mid-upgrade).
+    ``over`` wraps each selector, ``unitless`` as in :func:`read`; no ``by``: one group."""
+    wrap = over or (lambda s: s)
+    braces = "{" + ", ".join(matchers) + "}" if matchers else ""
+    head = f"{op} by ({by})" if by else op
+    terms = []
+    for i, (name, scale) in enumerate(names_and_scales(field, fields)):
+        term = f"{head} ({wrap(name + braces)})"
+        if not unitless and op != "count":
+            term = scaled(term, scale)
+        if i:
+            term = f'label_replace({term}, "{SUMMED_LABEL}", "{i}", "", "")'
+        terms.append(term)
+    if len(terms) == 1:
+        return terms[0]
+    return f"{_COMBINE[op]} without ({SUMMED_LABEL}) (" + " or ".join(terms) + ")"
+
+
 def names_regex(*field_names: str, fields: FieldTable | None = None) -> str:
     """A ``__name__`` regex for every name of ``field_names`` (a selector or a
     prometheus-adapter seriesQuery that finds the series whatever their naming)."""

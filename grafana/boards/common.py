@@ -178,9 +178,12 @@ POWER_ON_SHARED = record_sel(
 )
 
 
-def device(name: str, agg: str = "max") -> str:
-    """dcgm-exporter's field ``name`` per GPU (its SI unit), after the device filters."""
-    return f"{agg} by (%(clusterLabel)s, %(nodeLabel)s, gpu) ({field(name, *DEV_FILTER)})"
+def device(name: str, agg: str = "max", over: Callable[[str], str] | None = None) -> str:
+    """dcgm-exporter's field ``name`` per GPU (its SI unit), after the device filters: each
+    name aggregated, then scaled (devkit/fieldquery.aggregate)."""
+    return fieldquery.aggregate(
+        name, agg, "%(clusterLabel)s, %(nodeLabel)s, gpu", DCGM_SELECTOR, *DEV_FILTER, over=over
+    )
 
 
 # --------------------------------------------------------------------------- panels

@@ -475,14 +475,7 @@ def rows() -> list[Row]:
                     "PCIe transfers the link had to retry, per second; GpuPcieReplaysHigh "
                     "fires above 8 a minute.",
                     Target(
-                        "sum by (%(clusterLabel)s, %(nodeLabel)s, gpu) ("
-                        + field(
-                            "pcie_replay",
-                            *DEV_FILTER,
-                            over=lambda s: f"rate({s}[$__rate_interval])",
-                            summed=True,
-                        )
-                        + ")",
+                        device("pcie_replay", "sum", over=lambda s: f"rate({s}[$__rate_interval])"),
                         DEV_LEGEND,
                     ),
                     unit="cps",
