@@ -3,9 +3,10 @@ built from the field table (``enricher/dcgm_fields.json``): what the dashboards'
 (grafana/boards), the recipes, the bench and the tests ask Prometheus instead of a name.
 
 ``read("fb_used", 'node=~"$node"')`` is every name the field has had, newest first, each with
-the same matchers and scaled to the field's SI unit, joined by ``or``::
+the same matchers and scaled to the field's SI unit, joined by ``or`` (4.9's name in bytes,
+4.8's in MiB)::
 
-    (DCGM_FI_DEV_FB_USED_BYTES{node=~"$node"} or DCGM_FI_DEV_FB_USED{node=~"$node"} * 1048576)
+    (<4.9 name>{node=~"$node"} or <4.8 name>{node=~"$node"} * 1048576)
 
 ``or`` matches on every label but ``__name__``, so each device contributes the series of
 whichever naming its node's exporter writes (a fleet in the middle of an upgrade has both

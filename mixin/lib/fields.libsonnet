@@ -4,8 +4,8 @@
 // never one of its names.
 //
 // read('fb_used', 'node="a"') is every name the field has had, newest first, each with the
-// same matchers and scaled to bytes, joined by `or`:
-//   (DCGM_FI_DEV_FB_USED_BYTES{node="a"} or DCGM_FI_DEV_FB_USED{node="a"} * 1048576)
+// same matchers and scaled to bytes, joined by `or` (4.9's name in bytes, 4.8's in MiB):
+//   (<4.9 name>{node="a"} or <4.8 name>{node="a"} * 1048576)
 // `or` matches on every label but __name__, so each device gives the series its exporter's
 // release writes: one expression serves 4.8.4 and 4.10.0 nodes in one Prometheus, with no
 // record added. devkit/fieldquery.py builds the same text for the dashboards (a test holds
