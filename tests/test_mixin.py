@@ -279,6 +279,26 @@ def test_the_mixin_reads_every_field_as_the_dashboards_do() -> None:
     assert built == expected
 
 
+def test_the_mixin_aggregates_every_field_as_the_dashboards_do() -> None:
+    """fields.aggregate and devkit.fieldquery.aggregate write the same PromQL."""
+    cases = [(op, by) for op in ("sum", "max", "min", "count") for by in ("", "node, gpu")]
+    code = (
+        "local fields = import 'lib/fields.libsonnet';\n{\n"
+        + "".join(
+            f"  '{field}/{op}/{by}': fields.aggregate('{field}', '{op}', '{by}', 'job=\"x\"'),\n"
+            for field in table().fields
+            for op, by in cases
+        )
+        + "}\n"
+    )
+    built = json.loads(_jsonnet.evaluate_snippet(str(MIXIN / "fields-test.jsonnet"), code))
+    assert built == {
+        f"{field}/{op}/{by}": fieldquery.aggregate(field, op, by, 'job="x"')
+        for field in table().fields
+        for op, by in cases
+    }
+
+
 def test_build_writes_the_three_outputs(default_build: Path) -> None:
     assert sorted(str(p.relative_to(default_build)) for p in default_build.rglob("*.*")) == [
         *sorted(OUT + name for name in BOARDS.values()),

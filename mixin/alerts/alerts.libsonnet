@@ -132,13 +132,15 @@ local criticalXids = [48, 61, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140];
               %(deviceFbUsed)s
               / on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) group_left ()
               (
-                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbUsed)s)
-                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbFree)s)
+                %(fbUsed)s
+                + %(fbFree)s
               ) > %(memoryNearlyFullRatio)g
             ||| % ($._config {
+              local device = '%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID' % $._config,
               deviceFbUsed: fields.read('fb_used', '%s, vgpu=""' % $._config.dcgmSelector),
-              fbUsed: fields.read('fb_used', $._config.dcgmSelector),
-              fbFree: fields.read('fb_free', $._config.dcgmSelector),
+              // Each name aggregated per device, then scaled (fields.aggregate).
+              fbUsed: fields.aggregate('fb_used', 'max', device, $._config.dcgmSelector),
+              fbFree: fields.aggregate('fb_free', 'max', device, $._config.dcgmSelector),
             }),
             'for': '15m',
             labels: { severity: 'warning' },

@@ -65,4 +65,22 @@ local rows = { [row.field]: row for row in table.fields };
       'label_replace(%s, "dcgm_naming", "%d", "", "")' % [terms[i], i]
       for i in std.range(1, std.length(terms) - 1)
     ]) + ')',
+
+  // op by (by) (the field) in its SI unit (op: sum, max, min or count): each name aggregated,
+  // then scaled once per group (scaling every series first costs several times the
+  // aggregation), the names' aggregates combined by op's combiner (a group may hold devices
+  // of both namings). devkit/fieldquery.aggregate, the same text.
+  aggregate(field, op, by, matchers='', over=function(s) s, unitless=false)::
+    local found = $.namesAndScales(field);
+    local braces = if matchers == '' then '' else '{%s}' % matchers;
+    local head = if by == '' then op else '%s by (%s)' % [op, by];
+    local combine = { sum: 'sum', count: 'sum', max: 'max', min: 'min' }[op];
+    local terms = [
+      local t = '%s (%s)' % [head, over(found[i][0] + braces)];
+      local s = if unitless || op == 'count' then t else $.scaled(t, found[i][1]);
+      if i == 0 then s else 'label_replace(%s, "dcgm_naming", "%d", "", "")' % [s, i]
+      for i in std.range(0, std.length(found) - 1)
+    ];
+    if std.length(terms) == 1 then terms[0]
+    else '%s without (dcgm_naming) (%s)' % [combine, std.join(' or ', terms)],
 }

@@ -290,16 +290,18 @@ local oneLine = utils.oneLine;
             // The share of each GPU's (or MIG instance's) memory in use: "Device memory used".
             // Used and free in bytes, whichever naming each node's dcgm-exporter writes.
             record: 'device:gpu_memory_used:ratio',
+            // Each name aggregated per device, then scaled (fields.aggregate).
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbUsed)s)
+              %(used)s
               / (
-                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbUsed)s)
-                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (%(fbFree)s)
+                %(used)s
+                + %(free)s
               )
-            ||| % ($._config {
-              fbUsed: fields.read('fb_used', $._config.dcgmSelector),
-              fbFree: fields.read('fb_free', $._config.dcgmSelector),
-            }),
+            ||| % {
+              local device = '%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID' % $._config,
+              used: fields.aggregate('fb_used', 'max', device, $._config.dcgmSelector),
+              free: fields.aggregate('fb_free', 'max', device, $._config.dcgmSelector),
+            },
           },
         ],
       },
