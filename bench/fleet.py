@@ -44,10 +44,11 @@ interval: Grafana's step at that range on a wide panel, raised to the data sourc
 interval) as Grafana asks (range queries for time series, instant ones for stats and tables),
 the whole dashboard's load (every query at once, six at a time, as a browser's connections to
 Grafana allow), and each alert expression as an instant query. Each figure is also a ratio to
-the baseline ``BASELINE`` (every device's GPU utilization summed) over the same range (instant
-for instant queries) measured in the same run, interleaved with the queries. The panel
-queries and alerts a fix replaced are measured beside the shipped ones in the same run
-(``BEFORE``, ``ALERTS_BEFORE``) and checked to answer the same.
+the baseline ``sum`` of the gpu_util field over the same range (instant for instant queries;
+the field under every name it has had, as every panel reads a field: ``BASELINE``)
+measured in the same run, interleaved with the queries. The panel queries and alerts a fix
+replaced are measured beside the shipped ones in the same run (``BEFORE``, ``ALERTS_BEFORE``)
+and checked to answer the same.
 """
 
 from __future__ import annotations
@@ -67,11 +68,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devkit import dashboard, prometheus
+from devkit import dashboard, fieldquery, prometheus
 from devkit.dashboard import RULES
 from devkit.prometheus import Server
 from devkit.upstream import TextServer
-from enricher.fieldtable import table
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS3_DIR = ROOT / ".cache" / "prometheus-3"
@@ -81,9 +81,10 @@ HISTORY_S = 3600  # the blocks' span
 CHURN_S = 3600  # every node replaces its pods once per CHURN_S
 KINDS = ("demo", "demo", "node8", "demo")
 CLUSTERS = ("east", "west")
-# The fleet's nodes write the 4.8 naming (enricher/dcgm_fields.json).
-_UTIL, _FB_USED, _FB_FREE = (table().name(f, "4.8") for f in ("gpu_util", "fb_used", "fb_free"))
-BASELINE = f"sum({_UTIL})"
+# The simplest query over a device field, as the dashboards read one: every name it has had,
+# each summed, then scaled to the SI unit (devkit/fieldquery.aggregate: on a 4.8 fleet it
+# costs what sum(<the 4.8 name>) does; sum(<name> / 100) costs several times that).
+BASELINE = fieldquery.aggregate("gpu_util", "sum", "")
 DASHBOARD_RANGE_S = 6 * 3600  # the dashboard's default time range: now-6h
 STEP_S = INTERVAL
 # Grafana's built-ins at that range and step: $__rate_interval = max(4 x scrape interval,
@@ -518,6 +519,8 @@ _LAST_ACTIVE = (
     f"(gpu_container_last_active_timestamp_seconds{{{_POD_FILTER}}}) * 1000"
 )
 _UTIL = _joined("gpu_container_utilization_ratio")
+_FB_USED = fieldquery.read("fb_used", *_DEV_FILTER.split(", "))
+_FB_FREE = fieldquery.read("fb_free", *_DEV_FILTER.split(", "))
 _BY_POD = "cluster, ${label_prefix}namespace, ${label_prefix}pod"
 # The panels by pod and Top pods left this list when the namespace dashboard took their top 20
 # (topk): their answer is no longer the old form's. Their records' gain stays in
@@ -563,8 +566,7 @@ BEFORE = {
         f"(gpu_container_power_watts{{{_DEV_FILTER}}})) > 1)"
     ),
     "node/Devices/Device memory used/A": (
-        f"max by ({_DEVICE}) ({_FB_USED}{{{_DEV_FILTER}}} / "
-        f"({_FB_USED}{{{_DEV_FILTER}}} + {_FB_FREE}{{{_DEV_FILTER}}}))"
+        f"max by ({_DEVICE}) ({_FB_USED} / ({_FB_USED} + {_FB_FREE}))"
     ),
     # Before its record: every container's last-active time read twice, joined at each query.
     "pod/Containers on devices/Idle since/A": (

@@ -10,6 +10,9 @@ the bench import it from the checkout; it imports neither of them.
   text server for processes outside the test's event loop).
 - ``prometheus``: a Prometheus started on a config, and its HTTP API.
 - ``dashboard``: the shipped dashboard's queries and the shipped rules' records.
+- ``fieldquery``: PromQL that reads a field of dcgm-exporter by meaning, in its SI unit,
+  under every name the field table gives it (the dashboards' source and the recipes read
+  fields through it too).
 - ``promtool``: PromQL and the shipped rules over a scraped text (``promtool test rules``).
 - ``ports``, ``processes``, ``clocks``, ``http``, ``tools``: free ports, servers started as
   commands and stopped, a settable clock, an HTTP GET, the external tools and the

@@ -29,7 +29,9 @@ from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # grafana/boards, beside this script
+# The checkout's devkit and enricher (the field table), and grafana/boards beside this script.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from boards import BOARDS
 from boards.common import (
     DS_JSON,
@@ -47,6 +49,11 @@ GRAFANA = ROOT / "grafana"
 TEMPLATES = ROOT / "mixin" / "dashboards"
 CONFIGMAP = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
 CLUSTER_FILTER = '%(clusterLabel)s=~"$cluster"'
+# What the Cluster and Node pickers list the values of: every enricher of every release writes
+# it, one series per node, with the node label and whatever the scrape adds (the cluster),
+# whichever dcgm-exporter release runs beside it and whatever that calls its fields. A node
+# whose exporter is down is still listed (its enricher says so on the Enricher dashboard).
+PICKER_SERIES = "dcgm_enricher_build_info"
 
 # --------------------------------------------------------------------------- rendering
 
@@ -111,14 +118,14 @@ def _variable(name: str) -> dict[str, Any]:
         return _query_variable(
             "cluster",
             "Cluster",
-            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP')}, %(clusterLabel)s)",
+            f"label_values({sel(PICKER_SERIES)}, %(clusterLabel)s)",
             "Where the series carry a cluster label (external labels, Thanos, Mimir).",
         )
     if name == "node":
         return _query_variable(
             "node",
             "Node",
-            f"label_values({sel('DCGM_FI_DEV_GPU_TEMP', CLUSTER_FILTER)}, %(nodeLabel)s)",
+            f"label_values({sel(PICKER_SERIES, CLUSTER_FILTER)}, %(nodeLabel)s)",
             "The node's name, from the enricher's node label (the Kubernetes node, or the host).",
             every=False,
         )

@@ -5,10 +5,10 @@
     enricherSelector: 'job="dcgm-enricher"',
 
     // Added to every series the rules and the dashboard read from what the enricher serves:
-    // dcgm-exporter's DCGM_FI_* as the enricher rewrites them, and its gpu_*, dcgm_enricher_*
-    // and process_* series. Empty: every job. Set it (to job="dcgm-enricher", say) where
-    // Prometheus also scrapes dcgm-exporter itself, so that its unattributed copy of the
-    // DCGM_FI_* series stays out.
+    // dcgm-exporter's fields as the enricher rewrites them (under every name the field table,
+    // lib/dcgm_fields.json, knows), and its gpu_*, dcgm_enricher_* and process_* series. Empty:
+    // every job. Set it (to job="dcgm-enricher", say) where Prometheus also scrapes
+    // dcgm-exporter itself, so that its unattributed copy of the fields stays out.
     dcgmSelector: '',
 
     // The label that tells clusters apart where the series carry one (external labels,

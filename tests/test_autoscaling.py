@@ -41,6 +41,7 @@ from devkit.prometheus import EVERY_SECOND
 from devkit.promtool import run as promtool_run
 from enricher import demo
 from enricher.attribution import is_mps_daemon
+from enricher.fieldtable import table
 from enricher.model import ProcessKind
 from enricher.simnode.exporter import device_usage
 
@@ -58,7 +59,10 @@ HPA_MIG = RECIPES / "hpa-mig.yaml"
 DEADLINE_SECONDS = 60
 UTIL = "gpu_container_utilization_ratio"
 MEMORY = "gpu_container_memory_used_bytes"
-MIG_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+# The field the MIG rule reads (under every name the table gives it), and the name the demo
+# writes it under.
+MIG = "gr_engine_active"
+MIG_ACTIVE = table().name(MIG, table().naming_of_release(demo.NEWEST))
 
 # The adapter's discovery config (pkg/config/config.go: MetricsDiscoveryConfig, DiscoveryRule,
 # RegexFilter, ResourceMapping, GroupResource, NameMapping, LabelValueReplacement), loaded with
@@ -128,10 +132,16 @@ def load(path: Path) -> Any:
 
 
 def series_of(rule: Mapping[str, Any]) -> str:
-    """The metric name a rule's seriesQuery selects (its leading name)."""
-    m = re.match(r"^\w+", rule["seriesQuery"])
+    """The metric name a rule's seriesQuery selects (its leading name), or the field of
+    dcgm-exporter's whose every name it selects (a ``__name__`` regex)."""
+    m = re.match(r'^(\w+)|^\{__name__=~"([\w|]+)"', rule["seriesQuery"])
     assert m, rule
-    return m[0]
+    if m[1]:
+        return m[1]
+    names = m[2].split("|")
+    fields = {found.field for n in names if (found := table().lookup(n))}
+    assert len(fields) == 1 and set(names) == set(table().names(*fields)), rule
+    return fields.pop()
 
 
 def go_quote(value: str) -> str:
@@ -351,9 +361,11 @@ def test_mig_hpa_asks_only_for_what_a_mig_pod_has() -> None:
     has (an HPA missing one of its metrics never scales down), for one of the demo's
     StatefulSets on MIG instances."""
     hpa = load(HPA_MIG)
-    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG_ACTIVE]
+    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG]
     asked = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
-    assert asked == [adapter_name(rule["name"], MIG_ACTIVE)] == ["gpu_pod_mig_engine_active_ratio"]
+    assert asked == ["gpu_pod_mig_engine_active_ratio"]
+    # Every name of the field is the same metric.
+    assert {adapter_name(rule["name"], n) for n in table().names(MIG)} == set(asked)
     target = hpa["spec"]["scaleTargetRef"]
     assert (hpa["metadata"]["namespace"], target["kind"], target["name"]) in {
         (p.namespace, p.owner[0], p.owner[1]) for p, _ in mig_pods() if p.owner
@@ -362,7 +374,7 @@ def test_mig_hpa_asks_only_for_what_a_mig_pod_has() -> None:
 
 def test_hpa_and_scaled_object_scale_the_same_deployment_on_the_adapters_metrics() -> None:
     hpa, scaled = load(HPA), load(KEDA)
-    assert [series_of(r) for r in load(ADAPTER)["rules"]] == [UTIL, MEMORY, MIG_ACTIVE]
+    assert [series_of(r) for r in load(ADAPTER)["rules"]] == [UTIL, MEMORY, MIG]
     assert hpa["metadata"]["namespace"] == scaled["metadata"]["namespace"]
     assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
     assert hpa["spec"]["scaleTargetRef"]["name"] == scaled["spec"]["scaleTargetRef"]["name"]
@@ -596,7 +608,7 @@ def test_mig_rule_gives_each_mig_pod_its_instances_activity(stack: Stack) -> Non
     demo's StatefulSets bert-finetune and eval-harness, and the DRA pod dra-whisper-0), is
     one value per pod: the simulated activity of its instance. The SM-time rule that hpa.yaml
     asks for has nothing for them: the reason hpa-mig.yaml exists."""
-    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG_ACTIVE]
+    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG]
     (util_rule,) = [r for r in gpu_rules() if series_of(r) == UTIL]
     _, busy = device_usage(demo.demo_gpus(lambda: T0), T0, demo.UNLISTED_MIB)
     found = mig_pods()
@@ -612,3 +624,53 @@ def test_mig_rule_gives_each_mig_pod_its_instances_activity(stack: Stack) -> Non
     vllm = next(d for d in deployments() if d.name == "vllm")
     promql = adapter_query(rule["metricsQuery"], MIG_ACTIVE, vllm.namespace, list(vllm.pods))
     assert stack.query(promql) == []
+
+
+def test_mig_rule_reads_every_naming_of_the_field(promtool: str, tmp_path: Path) -> None:
+    """The MIG rule gives a pod its instances' activity whatever dcgm-exporter release writes
+    it: a pod on two nodes' instances, one node on the oldest naming and one on the newest,
+    gets their sum; a pod whose node was upgraded gets its one instance's value once. Its
+    seriesQuery finds the series of both namings."""
+    (rule,) = [r for r in load(ADAPTER)["rules"] if series_of(r) == MIG]
+    oldest, newest = (table().name(MIG, n) for n in (table().namings[0], table().namings[-1]))
+    assert oldest != newest
+
+    def series(name: str, node: str, pod: str, values: str) -> dict[str, str]:
+        labels = f'node="{node}",gpu="0",GPU_I_ID="1",namespace="research",pod="{pod}"'
+        return {"series": f"{name}{{{labels}}}", "values": values}
+
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "the MIG rule on every naming",
+                "interval": "1m",
+                "input_series": [
+                    series(oldest, "node-old", "bert-0", "0.25x10"),
+                    series(newest, "node-new", "bert-0", "0.5x10"),
+                    # Upgraded at 5m: the old name stale from there, the new one on.
+                    series(oldest, "node-up", "eval-0", "0.125x4 stale"),
+                    series(newest, "node-up", "eval-0", "_x5 0.125x5"),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": adapter_query(
+                            rule["metricsQuery"], newest, "research", ["bert-0", "eval-0"]
+                        ),
+                        "eval_time": t,
+                        "exp_samples": [
+                            {"labels": '{pod="bert-0"}', "value": 0.75},
+                            {"labels": '{pod="eval-0"}', "value": 0.125},
+                        ],
+                    }
+                    for t in ("2m", "7m")
+                ],
+            }
+        ],
+    }
+    (tmp_path / "mig.tests.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
+    proc = promtool_run(promtool, "test", "rules", "mig.tests.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    named = re.search(r'__name__=~"([^"]+)"', rule["seriesQuery"])
+    assert named and {oldest, newest} <= set(named[1].split("|"))

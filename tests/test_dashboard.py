@@ -34,6 +34,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit import fieldquery
 from devkit.dashboard import (
     BOARDS,
     RULES,
@@ -52,6 +53,7 @@ from devkit.prometheus import EVERY_SECOND
 from devkit.tools import load_script
 from enricher import demo as demo_module
 from enricher.config import Config
+from enricher.fieldtable import table
 
 from .promreleases import PromRelease, serve
 
@@ -659,7 +661,7 @@ def test_no_gpu_series_names_the_enricher_pod(stack: Stack) -> None:
     workload's pod labels (or none); only the enricher's own series name the enricher."""
     own = stack.poll("honor_labels", f'dcgm_enricher_build_info{{pod="{ENRICHER_POD}"}}')
     assert own, "the target labels did not reach the enricher's own series"
-    gpu = '__name__=~"DCGM_FI_.*|gpu_.*"'
+    gpu = f'__name__=~"{table().prefix}.*|gpu_.*"'
     for label, value in (
         ("pod", ENRICHER_POD),
         ("namespace", ENRICHER_NAMESPACE),
@@ -679,14 +681,15 @@ def test_honor_labels_false_renames_the_pod_labels(stack: Stack) -> None:
 
 def test_power_split_adds_up_on_every_gpu_the_demo_simulates(stack: Stack) -> None:
     """In the real Prometheus scraping the demo: on each of its GPUs, the containers' watts
-    plus the unattributed watts are the GPU's DCGM_FI_DEV_POWER_USAGE of the same scrape (one
-    query, one evaluation time), and the containers' energy counters are there."""
-    gpus = stack.poll("honor_labels", "count by (gpu) (DCGM_FI_DEV_POWER_USAGE)")
+    plus the unattributed watts are the GPU's power field of the same scrape (one query, one
+    evaluation time), and the containers' energy counters are there."""
+    power = fieldquery.read("power")
+    gpus = stack.poll("honor_labels", f"count by (gpu) ({power})")
     assert len(gpus) == 8
     parts = '{__name__=~"gpu_container_power_watts|gpu_unattributed_power_watts"}'
     gap = stack.query(
         "honor_labels",
-        f"abs(max by (gpu) (DCGM_FI_DEV_POWER_USAGE) - sum by (gpu) ({parts}))",
+        f"abs(max by (gpu) ({power}) - sum by (gpu) ({parts}))",
     )
     assert {s["metric"]["gpu"] for s in gap} == {s["metric"]["gpu"] for s in gpus}
     assert all(float(s["value"][1]) < 1e-6 for s in gap), gap
@@ -696,14 +699,15 @@ def test_power_split_adds_up_on_every_gpu_the_demo_simulates(stack: Stack) -> No
 def test_memory_adds_up_on_every_device_the_demo_simulates(stack: Stack) -> None:
     """In the real Prometheus scraping the demo: on each GPU and MIG instance, the containers'
     memory plus every unattributed reason (the driver's reservation and what no listed
-    process holds among them) is the device's FB_USED + FB_RESERVED of the same scrape."""
-    devices = stack.poll("honor_labels", "count by (UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED)")
+    process holds among them) is the device's used + reserved framebuffer (in bytes, whatever
+    naming the exporter writes) of the same scrape."""
+    used, reserved = fieldquery.read("fb_used"), fieldquery.read("fb_reserved")
+    devices = stack.poll("honor_labels", f"count by (UUID, GPU_I_ID) ({used})")
     assert len(devices) >= 10  # 7 whole GPUs and GPU 2's MIG instances
     parts = '{__name__=~"gpu_container_memory_used_bytes|gpu_unattributed_memory_used_bytes"}'
     gap = stack.query(
         "honor_labels",
-        "abs(max by (UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_RESERVED) * 1048576"
-        f" - sum by (UUID, GPU_I_ID) ({parts}))",
+        f"abs(max by (UUID, GPU_I_ID) ({used} + {reserved}) - sum by (UUID, GPU_I_ID) ({parts}))",
     )
     assert len(gap) == len(devices)
     assert all(float(s["value"][1]) < 1 for s in gap), gap
@@ -739,21 +743,21 @@ def test_dra_allocation_joins_the_upstreams_series(stack: Stack) -> None:
     )
     joined = stack.query(
         "honor_labels",
-        f"DCGM_FI_DEV_GPU_UTIL * on ({on}) group_left () "
+        f"{fieldquery.read('gpu_util')} * on ({on}) group_left () "
         'gpu_container_allocated{resource="gpu.nvidia.com"}',
     )
     assert [s["metric"]["pod"] for s in joined] == ["dra-train-0"]
     # A MIG device's claim joins its instance's series (GPU_I_ID), with its dra_mig_* labels.
     joined = stack.query(
         "honor_labels",
-        f"DCGM_FI_DEV_FB_USED * on ({on}, GPU_I_ID, dra_mig_profile, dra_mig_device_uuid) "
+        f"{fieldquery.read('fb_used')} * on ({on}, GPU_I_ID, dra_mig_profile, dra_mig_device_uuid) "
         'group_left () gpu_container_allocated{resource="gpu.nvidia.com", GPU_I_ID!=""}',
     )
     assert [(s["metric"]["pod"], s["metric"]["GPU_I_ID"]) for s in joined] == [
         ("dra-whisper-0", "14")
     ]
     # The instance's own series name the pod its claim gave it to, and only that instance's.
-    named = stack.query("honor_labels", 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod="dra-whisper-0"}')
+    named = stack.query("honor_labels", fieldquery.read("gr_engine_active", 'pod="dra-whisper-0"'))
     assert [(s["metric"]["gpu"], s["metric"]["GPU_I_ID"]) for s in named] == [("2", "14")]
     assert named[0]["metric"]["dra_mig_device_uuid"] == mig["dra_mig_device_uuid"]
 

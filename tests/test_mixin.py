@@ -17,12 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _jsonnet
 import pytest
 import yaml
 
+from devkit import fieldquery
 from devkit.dashboard import BOARDS, promql_texts
 from devkit.promtool import run as promtool_run
 from devkit.tools import load_script
+from enricher.fieldtable import table
 
 # Checks a real part (jsonnet, promtool) against what does not depend on the Python running the
 # tests: `make test` runs this file in the highest Python's suite only.
@@ -226,6 +229,74 @@ def test_mixin_has_the_four_fields_and_a_jsonnetfile() -> None:
     jsonnetfile = json.loads((MIXIN / "jsonnetfile.json").read_text())
     assert jsonnetfile["version"] == 1
     assert isinstance(jsonnetfile["dependencies"], list)
+
+
+def test_the_mixin_holds_the_field_table_byte_for_byte() -> None:
+    """A mixin vendored alone (jsonnet-bundler fetches mixin/ only) reads dcgm-exporter's
+    names from its own copy of the table, which rules/generate.py keeps equal to the
+    package's."""
+    assert (MIXIN / "lib" / "dcgm_fields.json").read_bytes() == (
+        ROOT / "enricher" / "dcgm_fields.json"
+    ).read_bytes()
+
+
+# Each way the rules and the dashboards read a field: (jsonnet arguments after the field and
+# its matchers, devkit.fieldquery.read's keyword arguments).
+READS = {
+    "plain": ("", {}),
+    "rate": (", function(s) 'rate(%s[10m])' % s", {"over": lambda s: f"rate({s}[10m])"}),
+    "changes": (
+        ", function(s) 'changes(%s[15m])' % s, unitless=true, summed=true",
+        {"over": lambda s: f"changes({s}[15m])", "unitless": True, "summed": True},
+    ),
+    "increase": (
+        ", function(s) 'increase(%s[1h])' % s, summed=true",
+        {"over": lambda s: f"increase({s}[1h])", "summed": True},
+    ),
+}
+
+
+def test_the_mixin_reads_every_field_as_the_dashboards_do() -> None:
+    """mixin/lib/fields.libsonnet (the rules and alerts) and devkit/fieldquery.py (the
+    dashboards, the recipes, the bench) write the same PromQL for every field of the table,
+    each way a field is read."""
+    matchers = '%(dcgmSelector)s, gpu=~"$gpu"'
+    code = (
+        "local fields = import 'lib/fields.libsonnet';\n{\n"
+        + "".join(
+            f"  '{field}/{how}': fields.read('{field}', '{matchers}'{args}),\n"
+            for field in table().fields
+            for how, (args, _) in READS.items()
+        )
+        + "}\n"
+    )
+    built = json.loads(_jsonnet.evaluate_snippet(str(MIXIN / "fields-test.jsonnet"), code))
+    expected = {
+        f"{field}/{how}": fieldquery.read(field, *matchers.split(", "), **kwargs)
+        for field in table().fields
+        for how, (_, kwargs) in READS.items()
+    }
+    assert built == expected
+
+
+def test_the_mixin_aggregates_every_field_as_the_dashboards_do() -> None:
+    """fields.aggregate and devkit.fieldquery.aggregate write the same PromQL."""
+    cases = [(op, by) for op in ("sum", "max", "min", "count") for by in ("", "node, gpu")]
+    code = (
+        "local fields = import 'lib/fields.libsonnet';\n{\n"
+        + "".join(
+            f"  '{field}/{op}/{by}': fields.aggregate('{field}', '{op}', '{by}', 'job=\"x\"'),\n"
+            for field in table().fields
+            for op, by in cases
+        )
+        + "}\n"
+    )
+    built = json.loads(_jsonnet.evaluate_snippet(str(MIXIN / "fields-test.jsonnet"), code))
+    assert built == {
+        f"{field}/{op}/{by}": fieldquery.aggregate(field, op, by, 'job="x"')
+        for field in table().fields
+        for op, by in cases
+    }
 
 
 def test_build_writes_the_three_outputs(default_build: Path) -> None:

@@ -20,8 +20,10 @@ import jsonschema
 import pytest
 import yaml
 
+from devkit import fieldquery
 from devkit.dashboard import alert_rules, record_rules, rule_groups
 from devkit.tools import load_script, run_tool
+from enricher.fieldtable import table
 
 from .schemas import PROMETHEUS_RULE_SCHEMA
 from .test_manifests import build
@@ -63,7 +65,8 @@ def test_promtool_unit_tests(promtool: str) -> None:
 def test_promtool_unit_tests_catch_a_changed_threshold(promtool: str, tmp_path: Path) -> None:
     """The unit tests are not decoration: a rule whose threshold moves fails them."""
     text = RULES.read_text()
-    old = "max by (cluster, node, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP) > 85"
+    temperature = fieldquery.read("gpu_temp").replace("{}", "")
+    old = f"max by (cluster, node, gpu, UUID, modelName) ({temperature}) > 85"
     assert text.count(old) == 1
     (tmp_path / RULES.name).write_text(text.replace(old, old.replace("> 85", "> 95")))
     for file in TEST_FILES:
@@ -71,6 +74,156 @@ def test_promtool_unit_tests_catch_a_changed_threshold(promtool: str, tmp_path: 
     proc = run_tool([promtool, "test", "rules", "dcgm-enricher.tests.yaml"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "GpuTemperatureHigh" in proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- every naming
+# The unit tests feed dcgm-exporter's fields under 4.8's names and units. Every record and alert
+# must answer the same under every later naming, on a fleet that has both, and on a node whose
+# exporter is upgraded while the rules run: the same tests, their input series renamed by the
+# field table (enricher/dcgm_fields.json) and their values converted to the new unit, with the
+# same expected samples and alerts.
+
+_TOKEN = re.compile(r"^(?P<a>[-+]?[^-+x_]+?)(?:(?P<op>[-+])(?P<b>[^x]+))?(?:x(?P<n>\d+))?$")
+
+
+def expand(values: str) -> list[float | str]:
+    """promtool's expanding notation as one entry per sample: a number, ``_`` (missing) or
+    ``stale`` (``'1+2x2 _x2 stale'`` -> ``[1, 3, 5, '_', '_', 'stale']``)."""
+    out: list[float | str] = []
+    for token in values.split():
+        if token == "stale" or token == "_":
+            out.append(token)
+        elif token.startswith("_x"):
+            out += ["_"] * int(token[2:])
+        else:
+            m = _TOKEN.match(token)
+            assert m, token
+            a, n = float(m["a"]), int(m["n"] or 0)
+            b = float(m["b"] or 0) * (-1 if m["op"] == "-" else 1)
+            out += [a + b * i for i in range(n + 1)]
+    return out
+
+
+def render(samples: list[float | str]) -> str:
+    return " ".join(
+        s if isinstance(s, str) else str(int(s)) if s == int(s) else repr(s) for s in samples
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "samples"),
+    [
+        ("78000x2", [78000, 78000, 78000]),
+        ("0+20x2 _x2 stale", [0, 20, 40, "_", "_", "stale"]),
+        ("0x1 79x1", [0, 0, 79, 79]),
+        ("4-1x2 _", [4, 3, 2, "_"]),
+        ("1e3", [1000]),
+    ],
+)
+def test_expand(text: str, samples: list[float | str]) -> None:
+    assert expand(text) == samples
+
+
+def renamed(series: str, naming: str) -> tuple[str, float] | None:
+    """``series`` (a promtool series text) under ``naming``'s name of its field and the factor
+    that takes its values there; None for a series that is no field of the table's."""
+    name, _, labels = series.partition("{")
+    old = table().lookup(name)
+    if old is None:
+        return None
+    new = table().field(old.field).by_naming[naming]
+    return f"{new.name}{{{labels}", old.scale / new.scale
+
+
+def convert(values: list[float | str], factor: float) -> list[float | str]:
+    return [v if isinstance(v, str) else v * factor for v in values]
+
+
+def in_naming(tests: dict[str, Any], naming: str, how: str) -> dict[str, Any]:
+    """The unit tests of ``tests`` that feed a field, with its series in ``naming``: ``every``
+    series, the ``mixed`` fleet's every other device (in order of appearance, so that each test
+    has devices of both), or every series ``upgraded`` half-way: its old name stale from the
+    middle sample on, its new name from there."""
+    out = copy.deepcopy(tests)
+    out["tests"] = [
+        case
+        for case in out["tests"]
+        if any(renamed(e["series"], naming) for e in case.get("input_series", []))
+    ]
+    for case in out["tests"]:
+        devices: dict[tuple[str, ...], int] = {}
+        series_out = []
+        for entry in case.get("input_series", []):
+            found = renamed(entry["series"], naming)
+            if found is None:
+                series_out.append(entry)
+                continue
+            new_series, factor = found
+            if new_series == entry["series"]:
+                series_out.append(entry)
+                continue
+            values = expand(entry["values"])
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', entry["series"]))
+            device = (labels.get("node", ""), labels.get("UUID", ""), labels.get("GPU_I_ID", ""))
+            if how == "every" or (how == "mixed" and devices.setdefault(device, len(devices)) % 2):
+                series_out.append({"series": new_series, "values": render(convert(values, factor))})
+            elif how == "mixed":
+                series_out.append(entry)
+            else:
+                mid = len(values) // 2
+                old_part = [*values[:mid], "stale"]
+                new_part = ["_"] * mid + convert(values[mid:], factor)
+                series_out.append({"series": entry["series"], "values": render(old_part)})
+                series_out.append({"series": new_series, "values": render(new_part)})
+        case["input_series"] = series_out
+    return out
+
+
+@pytest.mark.parametrize("how", ["every", "mixed", "upgraded"])
+@pytest.mark.parametrize("naming", table().namings[1:])
+def test_promtool_unit_tests_in_every_naming(
+    promtool: str, tmp_path: Path, naming: str, how: str
+) -> None:
+    """Every unit test passes with dcgm-exporter's fields in ``naming``'s names and units:
+    on every device, on a fleet of both namings, and across an upgrade."""
+    names = []
+    for file in TEST_FILES:
+        tests = yaml.safe_load(file.read_text())
+        tests["rule_files"] = [str(RULES)]
+        converted = in_naming(tests, naming, how)
+        if converted["tests"]:
+            (tmp_path / file.name).write_text(yaml.safe_dump(converted, sort_keys=False))
+            names.append(file.name)
+    assert names
+    proc = run_tool([promtool, "test", "rules", *names], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_naming_variants_rename_what_the_rules_read() -> None:
+    """The variants above test something: the unit tests feed every field the rules read,
+    and the newest naming renames and rescales the memory."""
+    tests = yaml.safe_load((RULES_DIR / "dcgm-enricher.tests.yaml").read_text())
+    fed = {
+        found.field
+        for case in tests["tests"]
+        for entry in case.get("input_series", [])
+        if (found := table().lookup(entry["series"].partition("{")[0]))
+    }
+    read = {
+        f
+        for f in table().fields
+        for rule in alert_rules() + record_rules()
+        if any(re.search(rf"\b{n}\b", rule["expr"]) for n in table().names(f))
+    }
+    assert read and read <= fed, read - fed
+    newest = in_naming(tests, table().namings[-1], "every")
+    used = [
+        e
+        for case in newest["tests"]
+        for e in case["input_series"]
+        if e["series"].startswith(table().name("fb_used", table().namings[-1]) + "{")
+    ]
+    assert used and all(float(expand(e["values"])[0]) >= 2**20 for e in used)
 
 
 def _alert_cases() -> dict[str, list[dict[str, Any]]]:

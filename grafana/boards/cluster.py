@@ -24,6 +24,7 @@ from .common import (
     _stat,
     _table,
     drill,
+    field,
     sel,
     with_links,
 )
@@ -40,8 +41,12 @@ def _nodes_with(expr: str, every: str) -> str:
     )
 
 
-def _dev(metric: str) -> str:
-    return sel(metric, '%(clusterLabel)s=~"$cluster"')
+CLUSTER_FILTER = '%(clusterLabel)s=~"$cluster"'
+
+
+def _dev(name: str) -> str:
+    """dcgm-exporter's field ``name`` (its SI unit) in the chosen clusters."""
+    return field(name, CLUSTER_FILTER)
 
 
 def _allocated_devices() -> str:
@@ -135,7 +140,7 @@ def rows() -> list[Row]:
             "Nodes with an XID",
             "Nodes where a GPU's last XID error is not 0 (docs/runbook.md#gpuxidcriticalerror); "
             "the node dashboard shows which GPU.",
-            _nodes_with(f"{_dev('DCGM_FI_DEV_XID_ERRORS')} > 0", _dev("DCGM_FI_DEV_XID_ERRORS")),
+            _nodes_with(f"{_dev('xid')} > 0", _dev("xid")),
             width=6,
         ),
         _stat(
@@ -143,9 +148,8 @@ def rows() -> list[Row]:
             "Nodes with a GPU that remapped rows after uncorrectable memory errors or failed "
             "to remap one.",
             _nodes_with(
-                f"{_dev('DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS')} > 0 or "
-                f"{_dev('DCGM_FI_DEV_ROW_REMAP_FAILURE')} > 0",
-                _dev("DCGM_FI_DEV_ROW_REMAP_FAILURE"),
+                f"{_dev('uncorrectable_remapped_rows')} > 0 or {_dev('row_remap_failure')} > 0",
+                _dev("row_remap_failure"),
             ),
             width=6,
         ),
@@ -153,7 +157,7 @@ def rows() -> list[Row]:
             "Nodes with tainted GPUs",
             "Nodes where NVIDIA's DRA driver taints a GPU or MIG device in its ResourceSlices "
             "(docs/runbook.md#gpudevicetainted).",
-            _nodes_with(_dev("gpu_device_taint"), _dev("DCGM_FI_DEV_GPU_TEMP")),
+            _nodes_with(sel("gpu_device_taint", CLUSTER_FILTER), _dev("gpu_temp")),
             width=6,
         ),
         _stat(

@@ -7,6 +7,11 @@ in) and Grafana's variables as $name. The filters name every variable any dashbo
 dashboard without one of them drops its matcher (``scoped``), which is what that variable on
 All (``.*``, matching an absent label too) would select: one query text serves every scope.
 
+dcgm-exporter's fields: every query reads one by meaning (``field("fb_used", ...)``), in its
+SI unit, under every name the field table (enricher/dcgm_fields.json) gives it, newest first,
+joined by ``or`` (devkit/fieldquery.py): each device answers in whichever naming its node's
+exporter writes, so a fleet in the middle of an upgrade shows one number in one unit.
+
 Pod label names: every query writes ``${label_prefix}namespace``, ``${label_prefix}pod`` and
 ``${label_prefix}container``. ``label_prefix`` is a dashboard text box: empty when Prometheus
 scrapes the enricher with ``honor_labels: true`` (every manifest here), ``exported_`` when it
@@ -14,6 +19,7 @@ scrapes with ``honor_labels: false`` and renamed the enricher's labels.
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +35,8 @@ from grafana_foundation_sdk.builders import (
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
+
+from devkit import fieldquery
 
 SCHEMA_VERSION = 39  # Grafana 11.0; newer Grafanas migrate it on load
 DS_JSON = {"type": "prometheus", "uid": "${datasource}"}
@@ -62,6 +70,16 @@ IDLE_MEMORY = "%(idleMemoryBytes)d"
 def sel(metric: str, *matchers: str) -> str:
     """A series selector; the mixin's _config.dcgmSelector comes first (an empty one vanishes)."""
     return metric + "{" + ", ".join((DCGM_SELECTOR, *matchers)) + "}"
+
+
+def field(
+    name: str, *matchers: str, over: Callable[[str], str] | None = None, summed: bool = False
+) -> str:
+    """dcgm-exporter's field ``name`` in its SI unit, whatever naming each node's exporter
+    writes: each of its names as a selector (the mixin's _config.dcgmSelector first), ``over``
+    wrapping each (a range function), joined by ``or``, or ``summed`` (a counter's rate:
+    devkit/fieldquery.py)."""
+    return fieldquery.read(name, DCGM_SELECTOR, *matchers, over=over, summed=summed)
 
 
 def owners(*extra: str) -> str:
@@ -105,8 +123,8 @@ def device_record(record: str) -> str:
 
 # Each pod's memory and SM use per device, with its owners (recorded: mixin/rules): the panels
 # that count pods or sum them by pod, namespace, workload or user read these instead of joining
-# the per-container series to gpu_pod_info at every step (22 to 73x sum(DCGM_FI_DEV_GPU_UTIL)
-# on 100 to 1,000 simulated nodes: docs/performance.md#a-fleet-on-one-prometheus).
+# the per-container series to gpu_pod_info at every step (22 to 73x the sum of the gpu_util
+# field on 100 to 1,000 simulated nodes: docs/performance.md#a-fleet-on-one-prometheus).
 MEM_REC = recorded("namespace_pod_device:gpu_container_memory_used_bytes:sum")
 UTIL_REC = recorded("namespace_pod_device:gpu_container_utilization_ratio:sum")
 MEM_DEV = sel("gpu_container_memory_used_bytes", *DEV_FILTER)
@@ -138,10 +156,11 @@ IDLE_SINCE = (
 # Pods, and containers, with a GPU process on each device (recorded: mixin/rules).
 PODS_PER_DEVICE = device_record("device:gpu_pods:count")
 CONTAINERS_PER_DEVICE = device_record("device:gpu_containers:count")
-MIG_FB_USED = sel("DCGM_FI_DEV_FB_USED", *DEV_FILTER, 'GPU_I_ID!=""')
+# Framebuffer memory in use, in bytes.
+MIG_FB_USED = field("fb_used", *DEV_FILTER, 'GPU_I_ID!=""')
 # MIG GPUs report memory per instance: count those, and the whole GPUs without instances.
 FB_USED_DEVICES = (
-    f"{MIG_FB_USED} or ({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER)} "
+    f"{MIG_FB_USED} or ({field('fb_used', *DEV_FILTER)} "
     f"unless on (%(clusterLabel)s, %(nodeLabel)s, gpu) {MIG_FB_USED})"
 )
 IN_USE_SHARE = (
@@ -159,8 +178,12 @@ POWER_ON_SHARED = record_sel(
 )
 
 
-def device(metric: str, agg: str = "max") -> str:
-    return f"{agg} by (%(clusterLabel)s, %(nodeLabel)s, gpu) ({sel(metric, *DEV_FILTER)})"
+def device(name: str, agg: str = "max", over: Callable[[str], str] | None = None) -> str:
+    """dcgm-exporter's field ``name`` per GPU (its SI unit), after the device filters: each
+    name aggregated, then scaled (devkit/fieldquery.aggregate)."""
+    return fieldquery.aggregate(
+        name, agg, "%(clusterLabel)s, %(nodeLabel)s, gpu", DCGM_SELECTOR, *DEV_FILTER, over=over
+    )
 
 
 # --------------------------------------------------------------------------- panels
@@ -313,8 +336,8 @@ POD_DEVICE = (
     f"%(clusterLabel)s, {NS}, {POD}, workload_kind, workload_name, %(nodeLabel)s, gpu, GPU_I_ID"
 )
 # The peak over the range: the record is already one series per pod and device with its
-# owners, so the peak of each is the peak of the sum, without a subquery (106x
-# sum(DCGM_FI_DEV_GPU_UTIL) on 100 simulated nodes with the join inside a subquery, 44x on 300
+# owners, so the peak of each is the peak of the sum, without a subquery (106x the range
+# baseline on 100 simulated nodes with the join inside a subquery, 44x on 300
 # with the join outside: bench/fleet.py, docs/performance.md#a-fleet-on-one-prometheus).
 PEAK_MEMORY_BY_POD_DEVICE = f"sum by ({POD_DEVICE}) (max_over_time({MEM_REC}[$__range]))"
 

@@ -15,6 +15,7 @@ from .common import (
     Target,
     _table,
     drill,
+    field,
     sel,
     with_links,
 )
@@ -58,7 +59,7 @@ def rows() -> list[Row]:
         [
             Target(
                 "max by (%(clusterLabel)s, %(nodeLabel)s, gpu, GPU_I_ID, GPU_I_PROFILE) "
-                f"({sel('DCGM_FI_DEV_FB_USED', *DEV_FILTER, MIG)}) * 1048576",
+                f"({field('fb_used', *DEV_FILTER, MIG)})",
                 table=True,
             )
         ],

@@ -51,6 +51,7 @@ from .common import (
     _table,
     device,
     device_record,
+    field,
     own_process,
     recorded,
     sel,
@@ -78,7 +79,7 @@ def rows() -> list[Row]:
                     "Physical GPUs that report metrics (dcgm-exporter), after the cluster, "
                     "node and GPU filters.",
                     f"count by (%(clusterLabel)s) (count by (%(clusterLabel)s, %(nodeLabel)s, gpu) "
-                    f"({sel('DCGM_FI_DEV_GPU_TEMP', *DEV_FILTER)}))",
+                    f"({field('gpu_temp', *DEV_FILTER)}))",
                 ),
                 _stat(
                     "GPUs in use",
@@ -96,7 +97,7 @@ def rows() -> list[Row]:
                     "Device memory in use on the selected GPUs (dcgm-exporter's framebuffer "
                     "counters; MIG GPUs counted per instance).",
                     # max by device: dcgm-exporter's vGPU mode repeats a device per pod.
-                    f"sum by (%(clusterLabel)s) (max by ({DEVICE}) ({FB_USED_DEVICES})) * 1048576",
+                    f"sum by (%(clusterLabel)s) (max by ({DEVICE}) ({FB_USED_DEVICES}))",
                     unit="bytes",
                 ),
                 _stat(
@@ -421,13 +422,13 @@ def rows() -> list[Row]:
                 _series(
                     "Temperature",
                     "GPU temperature; GpuTemperatureHigh fires above %(temperatureCelsius)g °C.",
-                    Target(device("DCGM_FI_DEV_GPU_TEMP"), DEV_LEGEND),
+                    Target(device("gpu_temp"), DEV_LEGEND),
                     unit="celsius",
                 ),
                 _series(
                     "Power",
                     "Power draw per GPU, in watts.",
-                    Target(device("DCGM_FI_DEV_POWER_USAGE"), DEV_LEGEND),
+                    Target(device("power"), DEV_LEGEND),
                     unit="watt",
                 ),
                 _series(
@@ -443,46 +444,38 @@ def rows() -> list[Row]:
                 _series(
                     "GPU utilization",
                     "dcgm-exporter's device utilization (the share of time a kernel ran).",
-                    Target(device("DCGM_FI_DEV_GPU_UTIL"), DEV_LEGEND),
-                    unit="percent",
+                    Target(device("gpu_util"), DEV_LEGEND),
+                    unit="percentunit",
                 ),
                 _series(
                     "Last XID",
                     "The last XID error code per GPU (0: none). Which codes are critical: "
                     "docs/runbook.md#gpuxidcriticalerror.",
-                    Target(device("DCGM_FI_DEV_XID_ERRORS"), DEV_LEGEND),
+                    Target(device("xid"), DEV_LEGEND),
                 ),
                 _series(
                     "Remapped memory rows",
                     "Rows remapped after uncorrectable and correctable memory errors, and "
                     "remap failures (any failure: replace the GPU).",
-                    Target(
-                        device("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
-                        DEV_LEGEND + " uncorrectable",
-                    ),
-                    Target(
-                        device("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
-                        DEV_LEGEND + " correctable",
-                    ),
-                    Target(device("DCGM_FI_DEV_ROW_REMAP_FAILURE"), DEV_LEGEND + " failure"),
+                    Target(device("uncorrectable_remapped_rows"), DEV_LEGEND + " uncorrectable"),
+                    Target(device("correctable_remapped_rows"), DEV_LEGEND + " correctable"),
+                    Target(device("row_remap_failure"), DEV_LEGEND + " failure"),
                 ),
                 _series(
                     "Fabric health",
                     "NVML's fabric health summary of GPUs on an NVLink fabric (NVSwitch "
-                    "systems, Hopper and later), where dcgm-exporter collects the opt-in "
-                    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY: 0 not supported, 1 healthy, 2 unhealthy, "
+                    "systems, Hopper and later), where dcgm-exporter collects its opt-in fabric "
+                    "health summary field: 0 not supported, 1 healthy, 2 unhealthy, "
                     "3 limited capacity. GpuFabricUnhealthy fires from 2 "
                     "(docs/runbook.md#gpufabricunhealthy).",
-                    Target(device("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"), DEV_LEGEND),
+                    Target(device("fabric_health"), DEV_LEGEND),
                 ),
                 _series(
                     "PCIe replays",
                     "PCIe transfers the link had to retry, per second; GpuPcieReplaysHigh "
                     "fires above 8 a minute.",
                     Target(
-                        "sum by (%(clusterLabel)s, %(nodeLabel)s, gpu) (rate("
-                        f"{sel('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', *DEV_FILTER)}"
-                        "[$__rate_interval]))",
+                        device("pcie_replay", "sum", over=lambda s: f"rate({s}[$__rate_interval])"),
                         DEV_LEGEND,
                     ),
                     unit="cps",
@@ -491,9 +484,9 @@ def rows() -> list[Row]:
                     "Clocks",
                     "SM and memory clocks: an SM clock far under its peers' while busy means "
                     "thermal or power throttling.",
-                    Target(device("DCGM_FI_DEV_SM_CLOCK"), DEV_LEGEND + " SM"),
-                    Target(device("DCGM_FI_DEV_MEM_CLOCK"), DEV_LEGEND + " memory"),
-                    unit="rotmhz",
+                    Target(device("sm_clock"), DEV_LEGEND + " SM"),
+                    Target(device("mem_clock"), DEV_LEGEND + " memory"),
+                    unit="hertz",
                 ),
                 _table(
                     "DRA device taints",

@@ -99,26 +99,24 @@ def rows() -> list[Row]:
             "Temperature of its GPUs",
             "The temperature of each GPU the pod uses or holds; GpuTemperatureHigh fires "
             "above %(temperatureCelsius)g °C.",
-            Target(_on_pod_devices(device("DCGM_FI_DEV_GPU_TEMP")), DEV_LEGEND),
+            Target(_on_pod_devices(device("gpu_temp")), DEV_LEGEND),
             unit="celsius",
         ),
         _series(
             "Last XID of its GPUs",
             "The last XID error code of each GPU the pod uses or holds (0: none; "
             "docs/runbook.md#gpuxidcriticalerror).",
-            Target(_on_pod_devices(device("DCGM_FI_DEV_XID_ERRORS")), DEV_LEGEND),
+            Target(_on_pod_devices(device("xid")), DEV_LEGEND),
         ),
         _series(
             "Remapped rows of its GPUs",
             "Rows remapped after uncorrectable memory errors, and remap failures, on the GPUs "
             "the pod uses or holds (any failure: replace the GPU).",
             Target(
-                _on_pod_devices(device("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")),
+                _on_pod_devices(device("uncorrectable_remapped_rows")),
                 DEV_LEGEND + " uncorrectable",
             ),
-            Target(
-                _on_pod_devices(device("DCGM_FI_DEV_ROW_REMAP_FAILURE")), DEV_LEGEND + " failure"
-            ),
+            Target(_on_pod_devices(device("row_remap_failure")), DEV_LEGEND + " failure"),
         ),
     ]
     return [Row("Containers on devices", containers), Row("Its devices' health", health)]

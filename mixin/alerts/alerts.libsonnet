@@ -1,5 +1,12 @@
+local fields = import '../lib/fields.libsonnet';
 local utils = import '../lib/utils.libsonnet';
 local oneLine = utils.oneLine;
+
+// The XID codes that need action on the node (drain, GPU reset, reboot or RMA): 48 double-bit
+// ECC, 61/62 micro-controller breakpoint/halt, 63/64 row-remapping event/failure, 74 NVLink,
+// 79 fallen off the bus, 92 high single-bit ECC rate, 95 uncontained ECC, 119/120 GSP,
+// 140 unrecovered ECC. GpuXidCriticalError fires on them, GpuXidError on the others.
+local criticalXids = [48, 61, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140];
 
 {
   prometheusAlerts+:: {
@@ -119,15 +126,22 @@ local oneLine = utils.oneLine;
         name: 'dcgm-enricher.memory',
         rules: [
           {
+            // Used and free in bytes, whichever naming each node's dcgm-exporter writes.
             alert: 'GpuMemoryNearlyFull',
             expr: |||
-              DCGM_FI_DEV_FB_USED{%(dcgmSelector)s, vgpu=""}
+              %(deviceFbUsed)s
               / on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) group_left ()
               (
-                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
-                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
+                %(fbUsed)s
+                + %(fbFree)s
               ) > %(memoryNearlyFullRatio)g
-            ||| % $._config,
+            ||| % ($._config {
+              local device = '%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID' % $._config,
+              deviceFbUsed: fields.read('fb_used', '%s, vgpu=""' % $._config.dcgmSelector),
+              // Each name aggregated per device, then scaled (fields.aggregate).
+              fbUsed: fields.aggregate('fb_used', 'max', device, $._config.dcgmSelector),
+              fbFree: fields.aggregate('fb_free', 'max', device, $._config.dcgmSelector),
+            }),
             'for': '15m',
             labels: { severity: 'warning' },
             annotations: {
@@ -169,20 +183,13 @@ local oneLine = utils.oneLine;
         name: 'dcgm-enricher.hardware',
         rules: [
           {
-            // DCGM_FI_DEV_XID_ERRORS holds the last XID the driver reported on the GPU. Critical:
-            // the codes that need action on the node (drain, GPU reset, reboot or RMA): 48 double-bit
-            // ECC, 61/62 micro-controller breakpoint/halt, 63/64 row-remapping event/failure,
-            // 74 NVLink, 79 fallen off the bus, 92 high single-bit ECC rate, 95 uncontained ECC,
-            // 119/120 GSP, 140 unrecovered ECC. Keep the list the same in both alerts.
+            // The xid field holds the last XID the driver reported on the GPU; the critical
+            // codes are criticalXids (above).
             alert: 'GpuXidCriticalError',
-            expr: |||
-              DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 48 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 61
-              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 62 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 63
-              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 64 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 74
-              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 79 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 92
-              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 95 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 119
-              or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 120 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 140
-            ||| % $._config,
+            expr: std.join('\nor ', [
+              '%s == %d' % [fields.read('xid', $._config.dcgmSelector), code]
+              for code in criticalXids
+            ]) + '\n',
             'for': '0m',
             labels: { severity: 'critical' },
             annotations: {
@@ -200,17 +207,17 @@ local oneLine = utils.oneLine;
             // same code does not change it.
             alert: 'GpuXidError',
             expr: |||
-              (DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} > 0 and changes(DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s}[15m]) > 0)
+              (%(xid)s > 0 and %(xidChanges)s > 0)
               unless
               (
-                DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 48 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 61
-                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 62 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 63
-                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 64 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 74
-                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 79 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 92
-                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 95 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 119
-                or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 120 or DCGM_FI_DEV_XID_ERRORS{%(dcgmSelector)s} == 140
+                %(critical)s
               )
-            ||| % $._config,
+            ||| % {
+              xid: fields.read('xid', $._config.dcgmSelector),
+              // changes() counts: no scale; a GPU upgraded within the range changed under each name.
+              xidChanges: fields.read('xid', $._config.dcgmSelector, function(s) 'changes(%s[15m])' % s, unitless=true, summed=true),
+              critical: std.join('\n  or ', ['%s == %d' % [self.xid, code] for code in criticalXids]),
+            },
             'for': '0m',
             labels: { severity: 'warning' },
             annotations: {
@@ -226,8 +233,8 @@ local oneLine = utils.oneLine;
           {
             alert: 'GpuTemperatureHigh',
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}) > %(temperatureCelsius)g
-            ||| % $._config,
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (%(temp)s) > %(temperatureCelsius)g
+            ||| % ($._config { temp: fields.read('gpu_temp', $._config.dcgmSelector) }),
             'for': '10m',
             labels: { severity: 'warning' },
             annotations: {
@@ -242,8 +249,8 @@ local oneLine = utils.oneLine;
           {
             alert: 'GpuRowRemapFailure',
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (DCGM_FI_DEV_ROW_REMAP_FAILURE{%(dcgmSelector)s}) > 0
-            ||| % $._config,
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (%(failure)s) > 0
+            ||| % ($._config { failure: fields.read('row_remap_failure', $._config.dcgmSelector) }),
             'for': '0m',
             labels: { severity: 'critical' },
             annotations: {
@@ -256,12 +263,12 @@ local oneLine = utils.oneLine;
             },
           },
           {
-            // DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY (opt-in in dcgm-exporter 4.8.4's counters) is
-            // NVML's healthSummary: 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity.
+            // The fabric_health field (opt-in in dcgm-exporter 4.8.4's counters) is NVML's
+            // healthSummary: 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity.
             alert: 'GpuFabricUnhealthy',
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY{%(dcgmSelector)s}) >= 2
-            ||| % $._config,
+              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (%(health)s) >= 2
+            ||| % ($._config { health: fields.read('fabric_health', $._config.dcgmSelector) }),
             'for': '5m',
             labels: { severity: 'critical' },
             annotations: {
@@ -278,9 +285,11 @@ local oneLine = utils.oneLine;
             alert: 'GpuUncorrectableRemappedRows',
             expr: |||
               sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (
-                increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{%(dcgmSelector)s}[1h])
+                %(remapped)s
               ) > 0
-            ||| % $._config,
+            ||| % ($._config {
+              remapped: fields.read('uncorrectable_remapped_rows', $._config.dcgmSelector, function(s) 'increase(%s[1h])' % s, summed=true),
+            }),
             'for': '0m',
             labels: { severity: 'warning' },
             annotations: {
@@ -296,9 +305,11 @@ local oneLine = utils.oneLine;
             alert: 'GpuPcieReplaysHigh',
             expr: |||
               sum by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (
-                rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{%(dcgmSelector)s}[10m])
+                %(replays)s
               ) * 60 > 8
-            ||| % $._config,
+            ||| % ($._config {
+              replays: fields.read('pcie_replay', $._config.dcgmSelector, function(s) 'rate(%s[10m])' % s, summed=true),
+            }),
             'for': '15m',
             labels: { severity: 'warning' },
             annotations: {
@@ -317,12 +328,16 @@ local oneLine = utils.oneLine;
             expr: |||
               (
                 count by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, modelName) (
-                  last_over_time(DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}[6h])
+                  %(seen)s
                 )
-                unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID) DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s}
+                unless on (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID) %(temp)s
               )
-              and on (%(clusterLabel)s, %(nodeLabel)s) count by (%(clusterLabel)s, %(nodeLabel)s) (DCGM_FI_DEV_GPU_TEMP{%(dcgmSelector)s})
-            ||| % $._config,
+              and on (%(clusterLabel)s, %(nodeLabel)s) count by (%(clusterLabel)s, %(nodeLabel)s) (%(temp)s)
+            ||| % ($._config {
+              // A GPU that moved to another naming (its node's exporter upgraded) still reports.
+              seen: fields.read('gpu_temp', $._config.dcgmSelector, function(s) 'last_over_time(%s[6h])' % s),
+              temp: fields.read('gpu_temp', $._config.dcgmSelector),
+            }),
             'for': '10m',
             labels: { severity: 'critical' },
             annotations: {

@@ -1,3 +1,4 @@
+local fields = import '../lib/fields.libsonnet';
 local utils = import '../lib/utils.libsonnet';
 local oneLine = utils.oneLine;
 
@@ -287,14 +288,20 @@ local oneLine = utils.oneLine;
           },
           {
             // The share of each GPU's (or MIG instance's) memory in use: "Device memory used".
+            // Used and free in bytes, whichever naming each node's dcgm-exporter writes.
             record: 'device:gpu_memory_used:ratio',
+            // Each name aggregated per device, then scaled (fields.aggregate).
             expr: |||
-              max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
+              %(used)s
               / (
-                max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{%(dcgmSelector)s})
-                + max by (%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_FREE{%(dcgmSelector)s})
+                %(used)s
+                + %(free)s
               )
-            ||| % $._config,
+            ||| % {
+              local device = '%(clusterLabel)s, %(nodeLabel)s, gpu, UUID, GPU_I_ID' % $._config,
+              used: fields.aggregate('fb_used', 'max', device, $._config.dcgmSelector),
+              free: fields.aggregate('fb_free', 'max', device, $._config.dcgmSelector),
+            },
           },
         ],
       },
