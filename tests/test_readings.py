@@ -162,8 +162,24 @@ def test_ratios_never_read_above_one() -> None:
     assert r.devices[(U0, "")]["gr_engine_active"] == 1.0
 
 
-def test_family_names_are_bounded_and_ordered() -> None:
-    assert family_names("# TYPE a gauge\n# HELP b x\n# TYPE b counter\nb 1\n") == ["a", "b"]
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        pytest.param("# TYPE a gauge\n# HELP b x\n# TYPE b counter\nb 1\n", ["a", "b"], id="order"),
+        pytest.param("", [], id="empty"),
+        pytest.param("# TYPE a gauge", ["a"], id="no-newline"),
+        pytest.param("x 1\n# TYPE b\tcounter\n# TYPE  \n# TYPE c", ["b", "c"], id="tab-blank"),
+        pytest.param("## TYPE z gauge\n# TYPEX y\nq # TYPE w gauge\n", [], id="not-type-lines"),
+    ],
+)
+def test_family_names_are_the_type_lines(text: str, names: list[str]) -> None:
+    assert family_names(text) == names
+
+
+def test_family_names_are_bounded() -> None:
+    from enricher.readings import MAX_FAMILIES
+
+    assert len(family_names("# TYPE a gauge\n" * (MAX_FAMILIES + 5))) == MAX_FAMILIES
 
 
 # --------------------------------------------------------------------------- the table
