@@ -90,6 +90,7 @@ class Assembler:
         # What the last body said of dcgm-exporter's contract (its naming, unknown and missing
         # fields): logged when it changes, served as dcgm_enricher_upstream_*.
         self.contract = Contract()
+        self._contract_shape = 0  # the rewrite's shape of the body it was read from
         self.newest: CollectionBody | None = None
         # Upstream bodies that differed from the one before: dcgm-exporter's collections as
         # seen here (with upstream_requests_total, the upstream's load per collection).
@@ -175,7 +176,16 @@ class Assembler:
         listed process holds (enricher.memory), and the upstream's power readings."""
         readings = UpstreamReadings()
         if rewritten is not None and text:
-            readings = read_upstream(text, rewritten.watched, self._line_devices)
+            # A text of the same shape as the last one read (the rewrite's template vouches
+            # for it) declares the same families: its contract is the last one's.
+            same = rewritten.shape != 0 and rewritten.shape == self._contract_shape
+            readings = read_upstream(
+                text,
+                rewritten.watched,
+                self._line_devices,
+                contract=self.contract if same else None,
+            )
+            self._contract_shape = rewritten.shape
             self._note_contract(readings.contract)
         memory = device_memory(readings)
         return Collection(

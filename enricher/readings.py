@@ -20,6 +20,7 @@ never summed, and never read over the device's own series.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -128,39 +129,62 @@ def recognise(names: Iterable[str], fields: FieldTable | None = None) -> Contrac
     return Contract(naming, known, unknown, missing)
 
 
+@functools.lru_cache(maxsize=4)
+def _readers(fields: FieldTable) -> dict[str, tuple[str, float, bool]]:
+    """Each watched name's field, scale to SI and whether it is a ratio (capped at 1)."""
+    out = {}
+    for name in fields.all_names(READ_FIELDS):
+        fn = fields.lookup(name)
+        if fn is not None:
+            out[name] = (fn.field, fn.scale, fn.si == "ratio")
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _recognised(names: tuple[str, ...], fields: FieldTable) -> Contract:
+    return recognise(names, fields)
+
+
 def read_upstream(
     text: str,
     lines: Sequence[WatchedLine],
     memo: SeriesDevices | None = None,
     fields: FieldTable | None = None,
+    contract: Contract | None = None,
 ) -> UpstreamReadings:
     """The readings of one body: ``text`` (for its family names) and its sample lines of
     ``WATCH_NAMES`` (``RewriteResult.watched``; other names are skipped). A line that is not
     valid exposition, names no GPU or carries a non-finite or negative value is skipped;
     ratios above 1 are read as 1. ``memo``: the caller's memo of the lines' series
-    (``upstreamlines.watched_samples``)."""
+    (``upstreamlines.watched_samples``). ``contract``: what a body with the same families
+    said (the caller knows it is the same: ``RewriteResult.shape``), not worked out again."""
     t = fields or table()
+    readers = _readers(t)
     devices: dict[DeviceKey, dict[str, float]] = {}
     own: set[tuple[DeviceKey, str]] = set()  # (device, field) read from the device's own series
-    for name, key, value, names_pod in watched_samples(lines, WATCH_NAMES, memo):
-        fn = t.lookup(name)
-        if fn is None:
-            continue
+    for name, key, value, names_pod in watched_samples(lines, readers, memo):
+        field_name, scale, ratio = readers[name]
         values = devices.get(key)
         if values is None:
             if len(devices) >= MAX_UPSTREAM_DEVICES:
                 continue
             values = devices[key] = {}
-        if (key, fn.field) in own or (names_pod and fn.field in values):
+        if names_pod:
+            if field_name in values:
+                continue  # a copy never reads over the device's own series, or another copy
+        elif (key, field_name) in own:
             continue
-        si = fn.to_si(value)
-        values[fn.field] = min(si, 1.0) if fn.si == "ratio" else si
-        if not names_pod:
-            own.add((key, fn.field))
+        else:
+            own.add((key, field_name))
+        si = value * scale if scale != 1 else value
+        values[field_name] = min(si, 1.0) if ratio else si
+    if contract is not None:
+        return UpstreamReadings(devices, contract)
     names = family_names(text)
     if not names:  # a body without TYPE lines: its watched names at least
         names = [name for name, _, _ in lines]
-    return UpstreamReadings(devices, recognise(names, t))
+    # A body's families change with the exporter's configuration, not its values.
+    return UpstreamReadings(devices, _recognised(tuple(names), t))
 
 
 def read_body(text: str, fields: FieldTable | None = None) -> UpstreamReadings:

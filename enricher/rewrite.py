@@ -10,6 +10,7 @@ work through a template (see Rewriter). What a label block becomes is ``labels.r
 
 from __future__ import annotations
 
+import itertools
 import operator
 import re
 from collections.abc import Callable, Iterable
@@ -56,6 +57,10 @@ class RewriteResult:
     # order, names in watch order, split (textformat.WatchedLine): what a reader of those
     # families needs, without searching the whole text again.
     watched: tuple[WatchedLine, ...] = ()
+    # The same number on every result whose input has the same lines as the one the template
+    # was built from but for the values (the template's proof obligation), so the families it
+    # declares are the same; 0 where no template vouches for that.
+    shape: int = 0
 
 
 @dataclass(slots=True)
@@ -128,6 +133,7 @@ class _Template:
     # line is (name, head, tail) as it is. The heads are the same strings on every apply.
     watch_parts: list[tuple[str, str, str, int]] = field(default_factory=list)
     hits: int = 0
+    shape: int = 0  # numbers the template (RewriteResult.shape)
 
     def apply(self, text: str, plan: RewritePlan) -> RewriteResult | None:
         """The rewrite of ``text``, or None when ``text`` does not fit this template.
@@ -162,6 +168,7 @@ class _Template:
                 (name, head, tail + values[slot] if slot >= 0 else tail)
                 for name, head, tail, slot in self.watch_parts
             ),
+            shape=self.shape,
         )
 
 
@@ -176,6 +183,7 @@ def _copy_result(result: RewriteResult, fast: bool) -> RewriteResult:
         dropped_reserved=result.dropped_reserved,
         fast=fast,
         watched=result.watched,
+        shape=result.shape,
     )
 
 
@@ -336,6 +344,7 @@ class Rewriter:
         self.slow_rewrites = 0  # line by line
         self.repeated_rewrites = 0  # the same text and plan as the previous call
         self.templates_built = 0
+        self._shapes = itertools.count(1)
 
     def _parse(self, block: str) -> tuple[list[tuple[str, str]], DeviceKey | None] | None:
         hit = self._parsed.get(block, False)
@@ -409,6 +418,9 @@ class Rewriter:
                     self._template = _build_template(
                         text, plan, result, out_lines, out_sources, spans
                     )
+                    if self._template is not None:
+                        self._template.shape = next(self._shapes)
+                        result.shape = self._template.shape
         if self._templates:
             self._last = (text, plan, result)
             return _copy_result(result, fast=result.fast)

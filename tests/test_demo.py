@@ -91,8 +91,9 @@ def field_by_device(text: str, field: str, version: str, unit: float) -> dict[De
     return dict(out)
 
 
-# The demo's default release, and the newest (memory in bytes, utilization as a ratio).
-VERSIONS = [NEWEST, "4.10.0"]
+# The last release of the 4.8 naming (memory in MiB, utilization in percent), and the demo's
+# default, the newest (memory in bytes, utilization as a ratio).
+VERSIONS = ["4.8.4", NEWEST]
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -9,6 +9,7 @@ full-stack tests, promtool. The full stack runs over the fake libnvidia-ml (no G
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import payloads
 from devkit.nvmlfake import FakeNvml, FakeNvmlState, nvml_state_of
 from enricher.attribution import REASON_HOST, REASON_MPS_SERVER, AllocatedDevice, Attribution
+from enricher.fieldtable import table
 from enricher.idle import LAST_ACTIVE
 from enricher.labels import RewritePlan
 from enricher.model import GpuDevice, GpuProcess, GpuSnapshot, MigDevice, PodInfo, PowerReading
@@ -796,3 +798,57 @@ def test_the_rewrites_watched_lines_give_the_whole_bodys_power() -> None:
             assert whole.power_watts and upstream_power(read_upstream(text, got.watched)) == whole
             assert got.watched == tuple(watched_lines(text, WATCH_NAMES))
         assert fast == [False, True, True]
+
+
+def named_upstream_text(naming: str, watts: float, joules: float, energy: str = "") -> str:
+    """The power node's body as a release of ``naming`` writes it: each field under that
+    naming's name (the field table), in its unit (4.8: mJ; 4.9 on: J). ``energy``: another
+    name for the energy field (a release the table does not know)."""
+    t = table()
+    power_name = t.name("power", naming)
+    energy_fn = t.field("energy").by_naming[naming]
+    energy_name = energy or energy_fn.name
+    lines = [f"# TYPE {power_name} gauge", f"# TYPE {energy_name} counter"]
+    for gpu, w, j in ((SHARED_GPU, watts, joules), (IDLE_GPU, 60.0, 7_000.0)):
+        labels = (
+            f'gpu="{gpu.index}",UUID="{gpu.uuid}",device="nvidia{gpu.index}",'
+            f'modelName="{gpu.name}",hostname="exporter"'
+        )
+        lines.append(f"{power_name}{{{labels}}} {w}")
+        lines.append(f"{energy_name}{{{labels}}} {round(j / energy_fn.scale)}")
+    return "\n".join(lines) + "\n"
+
+
+async def test_a_node_upgraded_between_two_collections_keeps_counting(
+    full_stack: MakeStack, fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """dcgm-exporter goes from 4.8.4 to 4.10.0 between two collections: the power split goes
+    on, the energy counter read in joules on both sides adds the increase across the rename
+    (the same counter under another name and unit), and the naming the enricher reports
+    follows. A later release that renames the energy field again is reported, not guessed."""
+    body = {"text": named_upstream_text("4.8", 400.0, 1_000.0)}
+    node = await start(full_stack, lambda: body["text"], nvml_at(2_000))
+    caplog.set_level(logging.INFO, logger="enricher")
+    text = await node.scrape()
+    assert values(text, POWER) == {("0", "chat-0", ""): 300.0, ("0", "embed-0", ""): 100.0}
+    assert 'dcgm_enricher_upstream_naming_info{naming="4.8"' in text
+    body["text"] = named_upstream_text("4.10", 400.0, 1_004.0)  # 4 J later, in J
+    fake_nvml.write(nvml_at(3_000))
+    text = await node.scrape()
+    assert values(text, POWER) == {("0", "chat-0", ""): 300.0, ("0", "embed-0", ""): 100.0}
+    assert values(text, ENERGY) == {("0", "chat-0", ""): 3.0, ("0", "embed-0", ""): 1.0}
+    assert 'dcgm_enricher_upstream_naming_info{naming="4.9"' in text
+    assert "naming changed from 4.8 to 4.9" in caplog.text
+    # The next release renames the energy field: no energy is counted on a guess.
+    body["text"] = named_upstream_text("4.10", 400.0, 1_008.0, energy="DCGM_FI_DEV_ENERGY_J")
+    fake_nvml.write(nvml_at(4_000))
+    text = await node.scrape()
+    assert 'dcgm_enricher_upstream_field_missing{field="energy",node="power-node"} 1.0' in text
+    assert 'dcgm_enricher_upstream_fields{node="power-node",table="unknown"} 1.0' in text
+    assert "DCGM_FI_DEV_ENERGY_J{" in text  # passed through untouched
+    # One warning per change of what is missing: this body has no memory or utilization field
+    # at all (the first warning, at the first collection), then lost its energy too.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "energy" not in warnings[0] and "energy" in warnings[1]
+    await node.scrape()  # the same body again: no more warnings
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2

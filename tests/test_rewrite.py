@@ -1118,3 +1118,19 @@ def test_relabel_corners(
     plan = RewritePlan(owners={(UUID_A, ""): owner}, pod_labels=pod_labels)
     out = dict(relabel(pairs, device_key(pairs), plan))
     assert {name: out.get(name) for name in expected} == expected
+
+
+def test_a_shape_is_shared_only_by_texts_that_differ_in_values() -> None:
+    """RewriteResult.shape: the readers keep what a body's families said while the template
+    serves (the same lines but for the values); a text with other lines gets another."""
+    rw = Rewriter()
+    a = '# TYPE m gauge\nm{UUID="GPU-1"} 1\n'
+    first = rw.rewrite(a, RewritePlan())
+    assert first.shape != 0 and not first.fast  # line by line, and a template built from it
+    again = rw.rewrite(a.replace(" 1\n", " 2\n"), RewritePlan())
+    assert again.fast and again.shape == first.shape
+    repeated = rw.rewrite(a.replace(" 1\n", " 2\n"), RewritePlan())
+    assert repeated.shape == first.shape
+    other = rw.rewrite(a + "# TYPE n gauge\nn 3\n", RewritePlan())
+    assert not other.fast and other.shape not in (0, first.shape)
+    assert Rewriter(templates=False).rewrite(a, RewritePlan()).shape == 0

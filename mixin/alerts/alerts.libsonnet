@@ -490,6 +490,28 @@ local criticalXids = [48, 61, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140];
             },
           },
           {
+            // A field the enricher needs that the upstream's body has under no name the field
+            // table knows: the next release renamed it again, or a counters file leaves it out.
+            // The enricher reports it (dcgm_enricher_upstream_field_missing) and guesses nothing.
+            alert: 'GpuEnricherUpstreamFieldMissing',
+            expr: |||
+              max by (%(clusterLabel)s, %(nodeLabel)s, field) (
+                dcgm_enricher_upstream_field_missing{%(dcgmSelector)s}
+              ) == 1
+            ||| % $._config,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: "dcgm-exporter's body lacks a field the enricher reads.",
+              description: oneLine(|||
+                The dcgm-exporter on {{ $labels.%(nodeLabel)s }} has written no {{ $labels.field }}
+                under any name the enricher's field table knows for 15 minutes: a release that
+                renamed it again, or a counters file without it. The panels, rules and splits that
+                read it have no data there. Runbook: docs/runbook.md#gpuenricherupstreamfieldmissing.
+              ||| % $._config),
+            },
+          },
+          {
             // Both series come from the enricher's own target; only enrichers that know their
             // limit write dcgm_enricher_memory_limit_bytes, so other targets' process_* stay out.
             alert: 'GpuEnricherMemoryNearLimit',
