@@ -19,12 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from enricher import demo
 from enricher.bridge import Bridge, convert_value, naming_of_setting
 from enricher.fieldtable import parse_table, table
 from enricher.labels import RewritePlan
 from enricher.rewrite import Rewriter
 from enricher.textformat import valid_float
 
+from .frozendemo import T0
 from .harness import MakeStack
 from .promcheck import check_metrics_batch
 
@@ -236,14 +238,33 @@ def test_a_series_without_labels() -> None:
 # ------------------------------------------------------------------------- HELP and TYPE
 
 
+def help_of(field: str, naming: str) -> str:
+    """The HELP text the bridge writes: the table's for that name, else its meaning and unit."""
+    fn = T.field(field).by_naming[naming]
+    return fn.help or f"{T.field(field).meaning} (in {fn.unit})."
+
+
 def test_help_and_type_come_from_the_table() -> None:
     out = bridged(one_sample("fb_used", "4.10", "1") + one_sample("energy", "4.10", "1"), "4.8")
-    fb, energy = T.field("fb_used"), T.field("energy")
-    assert f"# HELP {T.name('fb_used', '4.8')} {fb.meaning} (in MiB).\n" in out
+    assert f"# HELP {T.name('fb_used', '4.8')} {help_of('fb_used', '4.8')}\n" in out
     assert f"# TYPE {T.name('fb_used', '4.8')} gauge\n" in out
-    assert f"# HELP {T.name('energy', '4.8')} {energy.meaning} (in mJ).\n" in out
+    assert f"# HELP {T.name('energy', '4.8')} {help_of('energy', '4.8')}\n" in out
     assert f"# TYPE {T.name('energy', '4.8')} counter\n" in out
     assert "as the exporter writes it" not in out
+    # Without a text in the table: the field's meaning and the name's unit.
+    bare = parse_table(json.dumps(_without_help()))
+    out = Bridge("4.8", bare).apply(rewritten(one_sample("fb_used", "4.10", "1")))
+    assert f"# HELP {T.name('fb_used', '4.8')} {T.field('fb_used').meaning} (in MiB).\n" in out
+
+
+def _without_help() -> dict[str, Any]:
+    from importlib import resources
+
+    raw = json.loads(resources.files("enricher").joinpath("dcgm_fields.json").read_text())
+    for row in raw["fields"]:
+        for entry in row["names"].values():
+            entry.pop("help", None)
+    return dict(raw)
 
 
 def test_a_help_text_in_the_table_wins() -> None:
@@ -274,7 +295,7 @@ def test_a_family_without_samples_keeps_its_header_under_the_new_name() -> None:
     name, new = T.name("fb_used", "4.10"), T.name("fb_used", "4.8")
     out = Bridge("4.8").apply(f"# HELP {name} x\n# TYPE {name} gauge\nother 1\n")
     assert out.splitlines() == [
-        f"# HELP {new} {T.field('fb_used').meaning} (in MiB).",
+        f"# HELP {new} {help_of('fb_used', '4.8')}",
         f"# TYPE {new} gauge",
         "other 1",
     ]
@@ -579,3 +600,33 @@ async def test_a_410_body_bridged_to_48_is_the_48_body_of_the_same_readings(
     # Off (the default): every name as it came.
     served = await plain.scrape()
     assert T.name("fb_used", "4.10") in served and f"{T.name('fb_used', '4.8')}{{" not in served
+
+
+@pytest.mark.parametrize("virtual", [False, True], ids=["kubernetes", "virtual-gpus"])
+def test_the_simulated_410_body_bridged_is_the_484_body_of_the_same_readings(
+    virtual: bool,
+) -> None:
+    """The demo's exporter at one instant, as 4.10.0 writes it and as 4.8.4 does (the same
+    GPUs, processes and pods): through the bridge at 4.8, every family and series of the 4.8.4
+    body, with its values within the exporter's rounding (whole MiB and whole percent; 4.8.4
+    writes power in its shortest form). What 4.8.4 does not write (the driver label, the fields
+    it never collected: FB capacity, the PCIe rates) is the only difference."""
+    t = demo.collected_at(T0, demo.UPSTREAM_COLLECT_INTERVAL)
+    gpus = demo.demo_gpus(lambda: T0)
+    old = samples(rewritten(demo.render_upstream(gpus, t, "4.8.4", virtual)))
+    new = samples(bridged(demo.render_upstream(gpus, t, "4.10.0", virtual), "4.8"))
+    never_in_48 = {T.name(f, "4.10") for f in T.fields if T.name(f, "4.8") is None} | {
+        T.name(f, "4.8") for f in ("pcie_tx_rate", "pcie_rx_rate")
+    }
+    new = {
+        (name, tuple((k, v) for k, v in labels if k not in (DRIVER_48, DRIVER_49))): v
+        for (name, labels), v in new.items()
+        if name not in never_in_48
+    }
+    assert set(new) == set(old)
+    differ = {
+        k: (old[k], new[k])
+        for k in old
+        if not math.isclose(old[k], new[k], rel_tol=1e-6, abs_tol=1.0)
+    }
+    assert not differ, differ

@@ -17,9 +17,11 @@ from devkit.nvmlfake import FakeNvml, FakeNvmlState
 from enricher.cli import build_parser, env_name, parse_config
 from enricher.commands import ps, render_ps_table, resolve
 from enricher.config import Config
+from enricher.fieldtable import table
 from enricher.model import PodInfo
 from enricher.simnode import fakeproc
 from enricher.simnode.api import StaticPods, make_pod
+from enricher.simnode.dialects import NEWEST
 
 from .conftest import ROOT
 from .harness import cli, demo_process
@@ -128,7 +130,9 @@ def test_demo_serves_enriched_metrics(tmp_path: Path) -> None:
             text = r.read().decode()
         assert text, "demo did not serve /metrics"
         fams = {f.name: f for f in text_string_to_metric_families(text)}
-        util = [s.labels for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples]
+        # The demo's exporter speaks the newest release: the field by its name there.
+        naming = table().naming_of_release(NEWEST)
+        util = [s.labels for s in fams[str(table().name("gpu_util", naming))].samples]
         # The Jupyter pod never requested a GPU: dcgm-exporter alone leaves it unnamed.
         assert any(lbl.get("pod") == "jupyter-alice" for lbl in util)
         # The time-sliced GPU is shared: no single pod is named on its device series.
@@ -181,7 +185,7 @@ def test_demo_serves_enriched_metrics(tmp_path: Path) -> None:
         # The MIG instance's own series name the claim's pod.
         mig_fb = [
             lbl
-            for lbl in (s.labels for s in fams["DCGM_FI_DEV_FB_USED"].samples)
+            for lbl in (s.labels for s in fams[str(table().name("fb_used", naming))].samples)
             if lbl.get("GPU_I_ID") == "14"
         ]
         assert [lbl["pod"] for lbl in mig_fb] == ["dra-whisper-0"]

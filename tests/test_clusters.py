@@ -43,6 +43,8 @@ from devkit.dashboard import interpolate, queries
 from devkit.prometheus import EVERY_SECOND
 from devkit.upstream import TextServer
 from enricher.demo import EXPORTER_HOST, NODE
+from enricher.fieldtable import table
+from enricher.simnode.dialects import NEWEST
 
 from .frozendemo import FrozenDemo
 from .promreleases import PromRelease, Server, releases, require, serve
@@ -206,9 +208,11 @@ def test_every_dashboard_query_keeps_the_clusters_apart(ref: str, expr: str) -> 
 # an enricher that lost every source, near its memory limit. Node 4: an enricher that does not
 # answer. The values differ between the clusters, so one cluster's answer given for another's
 # fails the comparison. The fleet is in the middle of a dcgm-exporter upgrade: the demo's
-# exporter writes 4.8.4's hostname (the node's name, from NODE_NAME), node 2's writes 4.8.2's
-# Hostname (its pod's name: no NODE_NAME); the enricher's node label names the node on both.
-DEMO_GPUS = f'DCGM_FI_DEV_GPU_TEMP{{hostname="{EXPORTER_HOST}",node="{NODE}"}}'
+# exporter writes 4.10.0's field names and units and its hostname (the node's name, from
+# NODE_NAME), node 2's writes 4.8.2's names and Hostname (its pod's name: no NODE_NAME); the
+# enricher's node label names the node on both, and the rules read both namings.
+_DEMO_TEMP = table().name("gpu_temp", table().naming_of_release(NEWEST))
+DEMO_GPUS = f'{_DEMO_TEMP}{{hostname="{EXPORTER_HOST}",node="{NODE}"}}'
 SICK_HOST = "dcgm-exporter-node-2"  # node 2's dcgm-exporter pod: its series' Hostname
 SICK_NODE = "gpu-node-2"
 SOURCES = ("upstream", "nvml", "kubernetes", "procfs", "podresources", "resourceslices", "docker")
@@ -273,6 +277,10 @@ def render_sick_node(path: str, turned: bool) -> bytes:
             f"process_resident_memory_bytes{{{here}}} {1.9e9 if east else 1.85e9:.0f}",
             "# TYPE dcgm_enricher_memory_limit_bytes gauge",
             f"dcgm_enricher_memory_limit_bytes{{{here}}} 2000000000",
+            # The last body its dcgm-exporter wrote lacked a field (a newer release's rename).
+            "# TYPE dcgm_enricher_upstream_field_missing gauge",
+            f'dcgm_enricher_upstream_field_missing{{field="fb_used",{here}}} {int(east)}',
+            f'dcgm_enricher_upstream_field_missing{{field="gpu_util",{here}}} {int(not east)}',
         ]
         return ("\n".join(lines) + "\n").encode()
     gpus = sick_gpus(cluster, turned)
@@ -364,6 +372,9 @@ ACTIVE = {
     "GpuMemoryUnattributed": "the demo: a host process on GPU 2's MIG instance 5",
     "GpuEnricherDown": "node 4: its enricher does not answer",
     "GpuEnricherMemoryNearLimit": "node 3: its enricher over 90% of its memory limit",
+    "GpuEnricherUpstreamFieldMissing": (
+        "node 3: its exporter's last body lacked fb_used (east) or gpu_util (west)"
+    ),
     **{
         f"GpuEnricher{name}Down": "node 3: its enricher lost every source"
         for name in (
