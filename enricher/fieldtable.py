@@ -49,9 +49,6 @@ class FieldName:
     # The HELP text of this name, where the table gives one ("help" in the name's entry).
     help: str = ""
 
-    def to_si(self, value: float) -> float:
-        return value * self.scale if self.scale != 1 else value
-
 
 @dataclass(frozen=True, slots=True)
 class Field:

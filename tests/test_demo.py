@@ -221,8 +221,10 @@ async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> 
             text = await r.text()
         async with session.get(frozen_demo + "/") as r:
             page = await r.text()
-    fb_used = by_device(text, "DCGM_FI_DEV_FB_USED")
-    fb_reserved = by_device(text, "DCGM_FI_DEV_FB_RESERVED")
+    # The frozen demo's exporter speaks the default release (each field in its unit there).
+    fb_used = field_by_device(text, "fb_used", NEWEST, MIB)
+    fb_reserved = field_by_device(text, "fb_reserved", NEWEST, MIB)
+    assert fb_used and fb_reserved
     held = by_device(text, "gpu_container_memory_used_bytes")
     unattributed = by_device(text, "gpu_unattributed_memory_used_bytes")
     for key, mib in fb_used.items():
@@ -245,7 +247,7 @@ async def test_served_memory_adds_up_and_the_page_shows_it(frozen_demo: str) -> 
     def shown(n: float) -> str:
         return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / MIB:.0f} MiB"
 
-    fb_free = by_device(text, "DCGM_FI_DEV_FB_FREE")
+    fb_free = field_by_device(text, "fb_free", NEWEST, MIB)
     for key, mib in fb_used.items():
         in_use = mib + fb_reserved[key]
         line = f"{shown(in_use * MIB)} of {shown((in_use + fb_free[key]) * MIB)} used"
@@ -305,7 +307,7 @@ async def test_ps_the_page_and_metrics_read_one_clock(tmp_path: Path) -> None:
                 while True:
                     async with session.get(url + "/metrics") as r:
                         text = await r.text()
-                    got = samples(text, "DCGM_FI_DEV_POWER_USAGE")
+                    got = field_samples(text, "power", NEWEST)
                     if [v for lb, v in got if lb["gpu"] == "0"] == [draw]:
                         break
                     assert time.monotonic() < deadline, "no collection at the moved clock"
@@ -322,7 +324,7 @@ async def test_ps_the_page_and_metrics_read_one_clock(tmp_path: Path) -> None:
                     if labels["pod"] == "jupyter-alice"
                 )
                 assert row.split()[4] == f"{served * 100:.0f}%", (t, row, served)
-                watts = {lb["gpu"]: v for lb, v in samples(text, "DCGM_FI_DEV_POWER_USAGE")}
+                watts = {lb["gpu"]: v for lb, v in field_samples(text, "power", NEWEST)}
                 (since,) = (
                     v
                     for labels, v in samples(text, "gpu_container_last_active_timestamp_seconds")

@@ -586,7 +586,9 @@ def _same(a: float, b: float) -> bool:
 
 
 def _assert_same_answers(url: str, expr: str, what: str) -> None:
-    deadline = time.monotonic() + 20
+    # Every demo was scraped three times before the fixture yielded: a few seconds more for a
+    # record's first evaluations, not the 20 s a query that answers for none is given above.
+    deadline = time.monotonic() + 5
     while True:
         got = _by_cluster(_query(url, expr))
         if all(new in got and old in got for new, old in RENAMED_PAIRS) or (
@@ -609,9 +611,18 @@ def _assert_same_answers(url: str, expr: str, what: str) -> None:
         assert not differ, f"{what}: {new} differs from {old} (4.8.4, new): {differ}"
 
 
+# The GPU / Enricher dashboard's queries read the enricher's own process (its CPU, its scrapes,
+# its sources' timings): each demo's, which no release of the exporter decides.
+OWN_PROCESS = "enricher/"
+
+
 @pytest.mark.parametrize(
     "query",
-    [q for q in queries() if q.id not in QUERY_NEEDS and q.id not in FROZEN],
+    [
+        q
+        for q in queries()
+        if q.id not in QUERY_NEEDS and q.id not in FROZEN and not q.id.startswith(OWN_PROCESS)
+    ],
     ids=lambda q: q.id,
 )
 def test_every_dashboard_query_gives_the_same_numbers_on_the_renamed_releases(

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from enricher.attribution import AllocatedDevice, Attribution
 from enricher.collection import PowerView
 from enricher.config import Config
+from enricher.fieldtable import table as field_table
 from enricher.labels import RewritePlan
 from enricher.landing import build_view, render_landing
 from enricher.memory import MIB, DeviceMemory, device_memory
@@ -498,7 +499,7 @@ def test_demo_page_in_a_headless_browser(tmp_path: Path) -> None:
                 expected_pods.add(s.labels["pod"])
             if s.name == "gpu_unattributed_memory_used_bytes":
                 reasons.add(s.labels["reason"])
-            if s.name == "DCGM_FI_DEV_FB_USED":
+            if s.name in field_table().names("fb_used"):
                 devices.add((s.labels["UUID"], s.labels.get("GPU_I_ID", "")))
     assert {"jupyter-alice", "train-llama-4kq9z", "bert-finetune-0"} <= expected_pods
     assert set(table.texts("pod")) == expected_pods

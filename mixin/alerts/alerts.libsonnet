@@ -502,7 +502,7 @@ local criticalXids = [48, 61, 62, 63, 64, 74, 79, 92, 95, 119, 120, 140];
             'for': '15m',
             labels: { severity: 'warning' },
             annotations: {
-              summary: "dcgm-exporter's body lacks a field the enricher reads.",
+              summary: 'A GPU exporter writes a field the enricher reads under an unknown name.',
               description: oneLine(|||
                 The dcgm-exporter on {{ $labels.%(nodeLabel)s }} has written no {{ $labels.field }}
                 under any name the enricher's field table knows for 15 minutes: a release that
