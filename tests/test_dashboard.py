@@ -411,15 +411,16 @@ def _needs_met(metrics_text: str) -> set[str]:
     met = set()
     if samples.get("gpu_container_allocated"):
         met.add("allocation")
-    remap = (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-    )
-    # prometheus_client names a counter's samples <name>_total.
-    if all(samples.get(name) or samples.get(name + "_total") for name in remap):
+    def written(field: str) -> bool:
+        """Whether the body has ``field`` under any of its names (whatever release the
+        demo's exporter speaks); prometheus_client names a counter's samples <name>_total."""
+        names = table().names(field)
+        return any(samples.get(name) or samples.get(name + "_total") for name in names)
+
+    remap = ("uncorrectable_remapped_rows", "correctable_remapped_rows", "row_remap_failure")
+    if all(written(field) for field in remap):
         met.add("remapped-rows")
-    if samples.get("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"):
+    if written("fabric_health"):
         met.add("fabric-health")
     memory = {
         tuple(sorted(lbl.items())): v
