@@ -103,9 +103,9 @@ _HELP_4_8_4 = {
     "energy": "Total energy consumption since the driver was last reloaded (in mJ).",
 }
 # The HELP texts of the 4.9 and 4.10 names in the table are INFERRED: no 4.9.0 or 4.10.0
-# counters file was at hand (../research/dcgm-names.md). Each is the 4.8.4 text with the
-# naming's unit ("(in bytes)", "(in Hz)", "(in J)", "(ratio, 0 to 1)"), or the 4.8 text where
-# the unit did not change.
+# counters file was at hand (docs/compatibility.md, "Where each name comes from"). Each is the
+# 4.8.4 text with the naming's unit ("(in bytes)", "(in Hz)", "(in J)", "(ratio, 0 to 1)"),
+# or the 4.8 text where the unit did not change.
 
 # How a release writes a shared device's series in Kubernetes mode with
 # --kubernetes-virtual-gpus.
@@ -198,7 +198,7 @@ def _newer(version: str) -> Dialect:
     """4.9.0 on: 4.8.4's traits (INFERRED: no 4.9.0 or 4.10.0 code was at hand; the release
     notes name no change to them) in the release's naming, with FB_CAPACITY_BYTES and the
     driver-version label (cited on _COUNTERS_4_9 and Dialect.driver_label). Release tags are
-    plain versions from 4.8.4 on (../research/dcgm-names.md)."""
+    plain versions from 4.8.4 on (docs/compatibility.md, "Where each name comes from")."""
     return Dialect(
         version,
         version,
