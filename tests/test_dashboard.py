@@ -411,6 +411,7 @@ def _needs_met(metrics_text: str) -> set[str]:
     met = set()
     if samples.get("gpu_container_allocated"):
         met.add("allocation")
+
     def written(field: str) -> bool:
         """Whether the body has ``field`` under any of its names (whatever release the
         demo's exporter speaks); prometheus_client names a counter's samples <name>_total."""
