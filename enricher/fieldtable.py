@@ -61,10 +61,6 @@ class Field:
     needed: bool
     by_naming: Mapping[str, FieldName]  # every naming, the inherited ones filled in
 
-    @property
-    def si(self) -> str:
-        return next(iter(self.by_naming.values())).si
-
     def names(self) -> tuple[str, ...]:
         """Every name of the field, newest naming first, each once."""
         return tuple(dict.fromkeys(n.name for n in reversed(list(self.by_naming.values()))))

@@ -25,7 +25,7 @@ from .memory import device_memory, memory_parts
 from .nodeside import NodeSide, NodeView, PodSource
 from .power import upstream_power
 from .promclient import OWN_PROCFS, LabelSets, MetricWriter
-from .readings import WATCH_NAMES, Contract, UpstreamReadings, read_upstream
+from .readings import NAMING_NONE, WATCH_NAMES, Contract, UpstreamReadings, read_upstream
 from .rewrite import Rewriter, RewriteResult
 from .schedule import Coalescer, Schedule, UpstreamAnswer
 from .selfmetrics import (
@@ -213,7 +213,7 @@ class Assembler:
                 )
             else:
                 log.info("the upstream's body has every field the enricher needs again")
-        if contract.naming != before.naming and before.naming != Contract().naming:
+        if contract.naming != before.naming and before.naming != NAMING_NONE:
             log.info(
                 "the upstream's field naming changed from %s to %s", before.naming, contract.naming
             )

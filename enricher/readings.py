@@ -140,11 +140,6 @@ def _readers(fields: FieldTable) -> dict[str, tuple[str, float, bool]]:
     return out
 
 
-@functools.lru_cache(maxsize=8)
-def _recognised(names: tuple[str, ...], fields: FieldTable) -> Contract:
-    return recognise(names, fields)
-
-
 def read_upstream(
     text: str,
     lines: Sequence[WatchedLine],
@@ -183,8 +178,7 @@ def read_upstream(
     names = family_names(text)
     if not names:  # a body without TYPE lines: its watched names at least
         names = [name for name, _, _ in lines]
-    # A body's families change with the exporter's configuration, not its values.
-    return UpstreamReadings(devices, _recognised(tuple(names), t))
+    return UpstreamReadings(devices, recognise(names, t))
 
 
 def read_body(text: str, fields: FieldTable | None = None) -> UpstreamReadings:
